@@ -1,0 +1,10 @@
+# Route compiles through ccache when it is installed (CI and developer rebuilds).
+if(SLIME_USE_CCACHE)
+  find_program(SLIME_CCACHE ccache)
+  if(SLIME_CCACHE)
+    set(CMAKE_C_COMPILER_LAUNCHER ${SLIME_CCACHE})
+    set(CMAKE_CXX_COMPILER_LAUNCHER ${SLIME_CCACHE})
+    set(CMAKE_CUDA_COMPILER_LAUNCHER ${SLIME_CCACHE})
+    message(STATUS "slime: ccache enabled (${SLIME_CCACHE})")
+  endif()
+endif()

@@ -1,0 +1,43 @@
+# slime_add_module(NAME SOURCES ... [DEPS ...] [TORCH])
+#   One static library per module (docs/architecture.md): target slime_<NAME>, alias slime::<NAME>.
+#   Public headers live in include/slime/<NAME>/. TORCH marks a module that may include LibTorch:
+#   it links LibTorch and gets a precompiled header; other modules never see torch include paths.
+set(SLIME_WARNINGS -Wall -Wextra -Wno-unused-parameter)
+
+function(slime_add_module name)
+  cmake_parse_arguments(ARG "TORCH" "" "SOURCES;DEPS" ${ARGN})
+  set(target slime_${name})
+  add_library(${target} STATIC ${ARG_SOURCES})
+  add_library(slime::${name} ALIAS ${target})
+  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR}/include
+                                              ${PROJECT_BINARY_DIR}/include)
+  target_compile_options(${target} PRIVATE ${SLIME_WARNINGS})
+  target_link_libraries(${target} PUBLIC ${ARG_DEPS})
+  set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  if(ARG_TORCH)
+    target_link_libraries(${target} PRIVATE slime_torch_deps)
+    if(SLIME_USE_PCH)
+      target_precompile_headers(${target} PRIVATE <torch/torch.h>)
+    endif()
+  endif()
+endfunction()
+
+# slime_add_test(NAME SOURCES ... DEPS ... LABELS ... [TORCH])
+#   One gtest executable registered with ctest, every test carrying LABELS (unit, inproc,
+#   multiproc, e2e, gpu). Tests labelled gpu skip themselves with a message where CUDA is absent.
+function(slime_add_test name)
+  cmake_parse_arguments(ARG "TORCH" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_compile_options(${name} PRIVATE ${SLIME_WARNINGS})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  if(ARG_TORCH)
+    target_link_libraries(${name} PRIVATE slime_torch_deps)
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  gtest_discover_tests(${name}
+    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+               ENVIRONMENT "SLIME_TRAIN_BIN=$<TARGET_FILE:slime_train>;SLIME_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+    DISCOVERY_TIMEOUT 60)
+endfunction()

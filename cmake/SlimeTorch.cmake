@@ -1,0 +1,60 @@
+# Locate LibTorch.
+#   1. -DSLIME_TORCH_DIR=<dir with TorchConfig.cmake>   (explicit override)
+#   2. a PyTorch install visible to python3              (the CUDA build on GPU machines)
+#   3. Debian's libtorch-dev                             (CPU, LibTorch 1.13)
+# Sets SLIME_TORCH_VERSION, SLIME_WITH_CUDA and SLIME_WITH_NCCL. CUDA and NCCL code is only
+# compiled when the LibTorch found was built with CUDA.
+if(SLIME_TORCH_DIR)
+  set(Torch_DIR "${SLIME_TORCH_DIR}")
+  if(EXISTS "${SLIME_TORCH_DIR}/share/cmake/Torch/TorchConfig.cmake")
+    set(Torch_DIR "${SLIME_TORCH_DIR}/share/cmake/Torch")
+  endif()
+  message(STATUS "slime: LibTorch from SLIME_TORCH_DIR=${SLIME_TORCH_DIR}")
+else()
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_Interpreter_FOUND)
+    execute_process(
+      COMMAND ${Python3_EXECUTABLE} -c "import torch; print(torch.utils.cmake_prefix_path)"
+      OUTPUT_VARIABLE _slime_torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
+      ERROR_QUIET RESULT_VARIABLE _slime_torch_rc)
+    if(_slime_torch_rc EQUAL 0 AND _slime_torch_prefix)
+      list(PREPEND CMAKE_PREFIX_PATH "${_slime_torch_prefix}")
+      message(STATUS "slime: LibTorch from the PyTorch install at ${_slime_torch_prefix}")
+    endif()
+  endif()
+endif()
+
+find_package(Torch REQUIRED)
+set(SLIME_TORCH_VERSION "${Torch_VERSION}")
+
+set(SLIME_WITH_CUDA OFF)
+if(TARGET torch_cuda OR TARGET c10_cuda OR CAFFE2_USE_CUDA OR TORCH_CUDA_LIBRARIES)
+  set(SLIME_WITH_CUDA ON)
+endif()
+set(SLIME_WITH_NCCL OFF)
+if(SLIME_WITH_CUDA)
+  find_path(SLIME_NCCL_INCLUDE_DIR nccl.h HINTS ENV NCCL_ROOT PATH_SUFFIXES include)
+  find_library(SLIME_NCCL_LIBRARY nccl HINTS ENV NCCL_ROOT PATH_SUFFIXES lib lib64)
+  if(SLIME_NCCL_INCLUDE_DIR AND SLIME_NCCL_LIBRARY)
+    set(SLIME_WITH_NCCL ON)
+  endif()
+endif()
+
+# Imported interface target carrying LibTorch's flags, so torch modules only link it.
+add_library(slime_torch_deps INTERFACE)
+target_include_directories(slime_torch_deps SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+target_link_libraries(slime_torch_deps INTERFACE ${TORCH_LIBRARIES})
+if(TORCH_CXX_FLAGS)
+  separate_arguments(_slime_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+  target_compile_options(slime_torch_deps INTERFACE ${_slime_torch_flags})
+endif()
+# c10d: Gloo everywhere (Debian ships the headers in libgloo-dev), NCCL with CUDA.
+target_compile_definitions(slime_torch_deps INTERFACE USE_C10D_GLOO
+  $<$<BOOL:${SLIME_WITH_CUDA}>:SLIME_WITH_CUDA>
+  $<$<BOOL:${SLIME_WITH_NCCL}>:USE_C10D_NCCL SLIME_WITH_NCCL>)
+if(SLIME_WITH_NCCL)
+  target_include_directories(slime_torch_deps SYSTEM INTERFACE ${SLIME_NCCL_INCLUDE_DIR})
+  target_link_libraries(slime_torch_deps INTERFACE ${SLIME_NCCL_LIBRARY})
+endif()
+
+message(STATUS "slime: LibTorch ${SLIME_TORCH_VERSION}, CUDA=${SLIME_WITH_CUDA}, NCCL=${SLIME_WITH_NCCL}")
