@@ -48,6 +48,13 @@ if(TORCH_CXX_FLAGS)
   separate_arguments(_slime_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
   target_compile_options(slime_torch_deps INTERFACE ${_slime_torch_flags})
 endif()
+# c10d's Gloo backend header includes <gloo/...>; PyTorch wheels do not ship those headers, so
+# they come from Debian's libgloo-dev (installed on CPU machines, unpacked on the GPU machine).
+find_path(SLIME_GLOO_INCLUDE_DIR gloo/algorithm.h)
+if(NOT SLIME_GLOO_INCLUDE_DIR)
+  message(FATAL_ERROR "gloo headers not found: install libgloo-dev (scripts/setup.sh)")
+endif()
+target_include_directories(slime_torch_deps SYSTEM INTERFACE ${SLIME_GLOO_INCLUDE_DIR})
 # c10d: Gloo everywhere (Debian ships the headers in libgloo-dev), NCCL with CUDA.
 target_compile_definitions(slime_torch_deps INTERFACE USE_C10D_GLOO
   $<$<BOOL:${SLIME_WITH_CUDA}>:SLIME_WITH_CUDA>

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# README command 2: install dependencies, build, and run every CPU test with ctest.
+# Tests labelled `gpu` are excluded here; they run on the GPU machine (scripts/device/run.sh).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+start=$(date +%s)
+./scripts/setup.sh
+./scripts/build.sh
+./scripts/fetch_test_data.sh
+build="${SLIME_BUILD_DIR:-$repo/build}"
+echo "test: build ready after $(( $(date +%s) - start )) s"
+cd "$build"
+ctest --output-on-failure -LE gpu -j"${SLIME_TEST_JOBS:-2}" --timeout 900
+echo "test: done in $(( $(date +%s) - start )) s"
