@@ -4,6 +4,15 @@
 #   it links LibTorch and gets a precompiled header; other modules never see torch include paths.
 set(SLIME_WARNINGS -Wall -Wextra -Wno-unused-parameter)
 
+# All torch modules share one precompiled <torch/torch.h>, built once by slime_torch_pch.
+if(SLIME_USE_PCH)
+  add_library(slime_torch_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cc)
+  target_link_libraries(slime_torch_pch PRIVATE slime_torch_deps)
+  target_compile_options(slime_torch_pch PRIVATE ${SLIME_WARNINGS})
+  target_precompile_headers(slime_torch_pch PRIVATE <torch/torch.h>)
+  set_target_properties(slime_torch_pch PROPERTIES POSITION_INDEPENDENT_CODE ON)
+endif()
+
 function(slime_add_module name)
   cmake_parse_arguments(ARG "TORCH" "" "SOURCES;DEPS" ${ARGN})
   set(target slime_${name})
@@ -17,7 +26,7 @@ function(slime_add_module name)
   if(ARG_TORCH)
     target_link_libraries(${target} PRIVATE slime_torch_deps)
     if(SLIME_USE_PCH)
-      target_precompile_headers(${target} PRIVATE <torch/torch.h>)
+      target_precompile_headers(${target} REUSE_FROM slime_torch_pch)
     endif()
   endif()
 endfunction()
