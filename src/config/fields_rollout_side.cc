@@ -1,0 +1,393 @@
+// Field table, part 1: cluster, model, rollout, data, eval (+ dataset entries), reward.
+// Each field is registered exactly once; see field_builder.h for the notation.
+#include "field_builder.h"
+
+namespace slime::config::internal {
+
+const std::vector<std::string>& RewardModelTypes() {
+  static const std::vector<std::string> kTypes = {"math", "dapo",    "deepscaler", "f1",
+                                                  "gpqa", "ifbench", "remote_rm",  "random"};
+  return kTypes;
+}
+
+void AddClusterFields(std::vector<FieldSpec<Config>>* table) {
+  SectionBuilder<ClusterConfig> b(table, "cluster", &Config::cluster);
+  b.Add("run_dir", &ClusterConfig::run_dir)
+      .Doc("Directory of this run: per-actor logs, metrics and the resolved config go here.");
+  b.Add("device", &ClusterConfig::device)
+      .Enum({"auto", "cuda", "cpu"})
+      .Doc(
+          "Device for trainers and engines. `auto` uses CUDA when a GPU is visible, else CPU "
+          "slots.");
+  b.Add("num_nodes", &ClusterConfig::num_nodes)
+      .Min(1)
+      .Doc("Nodes in the job (the head node plus one `slime_train agent` per other node).");
+  b.Add("num_gpus_per_node", &ClusterConfig::num_gpus_per_node)
+      .Slime("--num-gpus-per-node")
+      .Min(1)
+      .Doc("GPUs per node used for placement on CUDA. Set it when a node has fewer than 8.");
+  b.Add("cpu_slots_per_node", &ClusterConfig::cpu_slots_per_node)
+      .Min(1)
+      .Doc(
+          "Device slots per node when running on CPU; each trainer rank or engine GPU takes "
+          "one slot.");
+  b.Add("placement_strategy", &ClusterConfig::placement_strategy)
+      .Enum({"pack", "spread"})
+      .Doc(
+          "How bundles are laid over nodes: `pack` fills a node before the next (slime's "
+          "PACK), `spread` round-robins over nodes.");
+  b.Add("head_address", &ClusterConfig::head_address)
+      .Doc(
+          "host:port of the runtime head. Empty: this process is the head and listens on a "
+          "free port.");
+  b.Add("actor_num_nodes", &ClusterConfig::actor_num_nodes)
+      .Slime("--actor-num-nodes")
+      .Min(1)
+      .Doc("Nodes used by the training actor (the PPO critic copies the actor's shape).");
+  b.Add("actor_num_gpus_per_node", &ClusterConfig::actor_num_gpus_per_node)
+      .Slime("--actor-num-gpus-per-node")
+      .Min(1)
+      .Doc("GPUs (or CPU slots) per node for the training actor; one trainer process each.");
+  b.Add("rollout_num_gpus", &ClusterConfig::rollout_num_gpus)
+      .Slime("--rollout-num-gpus")
+      .Min(0)
+      .Doc(
+          "Total GPUs (or CPU slots) for inference engines. Unset: the actor's GPU count when "
+          "colocated, 0 with external engines or debug.train_only; required otherwise. 0 = "
+          "no local engines.");
+  b.Add("rollout_num_gpus_per_engine", &ClusterConfig::rollout_num_gpus_per_engine)
+      .Slime("--rollout-num-gpus-per-engine")
+      .Min(1)
+      .Doc("GPUs per inference engine (its tensor-parallel size).");
+  b.Add("colocate", &ClusterConfig::colocate)
+      .Slime("--colocate")
+      .Doc(
+          "Trainers and engines share the same GPUs and take turns (turns both offloads on "
+          "unless set explicitly).");
+  b.Add("offload", &ClusterConfig::offload)
+      .Slime("--offload")
+      .Doc("Shorthand for offload_train: true and offload_rollout: true.");
+  b.Add("offload_train", &ClusterConfig::offload_train)
+      .Slime("--offload-train")
+      .Doc(
+          "Trainers release GPU memory outside their train step. Unset: equals colocate; "
+          "always true for ppo (actor and critic share GPUs).");
+  b.Add("offload_rollout", &ClusterConfig::offload_rollout)
+      .Slime("--offload-rollout")
+      .Doc(
+          "Engines release weights, KV cache and graphs while trainers run. Unset: equals "
+          "colocate.");
+  b.Add("rollout_external_engine_addrs", &ClusterConfig::rollout_external_engine_addrs)
+      .Slime("--rollout-external-engine-addrs")
+      .Doc(
+          "host:port of already running SGLang-compatible servers to use instead of local "
+          "engines.");
+  b.Add("distributed_timeout_minutes", &ClusterConfig::distributed_timeout_minutes)
+      .Slime("--distributed-timeout-minutes")
+      .Min(1)
+      .Doc("Timeout of collective operations between trainers and engines.");
+  b.Add("train_env_vars", &ClusterConfig::train_env_vars)
+      .Slime("--train-env-vars")
+      .Doc("Extra environment variables for trainer processes (a mapping of name: value).");
+}
+
+void AddModelFields(std::vector<FieldSpec<Config>>* table) {
+  SectionBuilder<ModelConfig> b(table, "model", &Config::model);
+  b.Add("hf_checkpoint", &ModelConfig::hf_checkpoint)
+      .Slime("--hf-checkpoint")
+      .Required()
+      .Doc(
+          "Hugging Face model directory: architecture, tokenizer, and the initial weights "
+          "when no checkpoint is loaded.");
+  b.Add("model_name", &ModelConfig::model_name)
+      .Slime("--model-name")
+      .Doc(
+          "Architecture name used to pick the weight converter; unset = `model_type` from "
+          "the checkpoint's config.json.");
+}
+
+void AddRolloutFields(std::vector<FieldSpec<Config>>* table) {
+  SectionBuilder<RolloutConfig> b(table, "rollout", &Config::rollout);
+  b.Add("temperature", &RolloutConfig::temperature)
+      .Slime("--rollout-temperature")
+      .Above(0)
+      .Doc(
+          "Sampling temperature. Training log-probs use the same temperature; 0 (greedy) is "
+          "not a valid RL policy and is rejected.");
+  b.Add("top_p", &RolloutConfig::top_p)
+      .Slime("--rollout-top-p")
+      .Above(0)
+      .Max(1)
+      .Doc(
+          "Nucleus sampling mass. Below 1 the trainer replays the engine's nucleus when "
+          "computing log-probs.");
+  b.Add("top_k", &RolloutConfig::top_k)
+      .Slime("--rollout-top-k")
+      .Min(1)
+      .AlsoAllow(-1)
+      .Doc("Top-k sampling; -1 disables it.");
+  b.Add("max_context_len", &RolloutConfig::max_context_len)
+      .Slime("--rollout-max-context-len")
+      .Min(2)
+      .Doc("Cap on prompt + response tokens per request.");
+  b.Add("max_prompt_len", &RolloutConfig::max_prompt_len)
+      .Slime("--rollout-max-prompt-len")
+      .Min(1)
+      .Doc(
+          "Prompts longer than this (in tokens) are dropped when the dataset is loaded. "
+          "Unset: max_context_len - 1 when that is set; must be at most max_context_len - 1.");
+  b.Add("max_response_len", &RolloutConfig::max_response_len)
+      .Slime("--rollout-max-response-len")
+      .Min(1)
+      .Doc("Maximum new tokens per sample (`max_new_tokens`). Unset: the engine's default.");
+  b.Add("skip_special_tokens", &RolloutConfig::skip_special_tokens)
+      .Slime("--rollout-skip-special-tokens")
+      .Doc("Drop special tokens when detokenizing responses.");
+  b.Add("stop", &RolloutConfig::stop).Slime("--rollout-stop").Doc("Stop strings.");
+  b.Add("stop_token_ids", &RolloutConfig::stop_token_ids)
+      .Slime("--rollout-stop-token-ids")
+      .Min(0)
+      .Doc("Stop token ids.");
+  b.Add("shuffle", &RolloutConfig::shuffle)
+      .Slime("--rollout-shuffle")
+      .Doc("Shuffle prompts at every epoch (seeded by rollout.seed + epoch).");
+  b.Add("seed", &RolloutConfig::seed)
+      .Slime("--rollout-seed")
+      .Doc(
+          "Seed of the prompt shuffle; in deterministic mode sample j of a group samples with "
+          "seed + j.");
+  b.Add("over_sampling_batch_size", &RolloutConfig::over_sampling_batch_size)
+      .Slime("--over-sampling-batch-size")
+      .Min(1)
+      .Doc(
+          "Prompt groups submitted per wave while filling a rollout. Unset: "
+          "data.rollout_batch_size; must be at least that.");
+  b.Add("dynamic_sampling_filter", &RolloutConfig::dynamic_sampling_filter)
+      .Slime("--dynamic-sampling-filter-path")
+      .Enum({"check_reward_nonzero_std", "check_reward_nonzero_std_with_fallback"})
+      .Doc(
+          "Group filter applied as groups finish (DAPO dynamic sampling): keep a group only "
+          "if its rewards are not all equal; `_with_fallback` keeps rejected groups when no "
+          "more candidates are left. Unset: keep every group.");
+  b.Add("partial_rollout", &RolloutConfig::partial_rollout)
+      .Slime("--partial-rollout")
+      .Doc("Keep groups aborted at the end of a rollout and continue them in the next one.");
+  b.Add("mask_offpolicy_in_partial_rollout", &RolloutConfig::mask_offpolicy_in_partial_rollout)
+      .Slime("--mask-offpolicy-in-partial-rollout")
+      .Doc("With partial_rollout, exclude tokens generated in earlier rollouts from the loss.");
+  b.Add("engine_concurrency", &RolloutConfig::engine_concurrency)
+      .Slime("--sglang-server-concurrency")
+      .Min(1)
+      .Doc("Maximum requests in flight per engine.");
+  b.Add("mem_fraction_static", &RolloutConfig::mem_fraction_static)
+      .Slime("--sglang-mem-fraction-static")
+      .Above(0)
+      .Max(1)
+      .Doc(
+          "Fraction of device memory an engine reserves for weights and KV cache. Unset: the "
+          "engine decides.");
+}
+
+void AddDataFields(std::vector<FieldSpec<Config>>* table) {
+  SectionBuilder<DataConfig> b(table, "data", &Config::data);
+  b.Add("prompt_data", &DataConfig::prompt_data)
+      .Slime("--prompt-data")
+      .Doc(
+          "Prompt dataset (.jsonl); a row range may follow as `path@[start:end]`. Required "
+          "unless rollout_global_dataset is false or debug.load_debug_rollout_data is set.");
+  b.Add("input_key", &DataConfig::input_key)
+      .Slime("--input-key")
+      .Doc("Row field holding the prompt (a string or a list of chat messages).");
+  b.Add("label_key", &DataConfig::label_key)
+      .Slime("--label-key")
+      .Doc("Row field holding the label given to the reward function.");
+  b.Add("metadata_key", &DataConfig::metadata_key)
+      .Slime("--metadata-key")
+      .Doc("Row field copied into the sample's metadata (may carry rm_type, source_name).");
+  b.Add("tool_key", &DataConfig::tool_key)
+      .Slime("--tool-key")
+      .Doc("Row field with the tool list passed to the chat template.");
+  b.Add("apply_chat_template", &DataConfig::apply_chat_template)
+      .Slime("--apply-chat-template")
+      .Doc("Render prompts with the tokenizer's chat template (adding the generation prompt).");
+  b.Add("apply_chat_template_kwargs", &DataConfig::apply_chat_template_kwargs)
+      .Slime("--apply-chat-template-kwargs")
+      .Doc("Extra chat-template variables, e.g. `{enable_thinking: false}`.");
+  b.Add("rollout_global_dataset", &DataConfig::rollout_global_dataset)
+      .Slime("--disable-rollout-global-dataset (inverted)")
+      .Doc(
+          "The coordinator owns the dataset (epochs, shuffle, resume state). false: the "
+          "rollout function brings its own data.");
+  b.Add("num_rollout", &DataConfig::num_rollout)
+      .Slime("--num-rollout")
+      .Min(0)
+      .Doc(
+          "Number of rollouts (training iterations). Wins over num_epoch; one of the two is "
+          "required. 0 with eval.interval set = evaluate once and exit.");
+  b.Add("num_epoch", &DataConfig::num_epoch)
+      .Slime("--num-epoch")
+      .Min(1)
+      .Doc(
+          "Derive num_rollout from the dataset size: len(dataset) / rollout_batch_size × "
+          "num_epoch.");
+  b.Add("rollout_batch_size", &DataConfig::rollout_batch_size)
+      .Slime("--rollout-batch-size")
+      .Required()
+      .Min(1)
+      .Doc(
+          "Prompts per rollout; each rollout yields rollout_batch_size × n_samples_per_prompt "
+          "samples.");
+  b.Add("n_samples_per_prompt", &DataConfig::n_samples_per_prompt)
+      .Slime("--n-samples-per-prompt")
+      .Min(1)
+      .Doc("Responses sampled per prompt (the GRPO group size).");
+}
+
+void AddEvalFields(std::vector<FieldSpec<Config>>* table) {
+  SectionBuilder<EvalConfig> b(table, "eval", &Config::eval);
+  b.Add("interval", &EvalConfig::interval)
+      .Slime("--eval-interval")
+      .Min(1)
+      .Doc(
+          "Evaluate every N rollouts (and before training unless skip_eval_before_train). "
+          "Requires datasets.");
+  b.Add("datasets", &EvalConfig::datasets)
+      .Slime("--eval-prompt-data / --eval-config")
+      .Doc(
+          "Evaluation datasets: a list of entries `{name, path, ...overrides}` (see the "
+          "table below).");
+  b.Add("skip_eval_before_train", &EvalConfig::skip_eval_before_train)
+      .Slime("--skip-eval-before-train")
+      .Doc("Do not evaluate at rollout 0 before training.");
+  b.Add("n_samples_per_eval_prompt", &EvalConfig::n_samples_per_eval_prompt)
+      .Slime("--n-samples-per-eval-prompt")
+      .Min(1)
+      .Doc("Default number of samples per evaluation prompt.");
+  b.Add("temperature", &EvalConfig::temperature)
+      .Slime("--eval-temperature")
+      .Above(0)
+      .Doc("Unset: rollout.temperature.");
+  b.Add("top_p", &EvalConfig::top_p)
+      .Slime("--eval-top-p")
+      .Above(0)
+      .Max(1)
+      .Doc("Unset: rollout.top_p.");
+  b.Add("top_k", &EvalConfig::top_k)
+      .Slime("--eval-top-k")
+      .Min(1)
+      .AlsoAllow(-1)
+      .Doc("Unset: rollout.top_k.");
+  b.Add("max_response_len", &EvalConfig::max_response_len)
+      .Slime("--eval-max-response-len")
+      .Min(1)
+      .Doc("Unset: rollout.max_response_len.");
+  b.Add("max_context_len", &EvalConfig::max_context_len)
+      .Slime("--eval-max-context-len")
+      .Min(2)
+      .Doc("Unset: rollout.max_context_len.");
+  b.Add("max_prompt_len", &EvalConfig::max_prompt_len)
+      .Slime("--eval-max-prompt-len")
+      .Min(1)
+      .Doc("Unset: max_context_len - 1 when that is set, else rollout.max_prompt_len.");
+  b.Add("min_new_tokens", &EvalConfig::min_new_tokens)
+      .Slime("--eval-min-new-tokens")
+      .Min(0)
+      .Doc("Minimum new tokens per evaluation sample.");
+  b.Add("input_key", &EvalConfig::input_key)
+      .Slime("--eval-input-key")
+      .Doc("Unset: data.input_key.");
+  b.Add("label_key", &EvalConfig::label_key)
+      .Slime("--eval-label-key")
+      .Doc("Unset: data.label_key.");
+  b.Add("tool_key", &EvalConfig::tool_key).Slime("--eval-tool-key").Doc("Unset: data.tool_key.");
+  b.Add("reward_key", &EvalConfig::reward_key)
+      .Slime("--eval-reward-key")
+      .Doc("Unset: reward.reward_key.");
+}
+
+void AddEvalDatasetFields(std::vector<FieldSpec<EvalDatasetConfig>>* table) {
+  EvalDatasetBuilder b(table);
+  b.Add("name", &EvalDatasetConfig::name)
+      .Required()
+      .Slime("name")
+      .Doc("Dataset name; metrics are reported as eval/<name>. Unique.");
+  b.Add("path", &EvalDatasetConfig::path)
+      .Required()
+      .Slime("path")
+      .Doc("Dataset file (.jsonl), same format as data.prompt_data.");
+  b.Add("n_samples", &EvalDatasetConfig::n_samples)
+      .Slime("n_samples_per_eval_prompt")
+      .Min(1)
+      .Doc("Samples per prompt. Unset: eval.n_samples_per_eval_prompt.");
+  b.Add("temperature", &EvalDatasetConfig::temperature)
+      .Slime("temperature")
+      .Above(0)
+      .Doc("Unset: eval.temperature.");
+  b.Add("top_p", &EvalDatasetConfig::top_p)
+      .Slime("top_p")
+      .Above(0)
+      .Max(1)
+      .Doc("Unset: eval.top_p.");
+  b.Add("top_k", &EvalDatasetConfig::top_k)
+      .Slime("top_k")
+      .Min(1)
+      .AlsoAllow(-1)
+      .Doc("Unset: eval.top_k.");
+  b.Add("max_response_len", &EvalDatasetConfig::max_response_len)
+      .Slime("max_response_len")
+      .Min(1)
+      .Doc("Unset: eval.max_response_len.");
+  b.Add("min_new_tokens", &EvalDatasetConfig::min_new_tokens)
+      .Slime("min_new_tokens")
+      .Min(0)
+      .Doc("Unset: eval.min_new_tokens.");
+  b.Add("stop", &EvalDatasetConfig::stop).Slime("stop").Doc("Stop strings. Unset: rollout.stop.");
+  b.Add("rm_type", &EvalDatasetConfig::rm_type)
+      .Slime("rm_type")
+      .Enum(RewardModelTypes())
+      .EnumPrefix("boxed_")
+      .Doc("Reward type for this dataset. Unset: reward.rm_type.");
+  b.Add("custom_rm_path", &EvalDatasetConfig::custom_rm_path)
+      .Slime("custom_rm_path")
+      .Doc("Reward plugin for this dataset. Unset: reward.custom_rm_path.");
+  b.Add("reward_key", &EvalDatasetConfig::reward_key)
+      .Slime("reward_key")
+      .Doc("Unset: eval.reward_key.");
+  b.Add("input_key", &EvalDatasetConfig::input_key)
+      .Slime("input_key")
+      .Doc("Unset: eval.input_key.");
+  b.Add("label_key", &EvalDatasetConfig::label_key)
+      .Slime("label_key")
+      .Doc("Unset: eval.label_key.");
+  b.Add("tool_key", &EvalDatasetConfig::tool_key).Slime("tool_key").Doc("Unset: eval.tool_key.");
+  b.Add("apply_chat_template", &EvalDatasetConfig::apply_chat_template)
+      .Slime("apply_chat_template")
+      .Doc("Unset: data.apply_chat_template.");
+}
+
+void AddRewardFields(std::vector<FieldSpec<Config>>* table) {
+  SectionBuilder<RewardConfig> b(table, "reward", &Config::reward);
+  b.Add("rm_type", &RewardConfig::rm_type)
+      .Slime("--rm-type")
+      .Enum(RewardModelTypes())
+      .EnumPrefix("boxed_")
+      .Doc(
+          "Built-in reward. A `boxed_` prefix first extracts the last \\boxed{...} of the "
+          "response. A sample's metadata.rm_type overrides it.");
+  b.Add("rm_url", &RewardConfig::rm_url)
+      .Slime("--rm-url")
+      .Doc(
+          "HTTP endpoint of the remote reward model (required for remote_rm) or of the "
+          "on-policy-distillation teacher.");
+  b.Add("reward_key", &RewardConfig::reward_key)
+      .Slime("--reward-key")
+      .Doc("When a reward is a mapping, the key of the scalar used for training.");
+  b.Add("group_rm", &RewardConfig::group_rm)
+      .Slime("--group-rm")
+      .Doc("Score a whole group in one call (batched custom reward).");
+  b.Add("custom_rm_path", &RewardConfig::custom_rm_path)
+      .Slime("--custom-rm-path")
+      .Doc("Path of a reward plugin (shared library) replacing the built-in rewards.");
+}
+
+}  // namespace slime::config::internal
