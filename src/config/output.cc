@@ -9,14 +9,21 @@
 namespace slime::config {
 namespace {
 
-// Markdown table cells: no raw pipes or newlines.
+// Markdown table cells: no raw pipes or newlines, and '<' / '>' outside code spans written as
+// entities (GitHub would otherwise take "<name>" for an HTML tag and drop it).
 std::string Cell(const std::string& text) {
   std::string out;
+  bool in_code = false;
   for (char c : text) {
+    if (c == '`') in_code = !in_code;
     if (c == '|') {
       out += "\\|";
     } else if (c == '\n') {
       out += ' ';
+    } else if (!in_code && c == '<') {
+      out += "&lt;";
+    } else if (!in_code && c == '>') {
+      out += "&gt;";
     } else {
       out += c;
     }
@@ -24,7 +31,12 @@ std::string Cell(const std::string& text) {
   return out;
 }
 
-std::string Code(const std::string& text) { return text.empty() ? "" : "`" + Cell(text) + "`"; }
+std::string Code(const std::string& text) {
+  if (text.empty()) return "";
+  std::string out = "`";
+  for (char c : text) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  return out + "`";
+}
 
 template <typename Owner>
 std::string DefaultCell(const FieldSpec<Owner>& field, const Owner& defaults) {
@@ -199,7 +211,7 @@ std::string ConfigReferenceMarkdown() {
     for (const auto& field : ConfigFields()) {
       if (field.section != section.name) continue;
       md += fmt::format("| `{}` | {} | {} | {} | {} | {} |\n", field.Path(),
-                        Cell(FieldTypeName(field)), DefaultCell(field, defaults),
+                        Code(FieldTypeName(field)), DefaultCell(field, defaults),
                         AllowedCell(field), SlimeCell(field), Cell(field.doc));
     }
     if (section.name == "eval") {
@@ -212,7 +224,7 @@ std::string ConfigReferenceMarkdown() {
       const EvalDatasetConfig dataset_defaults;
       for (const auto& field : EvalDatasetFields()) {
         md += fmt::format("| `{}` | {} | {} | {} | {} | {} |\n", field.key,
-                          Cell(FieldTypeName(field)), DefaultCell(field, dataset_defaults),
+                          Code(FieldTypeName(field)), DefaultCell(field, dataset_defaults),
                           AllowedCell(field), SlimeCell(field), Cell(field.doc));
       }
       md +=
