@@ -2,19 +2,16 @@
 #include "slime/tokenizer/bpe_model.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include <fmt/format.h>
 
-#include "absl/hash/hash.h"
 #include "slime/tokenizer/unicode.h"
 
 namespace slime::tokenizer {
 namespace {
 
 using Json = nlohmann::json;
-
-// Ids above this are rejected: they would make the id → token table absurdly large.
-constexpr int64_t kMaxTokenId = 1 << 26;
 
 Status Invalid(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(fmt::format("{}: {}", path, what));
@@ -36,6 +33,37 @@ struct CandidateAfter {
   }
 };
 
+// Per-thread word caches, one slot per recently used model (least recently used slot evicted).
+using CachedIds = absl::InlinedVector<int32_t, 6>;
+constexpr int kCacheSlots = 4;
+constexpr size_t kMaxCachedWords = 1 << 15;  // per slot; the slot is cleared when full
+
+struct WordCache {
+  uint64_t owner = 0;  // BpeModel::cache_key_, 0 = free
+  uint64_t last_use = 0;
+  absl::flat_hash_map<std::string, CachedIds> map;
+};
+
+WordCache& ThreadWordCache(uint64_t owner) {
+  thread_local std::array<WordCache, kCacheSlots> slots;
+  thread_local uint64_t tick = 0;
+  ++tick;
+  WordCache* victim = &slots[0];
+  for (WordCache& slot : slots) {
+    if (slot.owner == owner) {
+      slot.last_use = tick;
+      return slot;
+    }
+    if (slot.last_use < victim->last_use) victim = &slot;
+  }
+  victim->map.clear();
+  victim->owner = owner;
+  victim->last_use = tick;
+  return *victim;
+}
+
+std::atomic<uint64_t> next_cache_key{1};
+
 }  // namespace
 
 StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& model, bool byte_level) {
@@ -47,6 +75,7 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& model, bool b
   }
   auto bpe = std::unique_ptr<BpeModel>(new BpeModel());
   bpe->byte_level_ = byte_level;
+  bpe->cache_key_ = next_cache_key.fetch_add(1);
 
   // Options.
   if (auto it = model.find("dropout"); it != model.end() && !it->is_null()) {
@@ -78,9 +107,10 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& model, bool b
   int64_t max_id = -1;
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-        it.value().get<int64_t>() > kMaxTokenId) {
-      return Invalid("model.vocab", fmt::format("token {} has invalid id {}", Json(it.key()).dump(),
-                                                it.value().dump()));
+        it.value().get<int64_t>() > BpeModel::kMaxTokenId) {
+      return Invalid("model.vocab",
+                     fmt::format("token {} has invalid id {} (ids are integers in [0, {}])",
+                                 Json(it.key()).dump(), it.value().dump(), kMaxTokenId));
     }
     max_id = std::max(max_id, it.value().get<int64_t>());
     bpe->vocab_.emplace(it.key(), static_cast<int32_t>(it.value().get<int64_t>()));
@@ -275,22 +305,17 @@ void BpeModel::Encode(std::string_view word, std::vector<int32_t>* ids) const {
     ids->insert(ids->end(), tmp.begin(), tmp.end());
     return;
   }
-  const size_t hash = absl::Hash<absl::string_view>()(AbslView(word));
-  CacheShard& shard = cache_[(hash >> 7) % kCacheShards];
-  {
-    absl::ReaderMutexLock lock(&shard.mu);
-    auto it = shard.map.find(AbslView(word));
-    if (it != shard.map.end()) {
-      ids->insert(ids->end(), it->second.begin(), it->second.end());
-      return;
-    }
+  WordCache& cache = ThreadWordCache(cache_key_);
+  auto it = cache.map.find(AbslView(word));
+  if (it != cache.map.end()) {
+    ids->insert(ids->end(), it->second.begin(), it->second.end());
+    return;
   }
   Ids tmp;
   EncodeUncached(word, &tmp);
   ids->insert(ids->end(), tmp.begin(), tmp.end());
-  absl::MutexLock lock(&shard.mu);
-  if (shard.map.size() >= kMaxEntriesPerShard) shard.map.clear();
-  shard.map.emplace(std::string(word), std::move(tmp));
+  if (cache.map.size() >= kMaxCachedWords) cache.map.clear();
+  cache.map.emplace(std::string(word), std::move(tmp));
 }
 
 }  // namespace slime::tokenizer

@@ -8,8 +8,8 @@ namespace slime::tokenizer {
 std::string IncrementalDecoder::Feed(std::span<const int32_t> ids) {
   for (int32_t id : ids) {
     ++num_ids_;
-    if (skip_special_tokens_ && tokenizer_->IsSpecial(id)) continue;
-    if (!tokenizer_->IdToToken(id)) continue;  // unknown ids are skipped, as in Decode
+    // Unknown ids are skipped, as in Decode.
+    if (!tokenizer_->IsKnown(id) || (skip_special_tokens_ && tokenizer_->IsSpecial(id))) continue;
     if (!first_token_) pending_.append(tokenizer_->token_separator());
     first_token_ = false;
     pending_.append(tokenizer_->TokenBytes(id));

@@ -75,16 +75,21 @@ Status Normalizer::AddSteps(const Json& j, const std::string& path, std::vector<
                                    type));
 }
 
-std::string Normalizer::Normalize(std::string_view text) const {
-  std::string out(text);
+bool Normalizer::Normalize(std::string_view text, std::string* out) const {
+  bool changed = false;
   for (Step step : steps_) {
     switch (step) {
-      case Step::kNfc:
-        if (!IsNfcQuick(out)) out = NormalizeNfc(out);
+      case Step::kNfc: {
+        std::string_view current = changed ? std::string_view(*out) : text;
+        if (IsNfcQuick(current)) break;
+        std::string normalized = NormalizeNfc(current);
+        *out = std::move(normalized);
+        changed = true;
         break;
+      }
     }
   }
-  return out;
+  return changed;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -161,6 +166,16 @@ Status PreTokenizer::SplitPiece(const Regex& regex, SplitBehavior behavior, bool
   thread_local std::vector<std::pair<size_t, size_t>> matches;
   matches.clear();
   SLIME_RETURN_IF_ERROR(regex.FindAll(piece, &matches));
+  if (behavior == SplitBehavior::kIsolated) {  // the common case: every gap and match
+    size_t prev = 0;
+    for (const auto& [start, end] : matches) {
+      if (start > prev) out->push_back(piece.substr(prev, start - prev));
+      out->push_back(piece.substr(start, end - start));
+      prev = end;
+    }
+    if (prev < piece.size()) out->push_back(piece.substr(prev));
+    return absl::OkStatus();
+  }
   // Segments covering `piece`: gaps (false) and matches (true), then inverted if asked.
   struct Segment {
     size_t start, end;
@@ -179,8 +194,7 @@ Status PreTokenizer::SplitPiece(const Regex& regex, SplitBehavior behavior, bool
   thread_local std::vector<Segment> merged;
   merged.clear();
   switch (behavior) {
-    case SplitBehavior::kIsolated:
-      merged = segments;
+    case SplitBehavior::kIsolated:  // returned above
       break;
     case SplitBehavior::kRemoved:
       for (const Segment& s : segments) {
@@ -239,8 +253,8 @@ Status PreTokenizer::Split(std::string_view text, std::deque<std::string>* arena
     words->push_back(text);
     return absl::OkStatus();
   }
-  std::vector<std::string_view> pieces{text};
-  std::vector<std::string_view> next;
+  thread_local std::vector<std::string_view> pieces, next;
+  pieces.assign(1, text);
   for (const Step& step : steps_) {
     next.clear();
     for (std::string_view piece : pieces) {

@@ -171,6 +171,10 @@ Status Tokenizer::LoadTokenizerJson(const Json& j) {
           !a.contains("content") || !a["content"].is_string()) {
         return Invalid(path, "expected {\"id\": int, \"content\": string, ...}");
       }
+      if (a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() > BpeModel::kMaxTokenId) {
+        return Invalid(path, fmt::format("id {} is outside [0, {}]", a["id"].dump(),
+                                         BpeModel::kMaxTokenId));
+      }
       AddedToken token;
       token.id = a["id"].get<int32_t>();
       token.content = a["content"].get<std::string>();
@@ -198,6 +202,7 @@ Status Tokenizer::LoadTokenizerJson(const Json& j) {
     }
     vocab_size_ = model_->size() + extra;
     id_limit_ = max_id + 1;
+    BuildDecodeTables();
     return absl::OkStatus();
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(fmt::format("unexpected JSON structure: {}", e.what()));
@@ -361,9 +366,11 @@ Status Tokenizer::LoadConfig(const Json& config, std::string_view extra_template
 // Encode
 
 void Tokenizer::EncodeWords(std::string_view normalized, std::vector<int32_t>* ids) const {
+  // Per-thread scratch; `arena` only fills when a pre-tokenizer step rewrites text.
   thread_local std::vector<std::string_view> words;
-  std::deque<std::string> arena;
+  thread_local std::deque<std::string> arena;
   words.clear();
+  arena.clear();
   Status st = pre_tokenizer_->Split(normalized, &arena, &words);
   if (!st.ok()) {
     // Only a PCRE2 resource limit can get here; encode the text as one word rather than fail.
@@ -371,15 +378,13 @@ void Tokenizer::EncodeWords(std::string_view normalized, std::vector<int32_t>* i
                  source_, std::string(st.message()), normalized.size());
     words.assign(1, normalized);
   }
-  // Copy: model_->Encode does not touch `words`, but keep the thread_local reusable.
   for (std::string_view word : words) model_->Encode(word, ids);
 }
 
 void Tokenizer::EncodeText(std::string_view text, std::vector<int32_t>* ids) const {
   std::string normalized_storage;
   std::string_view normalized = text;
-  if (!normalizer_->empty()) {
-    normalized_storage = normalizer_->Normalize(text);
+  if (!normalizer_->empty() && normalizer_->Normalize(text, &normalized_storage)) {
     normalized = normalized_storage;
   }
   if (!added_.has_normalized_tokens()) {
@@ -438,23 +443,24 @@ std::optional<std::string> Tokenizer::IdToToken(int32_t id) const {
   return std::nullopt;
 }
 
-bool Tokenizer::IsSpecial(int32_t id) const {
-  const AddedToken* t = added_.FindById(id);
-  return t != nullptr && t->special;
-}
-
-std::string Tokenizer::TokenBytes(int32_t id) const {
-  const std::string* token = nullptr;
-  if (const AddedToken* t = added_.FindById(id)) {
-    token = &t->content;
-  } else {
-    token = model_->IdToToken(id);
+void Tokenizer::BuildDecodeTables() {
+  token_bytes_.assign(static_cast<size_t>(id_limit_), std::string());
+  id_flags_.assign(static_cast<size_t>(id_limit_), 0);
+  auto set = [this](int32_t id, const std::string& token, uint8_t flags) {
+    id_flags_[id] = flags;
+    if (byte_level_decoder_) {
+      AppendByteLevelDecoded(token, &token_bytes_[id]);
+    } else {
+      token_bytes_[id] = token;
+    }
+  };
+  for (int32_t id = 0; id <= model_->max_id(); ++id) {
+    if (const std::string* token = model_->IdToToken(id)) set(id, *token, kIdPresent);
   }
-  if (token == nullptr) return std::string();
-  if (!byte_level_decoder_) return *token;
-  std::string out;
-  AppendByteLevelDecoded(*token, &out);
-  return out;
+  for (const AddedToken& t : added_.tokens()) {  // added tokens take precedence, as in HF
+    token_bytes_[t.id].clear();
+    set(t.id, t.content, static_cast<uint8_t>(kIdPresent | (t.special ? kIdSpecial : 0)));
+  }
 }
 
 std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
@@ -467,8 +473,7 @@ std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special_to
   bytes.reserve(ids.size() * 4);
   bool first = true;
   for (int32_t id : ids) {
-    if (skip_special_tokens && IsSpecial(id)) continue;
-    if (added_.FindById(id) == nullptr && model_->IdToToken(id) == nullptr) continue;
+    if (!IsKnown(id) || (skip_special_tokens && IsSpecial(id))) continue;
     if (!first) bytes.append(token_separator());
     first = false;
     bytes.append(TokenBytes(id));

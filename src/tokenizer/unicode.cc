@@ -188,40 +188,6 @@ std::string_view RStripIf(std::string_view s, Pred pred) {
 
 }  // namespace
 
-Utf8Step DecodeUtf8(std::string_view s, size_t pos) {
-  const auto* p = reinterpret_cast<const uint8_t*>(s.data()) + pos;
-  const size_t avail = s.size() - pos;
-  const uint8_t b0 = p[0];
-  if (b0 < 0x80) return {b0, 1, true, false};
-  int need;
-  char32_t cp;
-  uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    need = 1;
-    cp = b0 & 0x1F;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    need = 2;
-    cp = b0 & 0x0F;
-    if (b0 == 0xE0) lo = 0xA0;
-    if (b0 == 0xED) hi = 0x9F;
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    need = 3;
-    cp = b0 & 0x07;
-    if (b0 == 0xF0) lo = 0x90;
-    if (b0 == 0xF4) hi = 0x8F;
-  } else {
-    return {kReplacementChar, 1, false, false};
-  }
-  for (int i = 1; i <= need; ++i) {
-    if (static_cast<size_t>(i) >= avail) return {kReplacementChar, i, false, true};
-    const uint8_t b = p[i];
-    const uint8_t l = i == 1 ? lo : 0x80, h = i == 1 ? hi : 0xBF;
-    if (b < l || b > h) return {kReplacementChar, i, false, false};
-    cp = (cp << 6) | (b & 0x3F);
-  }
-  return {cp, need + 1, true, false};
-}
-
 void AppendUtf8(char32_t cp, std::string* out) {
   if (cp < 0x80) {
     out->push_back(static_cast<char>(cp));

@@ -329,6 +329,12 @@ TEST_F(MalformedTest, EachErrorNamesTheFileAndTheProblem) {
   Json added = good;
   added["added_tokens"][1]["id"] = 300;
   cases.push_back({"duplicate added id", added.dump(), "added_tokens[1]"});
+  Json added_huge = good;
+  added_huge["added_tokens"][0]["id"] = 1 << 30;
+  cases.push_back({"huge added id", added_huge.dump(), "outside"});
+  Json vocab_huge = good;
+  vocab_huge["model"]["vocab"]["zzz"] = 1LL << 40;
+  cases.push_back({"huge vocab id", vocab_huge.dump(), "invalid id"});
   Json added_bad = good;
   added_bad["added_tokens"][0] = "text";
   cases.push_back({"added token string", added_bad.dump(), "added_tokens[0]"});

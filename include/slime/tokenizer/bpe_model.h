@@ -11,9 +11,10 @@
 // character starts as its own token (unknown characters go to byte fallback, unk, or are dropped,
 // as in Hugging Face). Merging repeatedly applies the lowest-ranked adjacent pair, leftmost first.
 //
-// Ownership: owns vocabulary, merges and a bounded word cache.
-// Thread-safety: immutable after FromJson except the word cache, which is internally
-// synchronized (sharded mutexes), so Encode may run concurrently from any number of threads.
+// Ownership: owns vocabulary and merges. Encode memoizes word → ids in a bounded cache that
+// each thread keeps for itself (a few models per thread), so there is no lock on the hot path.
+// Thread-safety: immutable after FromJson; Encode may run concurrently from any number of
+// threads.
 // Invariants: ids are unique; every merge's parts and result are in the vocabulary.
 #ifndef SLIME_TOKENIZER_BPE_MODEL_H_
 #define SLIME_TOKENIZER_BPE_MODEL_H_
@@ -28,16 +29,17 @@
 
 #include <nlohmann/json.hpp>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
-#include "absl/synchronization/mutex.h"
 #include "slime/common/status.h"
 
 namespace slime::tokenizer {
 
 class BpeModel {
  public:
+  // Largest accepted token id: bounds the per-id tables (real vocabularies are far smaller).
+  static constexpr int32_t kMaxTokenId = (1 << 22) - 1;
+
   // `model` is the "model" object of tokenizer.json. Errors name the JSON path (e.g.
   // "model.merges[12]") and what is wrong.
   static StatusOr<std::unique_ptr<BpeModel>> FromJson(const nlohmann::json& model,
@@ -62,13 +64,7 @@ class BpeModel {
     int32_t new_id;
   };
   using Ids = absl::InlinedVector<int32_t, 6>;
-  static constexpr int kCacheShards = 32;
-  static constexpr size_t kMaxEntriesPerShard = 4096;
   static constexpr size_t kMaxCachedWordBytes = 256;
-  struct CacheShard {
-    mutable absl::Mutex mu;
-    absl::flat_hash_map<std::string, Ids> map ABSL_GUARDED_BY(mu);
-  };
 
   BpeModel() = default;
   static uint64_t PairKey(int32_t a, int32_t b) {
@@ -91,7 +87,7 @@ class BpeModel {
   bool fuse_unk_ = false;
   std::optional<int32_t> unk_id_;
   std::array<int32_t, 256> fallback_ids_{};  // byte_fallback: id of "<0xHH>", or -1
-  mutable std::array<CacheShard, kCacheShards> cache_;
+  uint64_t cache_key_ = 0;  // unique per instance: names this model's per-thread word caches
 };
 
 }  // namespace slime::tokenizer

@@ -34,7 +34,9 @@ class Normalizer {
 
   // True when Normalize is the identity (no steps).
   bool empty() const { return steps_.empty(); }
-  std::string Normalize(std::string_view text) const;
+  // Writes the normalized text to `*out` and returns true, or returns false (leaving `*out`
+  // alone) when normalization leaves `text` unchanged — the common case, which costs no copy.
+  bool Normalize(std::string_view text, std::string* out) const;
 
  private:
   enum class Step { kNfc };

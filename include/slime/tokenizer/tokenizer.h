@@ -62,14 +62,22 @@ class Tokenizer {
                      bool clean_up_tokenization_spaces) const;
 
   // The raw bytes one token contributes to decoded text (may be part of a UTF-8 character);
-  // empty for unknown ids. Used by IncrementalDecoder.
-  std::string TokenBytes(int32_t id) const;
+  // empty for unknown ids. Precomputed at load; valid as long as the Tokenizer.
+  std::string_view TokenBytes(int32_t id) const {
+    return IsKnown(id) ? std::string_view(token_bytes_[id]) : std::string_view();
+  }
+  // True for ids of the vocabulary or the added tokens.
+  bool IsKnown(int32_t id) const {
+    return id >= 0 && id < id_limit_ && (id_flags_[id] & kIdPresent) != 0;
+  }
   // Separator the decoder puts between tokens: "" for ByteLevel, " " without a decoder.
   std::string_view token_separator() const { return byte_level_decoder_ ? "" : " "; }
 
   std::optional<int32_t> TokenToId(std::string_view token) const;
   std::optional<std::string> IdToToken(int32_t id) const;
-  bool IsSpecial(int32_t id) const;
+  bool IsSpecial(int32_t id) const {
+    return id >= 0 && id < id_limit_ && (id_flags_[id] & kIdSpecial) != 0;
+  }
 
   // Number of distinct ids, added tokens included (HF get_vocab_size(with_added_tokens=True)).
   size_t vocab_size() const { return vocab_size_; }
@@ -101,7 +109,9 @@ class Tokenizer {
     bool is_sequence = false;
     std::vector<int32_t> ids;  // special token ids when !is_sequence
   };
+  static constexpr uint8_t kIdPresent = 1, kIdSpecial = 2;
   Tokenizer() : chat_template_(absl::NotFoundError("no chat_template")) {}
+  void BuildDecodeTables();
   Status LoadTokenizerJson(const nlohmann::json& j);
   Status LoadPostProcessor(const nlohmann::json& j, const std::string& path);
   Status LoadDecoder(const nlohmann::json& j);
@@ -120,6 +130,8 @@ class Tokenizer {
   AddedVocabulary added_;
   std::vector<PostItem> post_template_;  // empty: add_special_tokens adds nothing
   bool byte_level_decoder_ = false;
+  std::vector<std::string> token_bytes_;  // [id_limit_] decoded bytes of each id
+  std::vector<uint8_t> id_flags_;         // [id_limit_] kIdPresent | kIdSpecial
   size_t vocab_size_ = 0;
   int32_t id_limit_ = 0;
 

@@ -28,7 +28,7 @@ struct Utf8Step {
   // `s` (more bytes could complete it). Streaming decoders hold such tails back.
   bool truncated;
 };
-Utf8Step DecodeUtf8(std::string_view s, size_t pos);
+Utf8Step DecodeUtf8(std::string_view s, size_t pos);  // defined inline below (hot path)
 
 // Appends the UTF-8 encoding of `cp` (must be a Unicode scalar value).
 void AppendUtf8(char32_t cp, std::string* out);
@@ -78,6 +78,42 @@ char32_t ByteToUnicode(uint8_t byte);
 int UnicodeToByte(char32_t cp);
 // Maps every byte of `bytes` through ByteToUnicode (the token spelling of a byte string).
 std::string BytesToByteLevel(std::string_view bytes);
+
+// ---- Implementation details ----------------------------------------------------------------
+
+inline Utf8Step DecodeUtf8(std::string_view s, size_t pos) {
+  const auto* p = reinterpret_cast<const uint8_t*>(s.data()) + pos;
+  const size_t avail = s.size() - pos;
+  const uint8_t b0 = p[0];
+  if (b0 < 0x80) return {b0, 1, true, false};
+  int need;
+  char32_t cp;
+  uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    need = 1;
+    cp = b0 & 0x1F;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    need = 2;
+    cp = b0 & 0x0F;
+    if (b0 == 0xE0) lo = 0xA0;
+    if (b0 == 0xED) hi = 0x9F;
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    need = 3;
+    cp = b0 & 0x07;
+    if (b0 == 0xF0) lo = 0x90;
+    if (b0 == 0xF4) hi = 0x8F;
+  } else {
+    return {kReplacementChar, 1, false, false};
+  }
+  for (int i = 1; i <= need; ++i) {
+    if (static_cast<size_t>(i) >= avail) return {kReplacementChar, i, false, true};
+    const uint8_t b = p[i];
+    const uint8_t l = i == 1 ? lo : 0x80, h = i == 1 ? hi : 0xBF;
+    if (b < l || b > h) return {kReplacementChar, i, false, false};
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  return {cp, need + 1, true, false};
+}
 
 }  // namespace slime::tokenizer
 
