@@ -16,6 +16,37 @@ const require = createRequire(import.meta.url);
 const { TokenizerLoader } = require("@lenml/tokenizers");
 const { Template } = require("@huggingface/jinja");
 
+// JavaScript's \s also matches U+FEFF and misses U+0085; Oniguruma's (Hugging Face's regex
+// engine) is exactly Unicode White_Space. Rewrite \s / \S in Split patterns to that set so this
+// provisional reference follows Hugging Face rather than the JS engine.
+const WS = "\\t-\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
+function onigWhitespace(p) {
+  let out = "", inClass = false;
+  for (let i = 0; i < p.length; i++) {
+    const c = p[i];
+    if (c === "\\" && i + 1 < p.length) {
+      const n = p[++i];
+      if (n === "s") out += inClass ? WS : `[${WS}]`;
+      else if (n === "S" && !inClass) out += `[^${WS}]`;
+      else out += c + n;
+      continue;
+    }
+    if (c === "[") inClass = true;
+    else if (c === "]") inClass = false;
+    out += c;
+  }
+  return out;
+}
+function patchPatterns(node) {
+  if (Array.isArray(node)) node.forEach(patchPatterns);
+  else if (node && typeof node === "object") {
+    if (node.type === "Split" && node.pattern && node.pattern.Regex) {
+      node.pattern.Regex = onigWhitespace(node.pattern.Regex);
+    }
+    Object.values(node).forEach(patchPatterns);
+  }
+}
+
 const repo = path.resolve(path.dirname(new URL(import.meta.url).pathname), "../..");
 const dataDir = process.argv[2] || process.env.SLIME_TEST_DATA || path.join(repo, ".cache/testdata");
 const outDir = process.argv[3] || path.join(repo, "tests/data/tokenizer");
@@ -31,8 +62,10 @@ for (const name of ["qwen3", "llama3", "llama3_1"]) {
     continue;
   }
   const config = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer_config.json"), "utf8"));
+  const tokenizerJSON = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8"));
+  patchPatterns(tokenizerJSON.pre_tokenizer);
   const tok = TokenizerLoader.fromPreTrained({
-    tokenizerJSON: JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8")),
+    tokenizerJSON,
     tokenizerConfig: config,
   });
   const template = new Template(config.chat_template);

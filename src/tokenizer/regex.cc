@@ -54,18 +54,40 @@ std::string PcreErrorMessage(int code) {
 
 }  // namespace
 
+std::string TranslateWhitespaceClasses(std::string_view pattern) {
+  std::string out;
+  out.reserve(pattern.size() + 32);
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '\\' || i + 1 == pattern.size()) {
+      out.push_back(pattern[i]);
+      continue;
+    }
+    const char next = pattern[++i];
+    if (next == 's') {
+      out += "\\p{White_Space}";
+    } else if (next == 'S') {
+      out += "\\P{White_Space}";
+    } else {
+      out.push_back('\\');
+      out.push_back(next);
+    }
+  }
+  return out;
+}
+
 StatusOr<std::unique_ptr<Regex>> Regex::Compile(std::string_view pattern, bool literal) {
   if (!IsValidUtf8(pattern)) {
     return absl::InvalidArgumentError("regex pattern is not valid UTF-8");
   }
   std::unique_ptr<Regex> re(new Regex());
   re->pattern_ = std::string(pattern);
+  const std::string translated = literal ? re->pattern_ : TranslateWhitespaceClasses(pattern);
   // PCRE2_LITERAL does not combine with PCRE2_UCP (which only matters for classes anyway).
   const uint32_t options = literal ? (PCRE2_UTF | PCRE2_LITERAL) : (PCRE2_UTF | PCRE2_UCP);
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
   pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options,
                     &error_code, &error_offset, nullptr);
   if (code == nullptr) {
     return absl::InvalidArgumentError(fmt::format("cannot compile regex /{}/ at offset {}: {}",

@@ -140,6 +140,18 @@ TEST(RegexTest, FindsUnicodeClassesAndHandlesEmptyMatches) {
   EXPECT_FALSE((*literal)->Search("axb"));
 }
 
+TEST(RegexTest, WhitespaceIsUnicodeWhiteSpaceLikeOniguruma) {
+  EXPECT_EQ(TranslateWhitespaceClasses(R"([^\s\p{L}]+|\s+(?!\S)|\\s)"),
+            R"([^\p{White_Space}\p{L}]+|\p{White_Space}+(?!\P{White_Space})|\\s)");
+  auto re = Regex::Compile(R"(\s)");
+  ASSERT_TRUE(re.ok());
+  EXPECT_TRUE((*re)->Search("\u0085"));   // NEL is White_Space
+  EXPECT_TRUE((*re)->Search("\u3000"));
+  EXPECT_FALSE((*re)->Search("\u180e"));  // Mongolian vowel separator: not since Unicode 6.3
+  EXPECT_FALSE((*re)->Search("\ufeff"));
+  EXPECT_FALSE((*re)->Search("\u200b"));
+}
+
 TEST(RegexTest, BadPatternIsAnError) {
   auto re = Regex::Compile("(unclosed");
   ASSERT_FALSE(re.ok());

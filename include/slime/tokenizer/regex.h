@@ -1,6 +1,8 @@
 // Regex: a compiled PCRE2 pattern (UTF-8, Unicode properties) for the pre-tokenizer's Split
 // steps. Patterns written for Hugging Face `tokenizers` (Oniguruma syntax) compile unchanged for
-// the constructs those tokenizers use: \p{L}, \p{N}, \s, (?i:...), (?!...), {m,n}.
+// the constructs those tokenizers use: \p{L}, \p{N}, \s, (?i:...), (?!...), {m,n}. One
+// difference is bridged: Oniguruma's \s is exactly Unicode White_Space, PCRE2's (with UCP) also
+// matches U+180E, so \s / \S are compiled as \p{White_Space} / \P{White_Space}.
 //
 // Ownership: owns the compiled code (and its JIT code when PCRE2 JIT is available).
 // Thread-safety: immutable after Compile; FindAll may be called concurrently from any number of
@@ -48,6 +50,9 @@ class Regex {
   void* code_ = nullptr;  // pcre2_code_8*
   bool jit_ = false;
 };
+
+// \s → \p{White_Space}, \S → \P{White_Space}; other escapes (including \\s) are kept.
+std::string TranslateWhitespaceClasses(std::string_view pattern);
 
 }  // namespace slime::tokenizer
 
