@@ -46,6 +46,7 @@ function(slime_add_test name)
     set(ARG_TIMEOUT 300)
   endif()
   gtest_discover_tests(${name}
+    TEST_PREFIX "${name}."
     PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
                ENVIRONMENT "SLIME_TRAIN_BIN=$<TARGET_FILE:slime_train>;SLIME_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
     DISCOVERY_TIMEOUT 60)

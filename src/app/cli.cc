@@ -1,18 +1,141 @@
 #include "slime/app/cli.h"
 
+#include <cstring>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
+#include "fmt/format.h"
+#include "slime/app/job_plan.h"
 #include "slime/app/version.h"
+#include "slime/comm/accelerator.h"
+#include "slime/common/logging.h"
+#include "slime/config/config.h"
+#include "spdlog/spdlog.h"
 
 namespace slime::app {
+namespace {
+
+constexpr const char* kSubcommands[] = {"train", "serve", "agent", "worker", "convert",
+                                        "init-model"};
+
+bool IsSubcommand(const char* arg) {
+  for (const char* name : kSubcommands) {
+    if (std::strcmp(arg, name) == 0) return true;
+  }
+  return false;
+}
+
+// Prints a user-facing error (no stack trace) and returns the usage exit code.
+int UsageError(const std::string& message) {
+  std::cerr << "slime_train: error: " << message << "\n";
+  return kExitUsage;
+}
+
+int NotBuilt(const std::string& what, const std::string& where) {
+  std::cerr << "slime_train " << what << ": not built yet in this version; it arrives with "
+            << where << ". Run `slime_train --help` for what is available.\n";
+  return kExitNotBuilt;
+}
+
+struct TrainOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  bool dry_run = false;
+  std::string log_level;
+};
+
+int RunTrain(const TrainOptions& options) {
+  if (!options.log_level.empty()) {
+    if (Status s = CheckLogLevel(options.log_level); !s.ok()) {
+      return UsageError(fmt::format("--log-level: {}", std::string(s.message())));
+    }
+  }
+  std::vector<std::string> warnings;
+  StatusOr<config::Config> loaded =
+      config::LoadConfig(options.config_path, options.overrides, &warnings);
+  if (!loaded.ok()) return UsageError(std::string(loaded.status().message()));
+  config::Config config = *std::move(loaded);
+
+  LogOptions log;
+  log.level = options.log_level.empty() ? config.debug.log_level : options.log_level;
+  log.role = "driver";
+  if (!options.dry_run) log.log_dir = config.cluster.run_dir + "/logs";
+  if (Status s = InitLogging(log); !s.ok()) return UsageError(std::string(s.message()));
+  for (const std::string& w : warnings) spdlog::warn("config: {}", w);
+
+  comm::AcceleratorInfo accel = comm::QueryAccelerators();
+  StatusOr<JobPlan> job = PlanJob(config, accel.cuda_available);
+  if (!job.ok()) return UsageError(fmt::format("placement: {}", std::string(job.status().message())));
+
+  if (options.dry_run) {
+    std::cout << "# resolved configuration (" << options.config_path << ")\n"
+              << config::ToYaml(config) << "\n"
+              << "# placement plan (" << job->device_note << ")\n"
+              << runtime::FormatPlan(job->plan);
+    return kExitOk;
+  }
+  spdlog::info("config {} resolved; placement: {} actors on {} node(s)", options.config_path,
+               job->plan.actors.size(), runtime::NumNodesUsed(job->plan));
+  return NotBuilt("train", "the end-to-end RL loop (rollout coordinator, weight sync, driver)");
+}
+
+}  // namespace
 
 int RunCli(int argc, char** argv) {
-  CLI::App cli{"slime_train: native RL post-training for LLMs"};
+  // `slime_train --config X` is short for `slime_train train --config X`.
+  std::vector<char*> args(argv, argv + argc);
+  static char kTrain[] = "train";
+  if (argc > 1 && !IsSubcommand(argv[1]) && std::strcmp(argv[1], "--help") != 0 &&
+      std::strcmp(argv[1], "-h") != 0 && std::strcmp(argv[1], "--version") != 0) {
+    args.insert(args.begin() + 1, kTrain);
+  }
+
+  CLI::App cli{"slime_train: native RL post-training for LLMs (a C++ re-implementation of slime)"};
+  cli.require_subcommand(0, 1);
   bool version = false;
   cli.add_flag("--version", version, "Print version, git hash, torch, CUDA and NCCL and exit");
+
+  TrainOptions train;
+  CLI::App* train_cmd =
+      cli.add_subcommand("train", "Run the RL job (the default: `slime_train --config F`)");
+  train_cmd->add_option("-c,--config", train.config_path, "Job YAML (see docs/config.md)")
+      ->required();
+  train_cmd->add_option("--set", train.overrides,
+                        "Override a key: --set section.key=value (repeatable; value is YAML)");
+  train_cmd->add_flag("--dry-run", train.dry_run,
+                      "Print the resolved config and the placement plan, then exit");
+  train_cmd->add_option("--log-level", train.log_level,
+                        "trace|debug|info|warn|error|critical|off (default: debug.log_level)");
+
+  std::string model_dir, head, actor_id, from, to_hf, init_config, init_tokenizer, init_out,
+      init_dtype = "bf16";
+  int port = 30000, tp = 1, seed = 1234;
+  CLI::App* serve = cli.add_subcommand("serve", "Run a standalone SGLang-compatible engine");
+  serve->add_option("--model", model_dir, "HF model directory")->required();
+  serve->add_option("--port", port, "HTTP port");
+  serve->add_option("--tp", tp, "Tensor-parallel size");
+  CLI::App* agent = cli.add_subcommand("agent", "Run a node agent that joins a job's head");
+  agent->add_option("--head", head, "Head address HOST:PORT")->required();
+  CLI::App* worker = cli.add_subcommand("worker", "Internal: one actor process");
+  worker->add_option("--head", head, "Head address HOST:PORT")->required();
+  worker->add_option("--actor", actor_id, "Actor id")->required();
+  CLI::App* convert = cli.add_subcommand("convert", "Convert a checkpoint to HF safetensors");
+  convert->add_option("--from", from, "Checkpoint directory")->required();
+  convert->add_option("--to-hf", to_hf, "Output HF directory")->required();
+  CLI::App* init_model =
+      cli.add_subcommand("init-model", "Write a random-weight HF model directory");
+  init_model->add_option("--config", init_config, "HF config.json")->required();
+  init_model->add_option("--tokenizer", init_tokenizer, "Directory with tokenizer files")
+      ->required();
+  init_model->add_option("--out", init_out, "Output directory")->required();
+  init_model->add_option("--seed", seed, "Random seed");
+  init_model->add_option("--dtype", init_dtype, "bf16|fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+
   try {
-    cli.parse(argc, argv);
+    cli.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::ParseError& e) {
     return cli.exit(e);
   }
@@ -20,7 +143,14 @@ int RunCli(int argc, char** argv) {
     std::cout << VersionReport();
     return kExitOk;
   }
-  return kExitOk;
+  if (train_cmd->parsed()) return RunTrain(train);
+  if (serve->parsed()) return NotBuilt("serve", "the inference engine");
+  if (agent->parsed()) return NotBuilt("agent", "the actor runtime");
+  if (worker->parsed()) return NotBuilt("worker", "the actor runtime");
+  if (convert->parsed()) return NotBuilt("convert", "the trainer's checkpoints");
+  if (init_model->parsed()) return NotBuilt("init-model", "the model module");
+  std::cout << cli.help();
+  return kExitUsage;
 }
 
 }  // namespace slime::app

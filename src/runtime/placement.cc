@@ -494,8 +494,8 @@ int NumNodesUsed(const PlacementPlan& plan) {
 std::string FormatPlan(const PlacementPlan& plan) {
   const int world = static_cast<int>(ActorsWithRole(plan, ActorRole::kTrainer).size());
   std::string out =
-      fmt::format("placement: {} nodes, {}; trainer {} = DP {} × TP {} × PP {} × CP {}",
-                  plan.nodes.size(), Units(plan.device_kind), world, plan.data_parallel,
+      fmt::format("placement: {} node{}, {}; trainer {} = DP {} × TP {} × PP {} × CP {}",
+                  plan.nodes.size(), plan.nodes.size() == 1 ? "" : "s", Units(plan.device_kind), world, plan.data_parallel,
                   plan.tensor_parallel, plan.pipeline_parallel, plan.context_parallel);
   if (plan.devices_per_engine > 0) {
     std::set<int> engines;
