@@ -1,0 +1,114 @@
+// The decoder's parameters as plain tensors, and the one place where HF tensor names map to them.
+//
+// ModelWeights holds one tensor per HF parameter (no fusion), so sharding, swapping (weight sync)
+// and saving stay a name lookup away. With tensor parallelism each tensor is this rank's shard
+// (see tensor_parallel.h for the layouts); shapes below are for TP size P.
+//
+// ParameterSpecs() lists every parameter of a config with its HF name, full shape, TP split and
+// initialisation; loading, random init, saving and NamedParameters() all walk that list.
+//
+// Random initialisation is counter-based: element i of parameter NAME is a function of
+// (seed, NAME, i) only, so the same seed gives the same bytes whatever the thread count, device,
+// dtype conversion order or TP split (a rank's shard equals the slice of the full tensor).
+// Linear and embedding weights ~ N(0, initializer_range), norms = 1, biases = 0.
+//
+// Ownership: plain values; tensors share storage when copied. Thread-safety: none (one owner).
+#ifndef SLIME_MODEL_WEIGHTS_H_
+#define SLIME_MODEL_WEIGHTS_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "slime/common/status.h"
+#include "slime/model/checkpoint.h"
+#include "slime/model/config.h"
+
+namespace slime::model {
+
+struct LayerWeights {
+  torch::Tensor input_norm;           // [hidden]
+  torch::Tensor q_proj;               // [heads/P * head_dim, hidden]       column-parallel
+  torch::Tensor q_bias;               // [heads/P * head_dim] or undefined
+  torch::Tensor k_proj;               // [kv_heads/P * head_dim, hidden]    column-parallel
+  torch::Tensor k_bias;               // [kv_heads/P * head_dim] or undefined
+  torch::Tensor v_proj;               // [kv_heads/P * head_dim, hidden]    column-parallel
+  torch::Tensor v_bias;               // [kv_heads/P * head_dim] or undefined
+  torch::Tensor o_proj;               // [hidden, heads/P * head_dim]       row-parallel
+  torch::Tensor o_bias;               // [hidden] or undefined
+  torch::Tensor q_norm;               // [head_dim] (Qwen3) or undefined
+  torch::Tensor k_norm;               // [head_dim] (Qwen3) or undefined
+  torch::Tensor post_attention_norm;  // [hidden]
+  torch::Tensor gate_proj;            // [intermediate/P, hidden]           column-parallel
+  torch::Tensor up_proj;              // [intermediate/P, hidden]           column-parallel
+  torch::Tensor down_proj;            // [hidden, intermediate/P]           row-parallel
+};
+
+struct ModelWeights {
+  torch::Tensor embed_tokens;  // [vocab/P, hidden]  vocab-parallel
+  std::vector<LayerWeights> layers;
+  torch::Tensor final_norm;  // [hidden]
+  torch::Tensor
+      lm_head;  // [vocab/P, hidden]  vocab-parallel; same tensor as embed_tokens when tied
+};
+
+// How a parameter is split over tensor-parallel ranks.
+enum class ShardDim { kReplicated = -1, kRows = 0, kColumns = 1 };
+enum class ParamInit { kNormal, kOnes, kZeros };
+
+struct ParamSpec {
+  std::string hf_name;         // e.g. "model.layers.3.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;  // full, unsharded
+  ShardDim shard = ShardDim::kReplicated;
+  ParamInit init = ParamInit::kNormal;
+  int layer = -1;                                     // -1: not a layer parameter
+  torch::Tensor LayerWeights::*layer_slot = nullptr;  // set when layer >= 0
+  torch::Tensor ModelWeights::*model_slot = nullptr;  // set when layer < 0
+};
+
+// Every stored parameter of `config`, in HF order (embeddings, layers, norm, lm_head). With
+// tied embeddings lm_head.weight is absent (HF does not store it).
+std::vector<ParamSpec> ParameterSpecs(const ModelConfig& config);
+
+// The tensor of `weights` that `spec` names (layers must already be sized).
+torch::Tensor& ParamSlot(ModelWeights& weights, const ParamSpec& spec);
+const torch::Tensor& ParamSlot(const ModelWeights& weights, const ParamSpec& spec);
+
+// Shape of rank `tp_rank`'s shard of `spec` in a group of `tp_size`.
+std::vector<int64_t> ShardShape(const ParamSpec& spec, int tp_rank, int tp_size);
+
+struct WeightOptions {
+  torch::ScalarType dtype = torch::kFloat32;
+  torch::Device device = torch::kCPU;
+  int tp_rank = 0;
+  int tp_size = 1;
+};
+
+// Loads this rank's shard of every parameter from `checkpoint`, checking names, shapes and
+// dtypes against `config`. Tensors the model does not use are ignored.
+StatusOr<ModelWeights> LoadWeights(const CheckpointReader& checkpoint, const ModelConfig& config,
+                                   const WeightOptions& options);
+
+// Deterministic random weights (see the header comment). Generated on CPU in float32, then
+// converted to options.dtype and moved to options.device.
+StatusOr<ModelWeights> RandomWeights(const ModelConfig& config, uint64_t seed,
+                                     const WeightOptions& options);
+
+// Checks that every parameter is present with its shard shape, and that all share one dtype and
+// device; the error names the HF parameter.
+Status ValidateWeights(const ModelWeights& weights, const ModelConfig& config, int tp_rank,
+                       int tp_size);
+
+// (HF name, tensor) for every parameter in ParameterSpecs order; shards when TP size > 1.
+std::vector<NamedTensor> NamedParameters(const ModelWeights& weights, const ModelConfig& config);
+
+// Writes the weights of a TP-size-1 model as an HF checkpoint directory (safetensors only; the
+// caller writes config.json).
+Status SaveWeights(const std::string& dir, const ModelWeights& weights, const ModelConfig& config,
+                   const WriteCheckpointOptions& options = {});
+
+}  // namespace slime::model
+
+#endif  // SLIME_MODEL_WEIGHTS_H_
