@@ -1,0 +1,113 @@
+// DecoderModel: the Llama / Qwen2 / Qwen3 decoder-only LM in plain LibTorch ops.
+//
+//   x = embed(ids)                                              [T, hidden]
+//   per layer:  h = rmsnorm(x)
+//               q, k, v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)  -> [T, heads, head_dim]
+//               q, k = rmsnorm_per_head(q), rmsnorm_per_head(k)      (Qwen3 only)
+//               q, k = rope(q, positions), rope(k, positions)
+//               x = x + o_proj(attention(q, k, v))                    (AttentionBackend)
+//               x = x + down(silu(gate(rmsnorm(x))) * up(rmsnorm(x)))
+//   hidden = rmsnorm(x);  logits = hidden W_lm^T                [T, vocab]
+//
+// Numerics follow transformers: RMSNorm in float32 then cast back and scaled by the weight in
+// the model dtype; RoPE cos/sin computed in float32 and cast to the model dtype; attention
+// softmax in float32. Model dtype = the weights' dtype (float32 or bfloat16).
+//
+// Inputs: token ids [T] (any integer dtype, any device; moved to the model's device) of a packed
+// batch; ids must be < vocab_size. Outputs live on the model's device.
+//
+// The forward passes are differentiable with respect to the weights (training), except
+// ForwardWithCache, which runs under NoGradGuard. Errors (bad ids, shapes, LibTorch failures,
+// collective failures) come back as Status; nothing throws out of this class.
+//
+// Ownership: owns its weights and shares the TP group. Thread-safety: one thread at a time.
+#ifndef SLIME_MODEL_DECODER_H_
+#define SLIME_MODEL_DECODER_H_
+
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "slime/common/status.h"
+#include "slime/model/attention.h"
+#include "slime/model/config.h"
+#include "slime/model/tensor_parallel.h"
+#include "slime/model/weights.h"
+
+namespace slime::model {
+
+class DecoderModel {
+ public:
+  // Validates `weights` against `config` for the group's rank/size (null group: size 1).
+  static StatusOr<std::unique_ptr<DecoderModel>> Create(
+      ModelConfig config, ModelWeights weights, std::shared_ptr<TensorParallelGroup> tp = nullptr);
+  // config.json + safetensors from an HF model directory; this rank's shards.
+  static StatusOr<std::unique_ptr<DecoderModel>> Load(
+      const std::string& model_dir, torch::ScalarType dtype, torch::Device device,
+      std::shared_ptr<TensorParallelGroup> tp = nullptr);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  // For in-place weight updates (optimizer, weight sync); shapes/dtypes must not change.
+  ModelWeights& mutable_weights() { return weights_; }
+  TensorParallelGroup& tp_group() { return *tp_; }
+  torch::ScalarType dtype() const { return dtype_; }
+  torch::Device device() const { return device_; }
+  int64_t local_heads() const { return config_.num_attention_heads / tp_->size(); }
+  int64_t local_kv_heads() const { return config_.num_key_value_heads / tp_->size(); }
+
+  void set_attention_impl(AttentionImpl impl) { attention_impl_ = impl; }
+  AttentionImpl attention_impl() const { return attention_impl_; }
+
+  // Final hidden states [T, hidden] for ids [T] at positions [T] (int64), attention delegated to
+  // `attention`.
+  StatusOr<torch::Tensor> Forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
+                                  AttentionBackend& attention);
+
+  // Packed variable-length batch: sequence b is ids[cu[b]:cu[b+1]], positions restart at 0,
+  // attention is causal within each sequence. -> [T, hidden]
+  StatusOr<torch::Tensor> ForwardPacked(const torch::Tensor& input_ids,
+                                        const std::vector<int64_t>& cu_seqlens);
+
+  // Incremental forward: sequence b's new tokens ids[cu[b]:cu[b+1]] continue caches[b] (their
+  // positions start at its length); the caches grow by their new tokens on success and are
+  // unchanged on failure. -> [T, hidden]
+  StatusOr<torch::Tensor> ForwardWithCache(const torch::Tensor& input_ids,
+                                           const std::vector<int64_t>& cu_seqlens,
+                                           const std::vector<KvCache*>& caches);
+  // One sequence.
+  StatusOr<torch::Tensor> ForwardWithCache(const torch::Tensor& input_ids, KvCache& cache);
+
+  // Logits [T, vocab] (or this rank's [T, vocab/P] when !gather) of hidden [T, hidden], in the
+  // model dtype.
+  StatusOr<torch::Tensor> Logits(const torch::Tensor& hidden, bool gather = true);
+
+  // An empty cache for one sequence of up to `capacity` tokens, on the model's device and dtype.
+  KvCache NewKvCache(int64_t capacity) const;
+
+ private:
+  DecoderModel(ModelConfig config, ModelWeights weights, std::shared_ptr<TensorParallelGroup> tp);
+  torch::Tensor ForwardImpl(const torch::Tensor& ids, const torch::Tensor& positions,
+                            AttentionBackend& attention);
+  torch::Tensor Layer(int index, const torch::Tensor& x, const torch::Tensor& cos,
+                      const torch::Tensor& sin, AttentionBackend& attention);
+  Status CheckIds(const torch::Tensor& ids) const;
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  std::shared_ptr<TensorParallelGroup> tp_;
+  torch::ScalarType dtype_;
+  torch::Device device_;
+  torch::Tensor inv_freq_;  // [head_dim / 2] float32 on device_
+  AttentionImpl attention_impl_ = AttentionImpl::kAuto;
+};
+
+// RoPE inverse frequencies [head_dim / 2] (float32, CPU) for the config's rope type, computed as
+// transformers does.
+torch::Tensor RopeInverseFrequencies(const ModelConfig& config);
+
+}  // namespace slime::model
+
+#endif  // SLIME_MODEL_DECODER_H_

@@ -1,0 +1,77 @@
+// Tensor parallelism for the decoder: the group handle the layers talk to, and the
+// Megatron-style parallel layers built on it.
+//
+// TensorParallelGroup is a tiny torch-free interface (rank, size, all-reduce, all-gather); the
+// model only ever sees it. SingleRankGroup (size 1, identity) is what runs today; the
+// parallelism issue adds a c10d-backed implementation and, for training, the autograd-aware
+// variants of the collectives (identity forward / all-reduce backward for the column input,
+// all-reduce forward / identity backward for the row output).
+//
+// Layouts (Megatron / HF tp_plan "colwise"/"rowwise"), for a TP group of size P, rank r:
+//   column-parallel: W_r [out/P, in]  = rows    [r*out/P, (r+1)*out/P) of W; b_r likewise.
+//   row-parallel:    W_r [out, in/P]  = columns [r*in/P, (r+1)*in/P)  of W; b full, added once.
+//   vocab-parallel:  E_r [V/P, hidden] = rows  [r*V/P, (r+1)*V/P) of the embedding / LM head.
+//
+// Thread-safety: a group is used by the one thread that owns the model replica. Collective
+// failures throw (c10::Error or std::runtime_error); the model's public entry points catch them
+// and return a Status.
+#ifndef SLIME_MODEL_TENSOR_PARALLEL_H_
+#define SLIME_MODEL_TENSOR_PARALLEL_H_
+
+#include <cstdint>
+#include <memory>
+
+namespace at {
+class Tensor;
+}  // namespace at
+
+namespace slime::model {
+
+class TensorParallelGroup {
+ public:
+  virtual ~TensorParallelGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Sums `tensor` element-wise over all ranks, in place.
+  virtual void AllReduceSum(at::Tensor& tensor) = 0;
+  // Concatenation of every rank's `tensor` along `dim`, in rank order.
+  virtual at::Tensor AllGather(const at::Tensor& tensor, int64_t dim) = 0;
+};
+
+// The group of one rank: collectives are identities.
+class SingleRankGroup final : public TensorParallelGroup {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void AllReduceSum(at::Tensor& tensor) override;
+  at::Tensor AllGather(const at::Tensor& tensor, int64_t dim) override;
+};
+
+std::shared_ptr<TensorParallelGroup> MakeSingleRankGroup();
+
+// y = x W^T + b for a column-parallel weight: x [..., in], W_r [out/P, in], b_r [out/P] or
+// undefined. Returns this rank's columns of y [..., out/P], or all of y [..., out] when
+// `gather_output`.
+at::Tensor ColumnParallelLinear(const at::Tensor& x, const at::Tensor& weight,
+                                const at::Tensor& bias, TensorParallelGroup& group,
+                                bool gather_output);
+
+// y = sum_r x_r W_r^T + b for a row-parallel weight: x_r [..., in/P] (this rank's part of the
+// input, e.g. a column-parallel output), W_r [out, in/P], b [out] or undefined. Returns y
+// [..., out], identical on every rank.
+at::Tensor RowParallelLinear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                             TensorParallelGroup& group);
+
+// Embedding rows for `ids` [T] (int64, global vocabulary ids) from a vocab-parallel table
+// E_r [V/P, hidden]. Returns [T, hidden], identical on every rank.
+at::Tensor VocabParallelEmbedding(const at::Tensor& ids, const at::Tensor& weight,
+                                  TensorParallelGroup& group);
+
+// Logits of hidden [T, hidden] against a vocab-parallel LM head W_r [V/P, hidden]: this rank's
+// [T, V/P], or the full [T, V] when `gather_output`.
+at::Tensor VocabParallelLmHead(const at::Tensor& hidden, const at::Tensor& weight,
+                               TensorParallelGroup& group, bool gather_output);
+
+}  // namespace slime::model
+
+#endif  // SLIME_MODEL_TENSOR_PARALLEL_H_

@@ -1,0 +1,238 @@
+// The decoder forward (see include/slime/model/decoder.h).
+#include "slime/model/decoder.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "torch_util.h"
+
+namespace slime::model {
+namespace {
+
+// x [..., n] -> weight * (x / rms(x)) with the normalisation in float32.
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  torch::Tensor xf = x.to(torch::kFloat32);
+  torch::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
+  xf = xf * torch::rsqrt(var + eps);
+  return weight * xf.to(x.scalar_type());
+}
+
+// [..., D] -> [-x2, x1] with x1, x2 the halves of the last dim.
+torch::Tensor RotateHalf(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+torch::Tensor RopeInverseFrequencies(const ModelConfig& config) {
+  const int64_t dim = config.head_dim;
+  const RopeConfig& rope = config.rope;
+  torch::Tensor exponent = torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat32) / dim;
+  torch::Tensor inv_freq = 1.0 / torch::pow(rope.theta, exponent);  // [D/2] float32
+  switch (rope.type) {
+    case RopeType::kDefault:
+      break;
+    case RopeType::kLinear:
+      inv_freq = inv_freq / rope.factor;
+      break;
+    case RopeType::kLlama3: {
+      const double old_len = static_cast<double>(rope.original_max_position_embeddings);
+      const double low_wavelen = old_len / rope.low_freq_factor;
+      const double high_wavelen = old_len / rope.high_freq_factor;
+      torch::Tensor wavelen = 2 * M_PI / inv_freq;
+      torch::Tensor scaled = torch::where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq);
+      torch::Tensor smooth = (old_len / wavelen - rope.low_freq_factor) /
+                             (rope.high_freq_factor - rope.low_freq_factor);
+      torch::Tensor smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled;
+      torch::Tensor medium =
+          (wavelen < high_wavelen).logical_not() & (wavelen > low_wavelen).logical_not();
+      inv_freq = torch::where(medium, smoothed, scaled);
+      break;
+    }
+  }
+  return inv_freq;
+}
+
+DecoderModel::DecoderModel(ModelConfig config, ModelWeights weights,
+                           std::shared_ptr<TensorParallelGroup> tp)
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      tp_(std::move(tp)),
+      dtype_(weights_.embed_tokens.scalar_type()),
+      device_(weights_.embed_tokens.device()) {
+  inv_freq_ = RopeInverseFrequencies(config_).to(device_);
+}
+
+StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(
+    ModelConfig config, ModelWeights weights, std::shared_ptr<TensorParallelGroup> tp) {
+  if (tp == nullptr) tp = MakeSingleRankGroup();
+  SLIME_RETURN_IF_ERROR(ValidateWeights(weights, config, tp->rank(), tp->size()));
+  const torch::ScalarType dt = weights.embed_tokens.scalar_type();
+  if (dt != torch::kFloat32 && dt != torch::kBFloat16 && dt != torch::kFloat16) {
+    return absl::InvalidArgumentError(
+        fmt::format("model weights must be float32, bfloat16 or float16, got {}",
+                    std::string(c10::toString(dt))));
+  }
+  return internal::GuardTorch(
+      "creating the decoder", [&]() -> StatusOr<std::unique_ptr<DecoderModel>> {
+        return std::unique_ptr<DecoderModel>(
+            new DecoderModel(std::move(config), std::move(weights), std::move(tp)));
+      });
+}
+
+StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Load(
+    const std::string& model_dir, torch::ScalarType dtype, torch::Device device,
+    std::shared_ptr<TensorParallelGroup> tp) {
+  if (tp == nullptr) tp = MakeSingleRankGroup();
+  SLIME_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
+  SLIME_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(model_dir));
+  WeightOptions options;
+  options.dtype = dtype;
+  options.device = device;
+  options.tp_rank = tp->rank();
+  options.tp_size = tp->size();
+  SLIME_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(reader, config, options));
+  return Create(std::move(config), std::move(weights), std::move(tp));
+}
+
+Status DecoderModel::CheckIds(const torch::Tensor& ids) const {
+  if (!ids.defined() || ids.dim() != 1 || !c10::isIntegralType(ids.scalar_type(), false)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "input_ids must be a 1-D integer tensor [T], got {}",
+        ids.defined() ? fmt::format("{} {}", std::string(c10::toString(ids.scalar_type())),
+                                    internal::ShapeString(ids.sizes()))
+                      : std::string("an undefined tensor")));
+  }
+  if (ids.numel() == 0) return absl::InvalidArgumentError("input_ids is empty");
+  const int64_t lo = ids.min().item<int64_t>();
+  const int64_t hi = ids.max().item<int64_t>();
+  if (lo < 0 || hi >= config_.vocab_size) {
+    return absl::InvalidArgumentError(
+        fmt::format("input_ids contain {} outside the vocabulary [0, {})", lo < 0 ? lo : hi,
+                    config_.vocab_size));
+  }
+  return absl::OkStatus();
+}
+
+torch::Tensor DecoderModel::Layer(int index, const torch::Tensor& x, const torch::Tensor& cos,
+                                  const torch::Tensor& sin, AttentionBackend& attention) {
+  const LayerWeights& w = weights_.layers[index];
+  const double eps = config_.rms_norm_eps;
+  const int64_t t = x.size(0);
+  const int64_t d = config_.head_dim;
+  TensorParallelGroup& tp = *tp_;
+
+  // Attention block.
+  torch::Tensor h = RmsNorm(x, w.input_norm, eps);  // [T, hidden]
+  torch::Tensor q = ColumnParallelLinear(h, w.q_proj, w.q_bias, tp, false).view({t, -1, d});
+  torch::Tensor k = ColumnParallelLinear(h, w.k_proj, w.k_bias, tp, false).view({t, -1, d});
+  torch::Tensor v = ColumnParallelLinear(h, w.v_proj, w.v_bias, tp, false).view({t, -1, d});
+  // q [T, heads/P, D], k/v [T, kv_heads/P, D]
+  if (config_.qk_norm) {
+    q = RmsNorm(q, w.q_norm, eps);
+    k = RmsNorm(k, w.k_norm, eps);
+  }
+  q = q * cos + RotateHalf(q) * sin;
+  k = k * cos + RotateHalf(k) * sin;
+  torch::Tensor a = attention.Attend(index, q, k, v);  // [T, heads/P, D]
+  torch::Tensor out = x + RowParallelLinear(a.reshape({t, -1}), w.o_proj, w.o_bias, tp);
+
+  // MLP block.
+  h = RmsNorm(out, w.post_attention_norm, eps);
+  torch::Tensor gate = ColumnParallelLinear(h, w.gate_proj, {}, tp, false);     // [T, I/P]
+  torch::Tensor up = ColumnParallelLinear(h, w.up_proj, {}, tp, false);         // [T, I/P]
+  return out + RowParallelLinear(torch::silu(gate) * up, w.down_proj, {}, tp);  // [T, hidden]
+}
+
+torch::Tensor DecoderModel::ForwardImpl(const torch::Tensor& ids, const torch::Tensor& positions,
+                                        AttentionBackend& attention) {
+  torch::Tensor x = VocabParallelEmbedding(ids, weights_.embed_tokens, *tp_);  // [T, hidden]
+  // RoPE tables in float32, then the model dtype, as transformers: [T, 1, D].
+  torch::Tensor freqs = positions.to(torch::kFloat32).unsqueeze(1) * inv_freq_.unsqueeze(0);
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  torch::Tensor cos = emb.cos().to(dtype_).unsqueeze(1);
+  torch::Tensor sin = emb.sin().to(dtype_).unsqueeze(1);
+  for (int l = 0; l < static_cast<int>(config_.num_hidden_layers); ++l) {
+    x = Layer(l, x, cos, sin, attention);
+  }
+  return RmsNorm(x, weights_.final_norm, config_.rms_norm_eps);
+}
+
+StatusOr<torch::Tensor> DecoderModel::Forward(const torch::Tensor& input_ids,
+                                              const torch::Tensor& position_ids,
+                                              AttentionBackend& attention) {
+  return internal::GuardTorch("decoder forward", [&]() -> StatusOr<torch::Tensor> {
+    SLIME_RETURN_IF_ERROR(CheckIds(input_ids));
+    if (!position_ids.defined() || position_ids.sizes() != input_ids.sizes()) {
+      return absl::InvalidArgumentError("position_ids must have the shape of input_ids [T]");
+    }
+    return ForwardImpl(input_ids.to(device_, torch::kLong), position_ids.to(device_, torch::kLong),
+                       attention);
+  });
+}
+
+StatusOr<torch::Tensor> DecoderModel::ForwardPacked(const torch::Tensor& input_ids,
+                                                    const std::vector<int64_t>& cu_seqlens) {
+  return internal::GuardTorch("decoder packed forward", [&]() -> StatusOr<torch::Tensor> {
+    SLIME_RETURN_IF_ERROR(CheckIds(input_ids));
+    SLIME_RETURN_IF_ERROR(ValidateCuSeqlens(cu_seqlens, input_ids.size(0)));
+    VarlenAttention attention(cu_seqlens, attention_impl_);
+    return ForwardImpl(input_ids.to(device_, torch::kLong), VarlenPositions(cu_seqlens).to(device_),
+                       attention);
+  });
+}
+
+StatusOr<torch::Tensor> DecoderModel::ForwardWithCache(const torch::Tensor& input_ids,
+                                                       const std::vector<int64_t>& cu_seqlens,
+                                                       const std::vector<KvCache*>& caches) {
+  return internal::GuardTorch("decoder KV-cache forward", [&]() -> StatusOr<torch::Tensor> {
+    SLIME_RETURN_IF_ERROR(CheckIds(input_ids));
+    SLIME_RETURN_IF_ERROR(ValidateCuSeqlens(cu_seqlens, input_ids.size(0)));
+    for (size_t b = 0; b < caches.size(); ++b) {
+      const KvCache* c = caches[b];
+      if (c == nullptr) continue;  // reported by KvCacheAttention::Create
+      const bool ok = c->num_layers() == config_.num_hidden_layers &&
+                      c->keys(0).size(1) == local_kv_heads() &&
+                      c->keys(0).size(2) == config_.head_dim &&
+                      c->keys(0).scalar_type() == dtype_ && c->keys(0).device() == device_;
+      if (!ok) {
+        return absl::InvalidArgumentError(fmt::format(
+            "KV cache {} does not fit this model (want {} layers of [*, {}, {}] {} on {})", b,
+            config_.num_hidden_layers, local_kv_heads(), config_.head_dim,
+            std::string(c10::toString(dtype_)), device_.str()));
+      }
+    }
+    SLIME_ASSIGN_OR_RETURN(KvCacheAttention attention,
+                           KvCacheAttention::Create(cu_seqlens, caches, attention_impl_));
+    torch::NoGradGuard no_grad;
+    torch::Tensor hidden = ForwardImpl(input_ids.to(device_, torch::kLong),
+                                       attention.Positions().to(device_), attention);
+    attention.Commit();
+    return hidden;
+  });
+}
+
+StatusOr<torch::Tensor> DecoderModel::ForwardWithCache(const torch::Tensor& input_ids,
+                                                       KvCache& cache) {
+  const int64_t n = input_ids.defined() && input_ids.dim() == 1 ? input_ids.size(0) : 0;
+  return ForwardWithCache(input_ids, {0, n}, std::vector<KvCache*>{&cache});
+}
+
+StatusOr<torch::Tensor> DecoderModel::Logits(const torch::Tensor& hidden, bool gather) {
+  return internal::GuardTorch("decoder logits", [&]() -> StatusOr<torch::Tensor> {
+    if (!hidden.defined() || hidden.dim() != 2 || hidden.size(1) != config_.hidden_size) {
+      return absl::InvalidArgumentError(fmt::format("hidden must be [T, {}]", config_.hidden_size));
+    }
+    return VocabParallelLmHead(hidden, weights_.lm_head, *tp_, gather);  // [T, vocab(/P)]
+  });
+}
+
+KvCache DecoderModel::NewKvCache(int64_t capacity) const {
+  return KvCache(config_.num_hidden_layers, capacity, local_kv_heads(), config_.head_dim,
+                 torch::TensorOptions().dtype(dtype_).device(device_));
+}
+
+}  // namespace slime::model
