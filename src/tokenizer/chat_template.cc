@@ -640,6 +640,12 @@ StatusOr<std::string> ChatTemplate::ApplyLlama31(const OJson& messages,
       return Invalid("chat template: Cannot put tools in the first user message when there's "
                      "no first user message!");
     }
+    if (auto c = msgs[first].raw->find("content");
+        c != msgs[first].raw->end() && !c->is_null() && !c->is_string()) {
+      return Invalid(fmt::format("messages[{}].content: the message that carries the tools must "
+                                 "have string content",
+                                 first));
+    }
     out += "<|start_header_id|>user<|end_header_id|>\n\n";
     out += "Given the following functions, please respond with a JSON for a function call with "
            "its proper arguments that best answers the given prompt.\n\n";

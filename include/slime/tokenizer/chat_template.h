@@ -25,7 +25,16 @@
 // Inputs are OpenAI-style messages: [{"role", "content", "tool_calls"?, "reasoning_content"?}].
 // They are nlohmann::ordered_json because key order is visible in the output (`tojson` of tools
 // and tool-call arguments keeps insertion order, as Python dicts do). `content` must be a string
-// or null (null renders as ""); multimodal content lists are rejected.
+// or null; multimodal content lists are rejected (llama3.1/3.2 tool results may be JSON).
+//
+// Deliberate differences from Hugging Face, all where HF would fail or silently lose input:
+//   * null content renders as "" (HF's templates raise or print "None");
+//   * qwen2 and llama3 templates cannot express tools, so tools / tool_calls are an error
+//     instead of being dropped;
+//   * llama3.1/3.2: "tool_calls": null or [] counts as no tool call (HF raises);
+//   * tool calls may be {"function": {"name", "arguments"}} or flat {"name", "arguments"}.
+// Verified against Hugging Face renderings (tests/tokenizer/real_tokenizer_test.cc) for qwen3
+// and llama3; the others against their templates' logic (chat_template_test.cc).
 //
 // Ownership: value type. Thread-safety: immutable; Apply may run concurrently.
 #ifndef SLIME_TOKENIZER_CHAT_TEMPLATE_H_
