@@ -57,7 +57,9 @@ TEST(ModelConfigTest, ParsesLlama3RopeScaling) {
   EXPECT_EQ(c->rope.type, RopeType::kLlama3);
   EXPECT_DOUBLE_EQ(c->rope.factor, 8.0);
   EXPECT_DOUBLE_EQ(c->rope.high_freq_factor, 4.0);
-  EXPECT_EQ(c->rope.original_max_position_embeddings, 16);
+  EXPECT_EQ(c->rope.original_max_position_embeddings, 64);
+  EXPECT_EQ(c->head_dim, 16);
+  EXPECT_EQ(c->q_size(), 96);
   EXPECT_DOUBLE_EQ(c->rope.theta, 500000.0);
   EXPECT_TRUE(c->qkv_bias);
   EXPECT_TRUE(c->o_bias);

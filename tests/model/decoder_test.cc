@@ -211,6 +211,25 @@ TEST_P(DecoderArchTest, GradientsReachEveryParameter) {
 
 INSTANTIATE_TEST_SUITE_P(Archs, DecoderArchTest, ::testing::Values("qwen2", "qwen3", "llama3"));
 
+TEST(RopeTest, Llama3FrequenciesCoverKeptSmoothedAndScaledRegimes) {
+  ModelConfig c = ConfigFor("llama3");
+  torch::Tensor f = RopeInverseFrequencies(c);  // [8]
+  ASSERT_EQ(f.size(0), 8);
+  ModelConfig plain = c;
+  plain.rope = RopeConfig{};
+  plain.rope.theta = c.rope.theta;
+  torch::Tensor base = RopeInverseFrequencies(plain);
+  EXPECT_FLOAT_EQ(f[0].item<float>(), base[0].item<float>());  // short wavelength: kept
+  EXPECT_LT(f[1].item<float>(), base[1].item<float>());        // medium: smoothed
+  EXPECT_GT(f[1].item<float>(), base[1].item<float>() / 8);
+  for (int i = 2; i < 8; ++i) {  // long wavelengths: divided by the factor
+    EXPECT_FLOAT_EQ(f[i].item<float>(), base[i].item<float>() / 8) << i;
+  }
+  plain.rope.type = RopeType::kLinear;
+  plain.rope.factor = 2.0;
+  EXPECT_TRUE(torch::allclose(RopeInverseFrequencies(plain), base / 2));
+}
+
 TEST(AttentionTest, PrefixCausalAttentionEqualsSliceOfFullAttention) {
   torch::manual_seed(0);
   torch::Tensor q = torch::randn({10, 4, 8});

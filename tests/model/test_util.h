@@ -78,15 +78,16 @@ inline std::string TinyQwen3ConfigJson() {
 })";
 }
 
-// Llama 3 with llama3 rope scaling (original context 16 so every regime is exercised at short
-// positions) and attention_bias, untied.
+// Llama 3 with llama3 rope scaling and attention_bias, untied, head_dim 16 != hidden / heads.
+// Original context 64: wavelengths 6.3 (kept), 32 (smoothed) and >= 167 (scaled) cover every
+// regime of the llama3 rule.
 inline std::string TinyLlama3ConfigJson() {
   return R"({
   "model_type": "llama", "vocab_size": 89, "hidden_size": 48, "intermediate_size": 40,
-  "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2,
+  "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 16,
   "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
   "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                   "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
   "attention_bias": true, "mlp_bias": false, "tie_word_embeddings": false, "hidden_act": "silu",
   "eos_token_id": [1, 2], "bos_token_id": 0
 })";

@@ -1,0 +1,214 @@
+// CUDA checks of the decoder (label gpu): bf16 and fp32 on the GPU against the CPU reference and
+// transformers' logits, SDPA against the math path, packed == per-sequence, cache == full.
+// Every test skips with a message where CUDA is not available.
+#include <ATen/Context.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+
+#include "hf_fixture.h"
+#include "reference_decoder.h"
+#include "slime/model/decoder.h"
+#include "test_util.h"
+
+namespace slime::model {
+namespace {
+
+using testing::MaxAbsDiff;
+
+#define SKIP_WITHOUT_CUDA()                                                        \
+  if (!torch::cuda::is_available()) {                                              \
+    GTEST_SKIP() << "CUDA is not available: GPU model tests need the GPU machine"; \
+  }
+
+void DisableTf32() {
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
+}
+
+ModelConfig ConfigFor(const std::string& arch) {
+  std::string json = arch == "qwen2"   ? testing::TinyQwen2ConfigJson()
+                     : arch == "qwen3" ? testing::TinyQwen3ConfigJson()
+                                       : testing::TinyLlama3ConfigJson();
+  auto c = ParseModelConfigJson(json, arch + ".json");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+ModelWeights Convert(const ModelWeights& w, const ModelConfig& c, torch::ScalarType dtype,
+                     torch::Device device) {
+  ModelWeights out = w;
+  for (const ParamSpec& spec : ParameterSpecs(c)) {
+    ParamSlot(out, spec) = ParamSlot(w, spec).to(device, dtype);
+  }
+  out.lm_head = c.tie_word_embeddings ? out.embed_tokens : out.lm_head;
+  return out;
+}
+
+// fp32 CPU weights with random biases/norms.
+ModelWeights CpuWeights(const ModelConfig& c, uint64_t seed) {
+  auto w = RandomWeights(c, seed, {});
+  EXPECT_TRUE(w.ok()) << w.status();
+  testing::PerturbBiasesAndNorms(*w, c, seed + 1);
+  return *w;
+}
+
+std::unique_ptr<DecoderModel> Make(const ModelConfig& c, const ModelWeights& cpu,
+                                   torch::ScalarType dtype) {
+  auto m = DecoderModel::Create(c, Convert(cpu, c, dtype, torch::kCUDA));
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *std::move(m);
+}
+
+std::vector<int64_t> Tokens(int64_t vocab, int s, int64_t len) {
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < len; ++i) ids.push_back((s * 31 + i * 17 + 3) % vocab);
+  return ids;
+}
+
+torch::Tensor Ids(const std::vector<int64_t>& ids) { return torch::tensor(ids, torch::kLong); }
+
+torch::Tensor Forward(DecoderModel& m, const std::vector<std::vector<int64_t>>& seqs) {
+  std::vector<int64_t> all, cu = {0};
+  for (const auto& s : seqs) {
+    all.insert(all.end(), s.begin(), s.end());
+    cu.push_back(cu.back() + static_cast<int64_t>(s.size()));
+  }
+  auto h = m.ForwardPacked(Ids(all), cu);
+  EXPECT_TRUE(h.ok()) << h.status();
+  auto l = m.Logits(*h);
+  EXPECT_TRUE(l.ok()) << l.status();
+  return *l;
+}
+
+double Bf16Tol(const torch::Tensor& ref) {
+  return 0.05 * std::max(1.0, ref.abs().max().item<double>());
+}
+
+class GpuArchTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuArchTest, Fp32OnCudaMatchesCpuReference) {
+  SKIP_WITHOUT_CUDA();
+  DisableTf32();
+  ModelConfig c = ConfigFor(GetParam());
+  ModelWeights cpu = CpuWeights(c, 3);
+  auto m = Make(c, cpu, torch::kFloat32);
+  std::vector<std::vector<int64_t>> seqs = {Tokens(c.vocab_size, 0, 9), Tokens(c.vocab_size, 1, 4)};
+  torch::Tensor logits = Forward(*m, seqs);
+  EXPECT_TRUE(logits.is_cuda());
+  EXPECT_LE(MaxAbsDiff(logits.narrow(0, 0, 9), testing::ReferenceLogits(c, cpu, seqs[0])), 1e-4);
+  EXPECT_LE(MaxAbsDiff(logits.narrow(0, 9, 4), testing::ReferenceLogits(c, cpu, seqs[1])), 1e-4);
+}
+
+TEST_P(GpuArchTest, Bf16PackedEqualsPerSequenceAndCacheEqualsFull) {
+  SKIP_WITHOUT_CUDA();
+  ModelConfig c = ConfigFor(GetParam());
+  ModelWeights cpu = CpuWeights(c, 4);
+  auto m = Make(c, cpu, torch::kBFloat16);
+  std::vector<std::vector<int64_t>> seqs = {Tokens(c.vocab_size, 0, 11), Tokens(c.vocab_size, 1, 3),
+                                            Tokens(c.vocab_size, 2, 7)};
+  torch::Tensor packed = Forward(*m, seqs);
+  EXPECT_EQ(packed.scalar_type(), torch::kBFloat16);
+  const double tol = Bf16Tol(packed);
+  int64_t off = 0;
+  for (const auto& s : seqs) {
+    const int64_t n = static_cast<int64_t>(s.size());
+    EXPECT_LE(MaxAbsDiff(Forward(*m, {s}), packed.narrow(0, off, n)), tol);
+    off += n;
+  }
+  // Equal lengths take the batched attention call.
+  std::vector<std::vector<int64_t>> equal = {Tokens(c.vocab_size, 5, 8),
+                                             Tokens(c.vocab_size, 6, 8)};
+  torch::Tensor eq = Forward(*m, equal);
+  EXPECT_LE(MaxAbsDiff(Forward(*m, {equal[1]}), eq.narrow(0, 8, 8)), tol);
+
+  // Cache: prefill 6, decode 3, chunk of 2.
+  const auto& s = seqs[0];
+  torch::Tensor full = Forward(*m, {s});
+  KvCache cache = m->NewKvCache(16);
+  std::vector<torch::Tensor> parts;
+  for (auto [start, n] : std::vector<std::pair<int, int>>{{0, 6}, {6, 1}, {7, 1}, {8, 1}, {9, 2}}) {
+    auto h = m->ForwardWithCache(
+        Ids(std::vector<int64_t>(s.begin() + start, s.begin() + start + n)), cache);
+    ASSERT_TRUE(h.ok()) << h.status();
+    parts.push_back(*m->Logits(*h));
+  }
+  EXPECT_LE(MaxAbsDiff(torch::cat(parts, 0), full), tol);
+  // And bf16 stays close to fp32.
+  auto m32 = Make(c, cpu, torch::kFloat32);
+  EXPECT_LE(MaxAbsDiff(Forward(*m32, seqs), packed), tol);
+}
+
+TEST_P(GpuArchTest, SdpaAgreesWithMathPath) {
+  SKIP_WITHOUT_CUDA();
+  DisableTf32();
+  ASSERT_TRUE(SdpaAvailable()) << "the CUDA build should have LibTorch >= 2";
+  ModelConfig c = ConfigFor(GetParam());
+  ModelWeights cpu = CpuWeights(c, 5);
+  for (torch::ScalarType dt : {torch::kFloat32, torch::kBFloat16}) {
+    auto m = Make(c, cpu, dt);
+    std::vector<std::vector<int64_t>> seqs = {Tokens(c.vocab_size, 0, 10),
+                                              Tokens(c.vocab_size, 1, 10)};
+    m->set_attention_impl(AttentionImpl::kMath);
+    torch::Tensor math = Forward(*m, seqs);
+    m->set_attention_impl(AttentionImpl::kSdpa);
+    torch::Tensor sdpa = Forward(*m, seqs);
+    EXPECT_LE(MaxAbsDiff(math, sdpa), dt == torch::kFloat32 ? 1e-4 : Bf16Tol(math));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, GpuArchTest, ::testing::Values("qwen2", "qwen3", "llama3"));
+
+TEST(GpuHfFixtureTest, CudaMatchesTransformersFp32AndBf16) {
+  SKIP_WITHOUT_CUDA();
+  DisableTf32();
+  for (const char* name : testing::kHfFixtureNames) {
+    auto fx = testing::LoadHfFixture(name);
+    ASSERT_TRUE(fx.ok()) << fx.status();
+    for (torch::ScalarType dt : {torch::kFloat32, torch::kBFloat16}) {
+      auto m = DecoderModel::Load(fx->dir, dt, torch::kCUDA);
+      ASSERT_TRUE(m.ok()) << m.status();
+      torch::Tensor logits = Forward(**m, fx->inputs);
+      int64_t off = 0;
+      for (size_t s = 0; s < fx->inputs.size(); ++s) {
+        const int64_t n = static_cast<int64_t>(fx->inputs[s].size());
+        const double tol = dt == torch::kFloat32 ? 1e-4 : Bf16Tol(fx->logits[s]);
+        EXPECT_LE(MaxAbsDiff(logits.narrow(0, off, n), fx->logits[s]), tol)
+            << name << " " << c10::toString(dt) << " sequence " << s;
+        off += n;
+      }
+    }
+  }
+}
+
+TEST(GpuQwen3ShapeTest, RandomQwen3_0_6bBf16PackedAndIncrementalAgree) {
+  SKIP_WITHOUT_CUDA();
+  auto c = LoadModelConfig(testing::ModelTestDataDir() + "/configs/qwen3-0.6b.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  WeightOptions o;
+  o.dtype = torch::kBFloat16;
+  o.device = torch::kCUDA;
+  auto w = RandomWeights(*c, 1, o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto m = DecoderModel::Create(*c, *std::move(w));
+  ASSERT_TRUE(m.ok()) << m.status();
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> a = Tokens(c->vocab_size, 0, 200), b = Tokens(c->vocab_size, 1, 77);
+  torch::Tensor packed = Forward(**m, {a, b});
+  ASSERT_TRUE(torch::isfinite(packed).all().item<bool>());
+  const double tol = Bf16Tol(packed);
+  KvCache cache = (*m)->NewKvCache(256);
+  auto h = (*m)->ForwardWithCache(Ids(std::vector<int64_t>(a.begin(), a.begin() + 192)), cache);
+  ASSERT_TRUE(h.ok()) << h.status();
+  std::vector<torch::Tensor> parts = {*(*m)->Logits(*h)};
+  for (int i = 192; i < 200; ++i) {
+    auto hi = (*m)->ForwardWithCache(Ids({a[i]}), cache);
+    ASSERT_TRUE(hi.ok()) << hi.status();
+    parts.push_back(*(*m)->Logits(*hi));
+  }
+  EXPECT_LE(MaxAbsDiff(torch::cat(parts, 0), packed.narrow(0, 0, 200)), tol);
+}
+
+}  // namespace
+}  // namespace slime::model
