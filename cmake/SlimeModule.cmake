@@ -45,9 +45,14 @@ function(slime_add_test name)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
+  # Where tests find the repository and the real binary: the environment wins (ctest sets
+  # SLIME_SOURCE_DIR), these compile-time paths are the fallback when a test runs by hand.
+  target_compile_definitions(${name} PRIVATE
+    SLIME_SOURCE_DIR_DEFAULT="${PROJECT_SOURCE_DIR}"
+    SLIME_TRAIN_BIN_DEFAULT="$<TARGET_FILE:slime_train>")
   gtest_discover_tests(${name}
     TEST_PREFIX "${name}."
     PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
-               ENVIRONMENT "SLIME_TRAIN_BIN=$<TARGET_FILE:slime_train>;SLIME_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+               ENVIRONMENT "SLIME_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
     DISCOVERY_TIMEOUT 60)
 endfunction()
