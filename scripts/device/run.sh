@@ -8,6 +8,8 @@
 #
 # Carry third_party_debs/ (made by scripts/device/fetch_debs.sh on a Debian machine) with the
 # call. Environment: NCCL_NVLS_ENABLE=0 is always set (NVLink multicast stays off).
+# Logs are written under DIR/logs/ and packed into DIR/logs.tgz at exit (the device tool brings
+# back at most 8 files), with the console summary also in DIR/summary.txt.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out="${OUT:-$repo/build-gpu/out}"
@@ -29,7 +31,12 @@ while (($#)); do
     *) echo "run.sh: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
+final_out="$out"
+out="$final_out/logs"
 mkdir -p "$out"
+pack_logs() { tar czf "$final_out/logs.tgz" -C "$final_out" logs && rm -rf "$out"; }
+trap pack_logs EXIT
+exec > >(tee "$final_out/summary.txt") 2>&1
 export NCCL_NVLS_ENABLE=0
 
 # 1. Prefix with gRPC/Abseil/RE2/c-ares/PCRE2 from the carried Debian packages.
@@ -76,7 +83,7 @@ if ((rc != 0)); then grep -E "error|FAILED" "$out/build.log" | head -40; exit $r
 "$build/src/app/slime_train" --version | tee "$out/version.txt"
 status=0
 if ((run_tests)); then
-  args=(--output-on-failure --timeout 600)
+  args=(--output-on-failure --timeout 600 -j"${SLIME_TEST_JOBS:-8}")
   [ -n "$label" ] && args+=(-L "$label")
   [ -n "$tests_regex" ] && args+=(-R "$tests_regex")
   (cd "$build" && ctest "${args[@]}") > "$out/ctest.log" 2>&1 || status=1
