@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdio>
+
 #include "reference_decoder.h"
 #include "slime/model/decoder.h"
 
@@ -35,10 +37,17 @@ TEST_P(HfFixtureTest, PackedAndIncrementalForwardMatchTransformers) {
   torch::Tensor logits = *m.Logits(*h);
   for (size_t s = 0; s < fx->inputs.size(); ++s) {
     torch::Tensor got = logits.narrow(0, cu[s], cu[s + 1] - cu[s]);
-    EXPECT_LE(testing::MaxAbsDiff(got, fx->logits[s]), kTol) << GetParam() << " sequence " << s;
+    const double err = testing::MaxAbsDiff(got, fx->logits[s]);
+    EXPECT_LE(err, kTol) << GetParam() << " sequence " << s;
     // The independent reference agrees with transformers too.
     torch::Tensor ref = testing::ReferenceLogits(m.config(), m.weights(), fx->inputs[s]);
-    EXPECT_LE(testing::MaxAbsDiff(ref, fx->logits[s]), kTol) << GetParam() << " sequence " << s;
+    const double ref_err = testing::MaxAbsDiff(ref, fx->logits[s]);
+    EXPECT_LE(ref_err, kTol) << GetParam() << " sequence " << s;
+    std::printf(
+        "%s seq %zu (%zu tokens): max|logit| %.3f, max abs err packed %.2e, "
+        "reference %.2e\n",
+        GetParam(), s, fx->inputs[s].size(), fx->logits[s].abs().max().item<double>(), err,
+        ref_err);
   }
 
   // Incremental: prefill half of each sequence, then decode the rest token by token.
@@ -58,8 +67,10 @@ TEST_P(HfFixtureTest, PackedAndIncrementalForwardMatchTransformers) {
       ASSERT_TRUE(hi.ok()) << hi.status();
       parts.push_back(*m.Logits(*hi));
     }
-    EXPECT_LE(testing::MaxAbsDiff(torch::cat(parts, 0), fx->logits[s]), kTol)
-        << GetParam() << " sequence " << s;
+    const double err = testing::MaxAbsDiff(torch::cat(parts, 0), fx->logits[s]);
+    EXPECT_LE(err, kTol) << GetParam() << " sequence " << s;
+    std::printf("%s seq %zu: max abs err incremental (prefill %ld + decode) %.2e\n", GetParam(), s,
+                static_cast<long>(prefill), err);
   }
 }
 
