@@ -48,6 +48,23 @@ if(TORCH_CXX_FLAGS)
   separate_arguments(_slime_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
   target_compile_options(slime_torch_deps INTERFACE ${_slime_torch_flags})
 endif()
+# PyTorch 2.x wheels ship fmt headers (a newer fmt, compiled into libtorch with hidden symbols)
+# in their include directory. Torch translation units would pick those up instead of the
+# system fmt that we, spdlog and the rest of the tree link against, and fail to link. A shadow
+# include directory, searched before torch's, points <fmt/...> back at the system fmt.
+foreach(_dir ${TORCH_INCLUDE_DIRS})
+  if(EXISTS "${_dir}/fmt/format.h")
+    find_path(SLIME_SYSTEM_FMT_DIR fmt/format.h
+      PATHS /usr/include /usr/local/include NO_DEFAULT_PATH)
+    set(_shadow "${PROJECT_BINARY_DIR}/torch_shadow_include")
+    file(MAKE_DIRECTORY "${_shadow}")
+    file(CREATE_LINK "${SLIME_SYSTEM_FMT_DIR}/fmt" "${_shadow}/fmt" SYMBOLIC)
+    target_include_directories(slime_torch_deps BEFORE INTERFACE "${_shadow}")
+    message(STATUS "slime: LibTorch ships its own fmt; torch targets use ${SLIME_SYSTEM_FMT_DIR}/fmt")
+    break()
+  endif()
+endforeach()
+
 # c10d's Gloo backend header includes <gloo/...>; PyTorch wheels do not ship those headers, so
 # they come from Debian's libgloo-dev (installed on CPU machines, unpacked on the GPU machine).
 find_path(SLIME_GLOO_INCLUDE_DIR gloo/algorithm.h)

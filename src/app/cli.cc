@@ -12,6 +12,7 @@
 #include "slime/comm/accelerator.h"
 #include "slime/common/logging.h"
 #include "slime/config/config.h"
+#include "slime/model/init_random_model.h"
 #include "spdlog/spdlog.h"
 
 namespace slime::app {
@@ -111,7 +112,8 @@ int RunCli(int argc, char** argv) {
 
   std::string model_dir, head, actor_id, from, to_hf, init_config, init_tokenizer, init_out,
       init_dtype = "bf16";
-  int port = 30000, tp = 1, seed = 1234;
+  int port = 30000, tp = 1;
+  int64_t seed = 0;
   CLI::App* serve = cli.add_subcommand("serve", "Run a standalone SGLang-compatible engine");
   serve->add_option("--model", model_dir, "HF model directory")->required();
   serve->add_option("--port", port, "HTTP port");
@@ -148,7 +150,27 @@ int RunCli(int argc, char** argv) {
   if (agent->parsed()) return NotBuilt("agent", "the actor runtime");
   if (worker->parsed()) return NotBuilt("worker", "the actor runtime");
   if (convert->parsed()) return NotBuilt("convert", "the trainer's checkpoints");
-  if (init_model->parsed()) return NotBuilt("init-model", "the model module");
+  if (init_model->parsed()) {
+    if (Status s = InitLogging({.role = "init-model"}); !s.ok()) return UsageError(std::string(s.message()));
+    Status s = model::InitRandomModel(init_config, init_tokenizer, init_out,
+                                      static_cast<uint64_t>(seed), init_dtype);
+    if (!s.ok()) {
+      std::cerr << "slime_train init-model: error: " << s.message() << "\n";
+      switch (s.code()) {
+        case absl::StatusCode::kInvalidArgument:
+        case absl::StatusCode::kNotFound:
+        case absl::StatusCode::kFailedPrecondition:
+        case absl::StatusCode::kUnimplemented:
+        case absl::StatusCode::kAlreadyExists:
+          return kExitUsage;
+        default:
+          return kExitFailure;
+      }
+    }
+    std::cout << "wrote random-weight model (seed " << seed << ", " << init_dtype << ") to "
+              << init_out << "\n";
+    return kExitOk;
+  }
   std::cout << cli.help();
   return kExitUsage;
 }

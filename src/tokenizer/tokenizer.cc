@@ -464,7 +464,10 @@ void Tokenizer::BuildDecodeTables() {
 }
 
 std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
-  return Decode(ids, skip_special_tokens, clean_up_tokenization_spaces_);
+  // transformers >= 5 ignores clean_up_tokenization_spaces for BPE tokenizers (it would strip
+  // real spaces before punctuation), and every model this tokenizer loads is BPE; SGLang decodes
+  // through transformers, so we match it. The 3-argument form still offers the clean-up.
+  return Decode(ids, skip_special_tokens, /*clean_up_tokenization_spaces=*/false);
 }
 
 std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special_tokens,

@@ -15,7 +15,7 @@
 
 namespace {
 
-struct Result {
+struct RunResult {
   int exit_code = -1;
   std::string out;
   std::string err;
@@ -39,14 +39,14 @@ std::string ReadFile(const std::filesystem::path& path) {
 }
 
 // Runs `slime_train <args>` from the source directory (so configs/ resolves).
-Result RunSlime(const std::string& args) {
+RunResult RunSlime(const std::string& args) {
   static int counter = 0;
   auto err_path = std::filesystem::temp_directory_path() /
                   ("slime_cli_test_" + std::to_string(::getpid()) + "_" +
                    std::to_string(counter++) + ".err");
   std::string cmd = "cd '" + SourceDir() + "' && SLIME_TINY_MODEL=/tmp/tiny '" +
                     TrainBin() + "' " + args + " 2>'" + err_path.string() + "'";
-  Result r;
+  RunResult r;
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (pipe == nullptr) {
     ADD_FAILURE() << "popen failed for " << cmd;
@@ -72,7 +72,7 @@ int CountLines(const std::string& text, const std::string& prefix) {
 }
 
 TEST(CliTest, VersionReportsTorchCudaAndNccl) {
-  Result r = RunSlime("--version");
+  RunResult r = RunSlime("--version");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("slime_train 0."), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("torch: "), std::string::npos);
@@ -81,7 +81,7 @@ TEST(CliTest, VersionReportsTorchCudaAndNccl) {
 }
 
 TEST(CliTest, HelpListsSubcommands) {
-  Result r = RunSlime("--help");
+  RunResult r = RunSlime("--help");
   EXPECT_EQ(r.exit_code, 0);
   for (const char* sub : {"train", "serve", "agent", "worker", "convert", "init-model"}) {
     EXPECT_NE(r.out.find(sub), std::string::npos) << sub << " missing from\n" << r.out;
@@ -89,7 +89,7 @@ TEST(CliTest, HelpListsSubcommands) {
 }
 
 TEST(CliTest, DryRunTinyCpuIsDisaggregatedOnCpuSlots) {
-  Result r = RunSlime("--config configs/grpo-tiny-cpu.yaml --dry-run");
+  RunResult r = RunSlime("--config configs/grpo-tiny-cpu.yaml --dry-run");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("# resolved configuration"), std::string::npos);
   EXPECT_NE(r.out.find("cluster:"), std::string::npos);
@@ -100,7 +100,7 @@ TEST(CliTest, DryRunTinyCpuIsDisaggregatedOnCpuSlots) {
 }
 
 TEST(CliTest, DryRunQwen3_4BRecipeIsColocatedTp2OnEightGpus) {
-  Result r = RunSlime("--config configs/qwen3-4b-grpo-8gpu.yaml --dry-run");
+  RunResult r = RunSlime("--config configs/qwen3-4b-grpo-8gpu.yaml --dry-run");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("DP 4 × TP 2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("engines 4 × 2 GPUs"), std::string::npos) << r.out;
@@ -109,7 +109,7 @@ TEST(CliTest, DryRunQwen3_4BRecipeIsColocatedTp2OnEightGpus) {
 }
 
 TEST(CliTest, DryRunDisaggregatedOverTwoNodesUsesDisjointNodes) {
-  Result r = RunSlime(
+  RunResult r = RunSlime(
       "--config configs/qwen3-4b-grpo-8gpu.yaml --dry-run --set cluster.colocate=false "
       "--set cluster.num_nodes=2 --set cluster.rollout_num_gpus=8");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -122,14 +122,14 @@ TEST(CliTest, DryRunWritesNothing) {
   auto run_dir = std::filesystem::temp_directory_path() /
                  ("slime_cli_dry_" + std::to_string(::getpid()));
   std::filesystem::remove_all(run_dir);
-  Result r = RunSlime("--config configs/grpo-tiny-cpu.yaml --dry-run --set cluster.run_dir=" +
+  RunResult r = RunSlime("--config configs/grpo-tiny-cpu.yaml --dry-run --set cluster.run_dir=" +
                  run_dir.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_FALSE(std::filesystem::exists(run_dir));
 }
 
 TEST(CliTest, NotEnoughGpusIsAClearPlacementError) {
-  Result r = RunSlime(
+  RunResult r = RunSlime(
       "--config configs/qwen3-4b-grpo-8gpu.yaml --dry-run --set cluster.colocate=false "
       "--set cluster.rollout_num_gpus=4");
   EXPECT_EQ(r.exit_code, 2);
@@ -139,47 +139,85 @@ TEST(CliTest, NotEnoughGpusIsAClearPlacementError) {
 }
 
 TEST(CliTest, UnknownKeySuggestsTheRightOne) {
-  Result r = RunSlime("--config configs/grpo-tiny-cpu.yaml --dry-run --set algorithm.eps_clp=0.3");
+  RunResult r = RunSlime("--config configs/grpo-tiny-cpu.yaml --dry-run --set algorithm.eps_clp=0.3");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("algorithm.eps_clp"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("did you mean 'algorithm.eps_clip'"), std::string::npos) << r.err;
 }
 
 TEST(CliTest, MissingConfigFileIsNamed) {
-  Result r = RunSlime("--config configs/does-not-exist.yaml --dry-run");
+  RunResult r = RunSlime("--config configs/does-not-exist.yaml --dry-run");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("configs/does-not-exist.yaml"), std::string::npos) << r.err;
 }
 
 TEST(CliTest, BadLogLevelListsValidLevels) {
-  Result r = RunSlime("--config configs/grpo-tiny-cpu.yaml --dry-run --log-level loud");
+  RunResult r = RunSlime("--config configs/grpo-tiny-cpu.yaml --dry-run --log-level loud");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("'loud'"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("'debug'"), std::string::npos) << r.err;
 }
 
 TEST(CliTest, ValidationErrorExitsWithoutStackTrace) {
-  Result r = RunSlime("--config configs/grpo-tiny-cpu.yaml --dry-run --set rollout.temperature=0");
+  RunResult r = RunSlime("--config configs/grpo-tiny-cpu.yaml --dry-run --set rollout.temperature=0");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("rollout.temperature"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("terminate"), std::string::npos) << r.err;
 }
 
 TEST(CliTest, ExplicitTrainSubcommandEqualsDefault) {
-  Result a = RunSlime("--config configs/grpo-tiny-cpu.yaml --dry-run");
-  Result b = RunSlime("train --config configs/grpo-tiny-cpu.yaml --dry-run");
+  RunResult a = RunSlime("--config configs/grpo-tiny-cpu.yaml --dry-run");
+  RunResult b = RunSlime("train --config configs/grpo-tiny-cpu.yaml --dry-run");
   EXPECT_EQ(a.exit_code, 0);
   EXPECT_EQ(a.out, b.out);
 }
 
+std::filesystem::path TestDataDir() {
+  const char* v = std::getenv("SLIME_TEST_DATA");
+  return v != nullptr && *v != '\0' ? std::filesystem::path(v)
+                                     : std::filesystem::path(SourceDir()) / ".cache/testdata";
+}
+
+TEST(CliTest, InitModelWritesALoadableHfDirectory) {
+  auto tokenizer = TestDataDir() / "qwen3";
+  ASSERT_TRUE(std::filesystem::exists(tokenizer / "tokenizer.json"))
+      << tokenizer << " missing: run scripts/fetch_test_data.sh";
+  auto out = std::filesystem::temp_directory_path() /
+             ("slime_cli_init_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(out);
+  RunResult r = RunSlime("init-model --config tests/data/model/configs/qwen3-tiny.json --tokenizer " +
+                         tokenizer.string() + " --out " + out.string() + " --seed 7 --dtype fp32");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json",
+                        "tokenizer_config.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(out / f)) << f;
+  }
+  // Same seed, same bytes.
+  auto again = out.string() + "_again";
+  std::filesystem::remove_all(again);
+  r = RunSlime("init-model --config tests/data/model/configs/qwen3-tiny.json --tokenizer " +
+               tokenizer.string() + " --out " + again + " --seed 7 --dtype fp32");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ReadFile(out / "model.safetensors"),
+            ReadFile(std::filesystem::path(again) / "model.safetensors"));
+  std::filesystem::remove_all(out);
+  std::filesystem::remove_all(again);
+}
+
+TEST(CliTest, InitModelBadConfigIsNamed) {
+  RunResult r = RunSlime("init-model --config /nonexistent/config.json --tokenizer /tmp --out /tmp/x");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("/nonexistent/config.json"), std::string::npos) << r.err;
+}
+
 TEST(CliTest, SubcommandsNotBuiltYetSaySo) {
-  Result r = RunSlime("convert --from /tmp/a --to-hf /tmp/b");
+  RunResult r = RunSlime("convert --from /tmp/a --to-hf /tmp/b");
   EXPECT_EQ(r.exit_code, 3);
   EXPECT_NE(r.err.find("not built yet"), std::string::npos) << r.err;
 }
 
 TEST(CliTest, MissingRequiredOptionIsAUsageError) {
-  Result r = RunSlime("serve");
+  RunResult r = RunSlime("serve");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--model"), std::string::npos) << r.err;
 }

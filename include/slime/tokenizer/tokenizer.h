@@ -55,8 +55,10 @@ class Tokenizer {
   // tokens. With add_special_tokens, the post-processor adds e.g. BOS.
   std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens = false) const;
 
-  // Text of `ids`; unknown ids are skipped. Applies clean_up_tokenization_spaces from the
-  // config (as transformers' decode does); the 3-argument form chooses explicitly.
+  // Text of `ids`; unknown ids are skipped. Like transformers >= 5 (and so SGLang), the
+  // 2-argument form never applies clean_up_tokenization_spaces to these BPE tokenizers, whatever
+  // the config says (clean_up_tokenization_spaces() reports the config's value); the 3-argument
+  // form chooses explicitly.
   std::string Decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
   std::string Decode(std::span<const int32_t> ids, bool skip_special_tokens,
                      bool clean_up_tokenization_spaces) const;
