@@ -65,6 +65,15 @@ foreach(_dir ${TORCH_INCLUDE_DIRS})
   endif()
 endforeach()
 
+# PyTorch wheels link libstdc++ statically into libtorch_cpu.so and export its symbols, among
+# them std::filesystem (pytorch/pytorch#133437). If libtorch comes first in the search order,
+# our calls bind to that older copy and crash. Naming the system libstdc++ first (before any
+# object or library on the link line) makes the dynamic linker resolve std:: symbols to it.
+if(TORCH_INSTALL_PREFIX MATCHES "site-packages")
+  add_link_options("LINKER:--push-state,--no-as-needed" "-lstdc++" "LINKER:--pop-state")
+  message(STATUS "slime: PyTorch wheel LibTorch; libstdc++ is linked first")
+endif()
+
 # c10d's Gloo backend header includes <gloo/...>; PyTorch wheels do not ship those headers, so
 # they come from Debian's libgloo-dev (installed on CPU machines, unpacked on the GPU machine).
 find_path(SLIME_GLOO_INCLUDE_DIR gloo/algorithm.h)
