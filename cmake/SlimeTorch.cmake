@@ -53,7 +53,7 @@ endif()
 # system fmt that we, spdlog and the rest of the tree link against, and fail to link. A shadow
 # include directory, searched before torch's, points <fmt/...> back at the system fmt.
 foreach(_dir ${TORCH_INCLUDE_DIRS})
-  if(EXISTS "${_dir}/fmt/format.h")
+  if(EXISTS "${_dir}/fmt/format.h" AND NOT _dir MATCHES "^/usr(/local)?/include/?$")
     find_path(SLIME_SYSTEM_FMT_DIR fmt/format.h
       PATHS /usr/include /usr/local/include NO_DEFAULT_PATH)
     set(_shadow "${PROJECT_BINARY_DIR}/torch_shadow_include")

@@ -67,7 +67,16 @@ build="$repo/build-gpu"
   echo "== machine"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 } 2>&1 | tee "$out/machine.txt"
+# The distribution's g++ links libstdc++ dynamically, like LibTorch; a toolchain that links it
+# statically (the machine's /opt/gcc does) leaves two C++ runtimes in one process, which crashed
+# tests that mix iostreams and std::filesystem. SLIME_CXX / SLIME_CC override.
+cxx="${SLIME_CXX:-/usr/bin/g++}"
+cc="${SLIME_CC:-/usr/bin/gcc}"
+if [ -f "$build/CMakeCache.txt" ] && ! grep -q "CMAKE_CXX_COMPILER:[A-Z]*=$cxx\$" "$build/CMakeCache.txt"; then
+  rm -rf "$build"
+fi
 cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_C_COMPILER="$cc" -DCMAKE_CUDA_HOST_COMPILER="$cxx" \
   -DCMAKE_PREFIX_PATH="$prefix/usr;$torch_prefix" \
   -DCMAKE_CUDA_ARCHITECTURES=90 > "$out/configure.log" 2>&1
 rc=$?
