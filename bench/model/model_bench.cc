@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "slime/model/decoder.h"
 
 #ifndef SLIME_MODEL_BENCH_CONFIG
@@ -44,40 +45,21 @@ struct Options {
   bool quick = false;
 };
 
-[[noreturn]] void Usage(const std::string& error) {
-  fmt::print(stderr,
-             "{}\nusage: model_bench [--config CONFIG_JSON] [--device cuda|cpu] "
-             "[--dtype bf16|fp32] [--iters N] [--quick] [--attention auto|sdpa|math]\n",
-             error);
-  std::exit(2);
-}
 
 Options ParseArgs(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) Usage(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--config")
-      o.config = value();
-    else if (a == "--device")
-      o.device = value();
-    else if (a == "--dtype")
-      o.dtype = value();
-    else if (a == "--attention")
-      o.attention = value();
-    else if (a == "--iters")
-      o.iters = std::atoi(value().c_str());
-    else if (a == "--quick")
-      o.quick = true;
-    else
-      Usage("unknown argument " + a);
+  CLI::App app{"model_bench: DecoderModel prefill / decode / train-forward throughput"};
+  app.add_option("--config", o.config, "HF config.json of the model to benchmark");
+  app.add_option("--device", o.device)->check(CLI::IsMember({"cuda", "cpu"}));
+  app.add_option("--dtype", o.dtype)->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--attention", o.attention)->check(CLI::IsMember({"auto", "sdpa", "math"}));
+  app.add_option("--iters", o.iters, "timed iterations per case")->check(CLI::Range(1, 1 << 20));
+  app.add_flag("--quick", o.quick, "small shapes only (CPU smoke run)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
   }
-  if (o.device != "cuda" && o.device != "cpu") Usage("--device must be cuda or cpu");
-  if (o.dtype != "bf16" && o.dtype != "fp32") Usage("--dtype must be bf16 or fp32");
-  if (o.iters < 1) Usage("--iters must be >= 1");
   return o;
 }
 

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "slime/model/decoder.h"
 #include "slime/model/safetensors.h"
 
@@ -41,65 +42,33 @@ struct Options {
   int64_t seed = 0;
 };
 
-[[noreturn]] void Usage(const std::string& error) {
-  fmt::print(stderr,
-             "{}\nusage: model_compare --model DIR (--reference FILE | --write-reference FILE "
-             "[--seqs 1,17,128] [--seed N]) [--device cuda|cpu] [--dtype bf16|fp32]\n",
-             error);
-  std::exit(2);
-}
-
 [[noreturn]] void Fail(const std::string& message) {
   fmt::print(stderr, "model_compare: {}\n", message);
   std::exit(1);
 }
 
-std::vector<int64_t> ParseList(const std::string& s) {
-  std::vector<int64_t> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t end = s.find(',', start);
-    if (end == std::string::npos) end = s.size();
-    const std::string item = s.substr(start, end - start);
-    char* rest = nullptr;
-    const long long v = std::strtoll(item.c_str(), &rest, 10);
-    if (item.empty() || *rest != '\0' || v < 1) Usage("--seqs wants positive integers: " + s);
-    out.push_back(v);
-    start = end + 1;
-  }
-  return out;
-}
-
 Options ParseArgs(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) Usage(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--model")
-      o.model = value();
-    else if (a == "--reference")
-      o.reference = value();
-    else if (a == "--write-reference")
-      o.write_reference = value();
-    else if (a == "--device")
-      o.device = value();
-    else if (a == "--dtype")
-      o.dtype = value();
-    else if (a == "--seqs")
-      o.seqs = ParseList(value());
-    else if (a == "--seed")
-      o.seed = std::atoll(value().c_str());
-    else
-      Usage("unknown argument " + a);
+  CLI::App app{"model_compare: DecoderModel logits and next-token log-probs vs a reference"};
+  app.add_option("--model", o.model, "HF model directory")->required();
+  auto* reference = app.add_option("--reference", o.reference, "reference safetensors to compare");
+  auto* write = app.add_option("--write-reference", o.write_reference,
+                               "write our own logits as a reference (self-check)");
+  reference->excludes(write);
+  app.add_option("--device", o.device)->check(CLI::IsMember({"cuda", "cpu"}));
+  app.add_option("--dtype", o.dtype)->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--seqs", o.seqs, "sequence lengths for --write-reference")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--seed", o.seed);
+  try {
+    app.parse(argc, argv);
+    if (o.reference.empty() && o.write_reference.empty()) {
+      throw CLI::ValidationError("exactly one of --reference and --write-reference is required");
+    }
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
   }
-  if (o.model.empty()) Usage("--model is required");
-  if (o.reference.empty() == o.write_reference.empty())
-    Usage("exactly one of --reference and --write-reference is required");
-  if (o.device != "cuda" && o.device != "cpu") Usage("--device must be cuda or cpu");
-  if (o.dtype != "bf16" && o.dtype != "fp32") Usage("--dtype must be bf16 or fp32");
   return o;
 }
 
