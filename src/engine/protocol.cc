@@ -28,7 +28,11 @@ std::string Num(double v) { return fmt::format("{}", v); }
 // A JSON value as it would appear in a message (strings quoted, long values cut).
 std::string Show(const Json& v) {
   std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  if (s.size() > 60) {
+    size_t cut = 57;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // whole chars
+    s = s.substr(0, cut) + "...";
+  }
   return s;
 }
 
@@ -166,6 +170,13 @@ Json TopList(const TopLogprobs& top, const tokenizer::Tokenizer* tok, bool with_
 bool UnknownFieldLog::Report(std::string_view name) {
   {
     absl::MutexLock lock(&mu_);
+    if (seen_.size() >= kMaxNames) {
+      if (seen_.contains(std::string(name)) || full_warned_) return false;
+      full_warned_ = true;
+      spdlog::warn("more than {} distinct unknown request fields: no longer warning about them",
+                   kMaxNames);
+      return false;
+    }
     if (!seen_.emplace(std::string(name)).second) return false;
   }
   spdlog::warn(

@@ -264,6 +264,14 @@ TEST_F(GenerateParseTest, UnknownFieldsAreIgnoredAndLoggedOnce) {
   EXPECT_TRUE(log_.Report("new_one"));
 }
 
+TEST(UnknownFieldLogTest, BoundedSize) {
+  UnknownFieldLog log;
+  for (size_t i = 0; i < UnknownFieldLog::kMaxNames + 10; ++i) {
+    EXPECT_EQ(log.Report("k" + std::to_string(i)), i < UnknownFieldLog::kMaxNames);
+  }
+  EXPECT_EQ(log.size(), UnknownFieldLog::kMaxNames);
+}
+
 TEST_F(GenerateParseTest, SupportedFeaturesSetToDefaultsAreAccepted) {
   EXPECT_TRUE(Parse(R"({"input_ids": [1], "return_routed_experts": false, "image_data": [],
                        "lora_path": null, "return_hidden_states": false})")

@@ -58,6 +58,10 @@ struct ProtocolLimits {
 // Thread-safe; one instance is shared by every request handler.
 class UnknownFieldLog {
  public:
+  // At most this many names are remembered (a client cannot grow the set or the log without
+  // bound); past it, one last warning says so and further names are dropped.
+  static constexpr size_t kMaxNames = 256;
+
   // Records `name` ("priority_boost", "sampling_params.foo"). The first time a name is seen it
   // logs one spdlog warning and returns true; later calls return false.
   bool Report(std::string_view name);
@@ -67,6 +71,7 @@ class UnknownFieldLog {
  private:
   mutable absl::Mutex mu_;
   absl::flat_hash_set<std::string> seen_ ABSL_GUARDED_BY(mu_);
+  bool full_warned_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // A parsed /generate body.
