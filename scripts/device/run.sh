@@ -4,7 +4,14 @@
 # gpu-labelled tests and any named benchmarks. Logs go to the output folder.
 #
 #   scripts/device/run.sh [--out DIR] [--tests REGEX | --no-tests] [--all-tests]
-#                         [--bench CMD]... [--targets "t1 t2"] [--py SCRIPT [ARGS]]...
+#                         [--run CMD]... [--bench CMD]... [--targets "t1 t2"]
+#                         [--py SCRIPT [ARGS]]...
+#
+# After the build (and tests), each --run CMD runs in the repository root (a shell command line,
+# e.g. writing a model the benchmarks read), then each --bench (build-gpu/bench/CMD), then each
+# --py (python3 SCRIPT ARGS). These command lines are expanded when they run, with
+# SLIME_BUILD (the build folder), SLIME_OUT (the output folder) and SLIME_LOGS (its logs/,
+# packed into logs.tgz) set: quote them ('$SLIME_OUT/x.json') so they expand there.
 #
 # Carry third_party_debs/ (made by scripts/device/fetch_debs.sh on a Debian machine) with the
 # call. Environment: NCCL_NVLS_ENABLE=0 is always set (NVLink multicast stays off).
@@ -18,6 +25,7 @@ run_tests=1
 label="gpu"
 benches=()
 pys=()
+runs=()
 targets=""
 while (($#)); do
   case "$1" in
@@ -25,6 +33,7 @@ while (($#)); do
     --tests) tests_regex="$2"; shift 2 ;;
     --no-tests) run_tests=0; shift ;;
     --all-tests) label=""; shift ;;
+    --run) runs+=("$2"); shift 2 ;;
     --bench) benches+=("$2"); shift 2 ;;
     --py) pys+=("$2"); shift 2 ;;
     --targets) targets="$2"; shift 2 ;;
@@ -98,6 +107,12 @@ if ((run_tests)); then
   (cd "$build" && ctest "${args[@]}") > "$out/ctest.log" 2>&1 || status=1
   tail -15 "$out/ctest.log"
 fi
+export SLIME_BUILD="$build" SLIME_OUT="$final_out" SLIME_LOGS="$out"
+for i in "${!runs[@]}"; do
+  c="${runs[$i]}"
+  echo "== run $c"
+  (cd "$repo" && eval "$c") 2>&1 | tee "$out/run_$i.log" || status=1
+done
 for b in "${benches[@]}"; do
   name=$(echo "$b" | awk '{print $1}' | tr '/' '_')
   echo "== bench $b"
