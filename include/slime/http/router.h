@@ -1,0 +1,71 @@
+// Request, Handler and Router: what a server handler sees and how requests find it.
+//
+// A Router maps (method, exact path) to a Handler. It is filled before Server::Start and is
+// immutable afterwards (the server keeps its own copy), so lookups take no lock.
+//
+// Dispatch rules (Router::Dispatch, called by the server on an I/O thread):
+//   - the path must match exactly (no prefixes, no patterns; the query string is not part of it);
+//   - method: the exact method, else a "*" route, else for HEAD the GET route (the writer then
+//     sends the GET answer's status and headers, Content-Length included, without the body);
+//   - unknown path -> 404 {"error":{"message":"no route for GET /x"}};
+//   - known path, other method -> 405 with an `Allow` header and the allowed methods named in
+//     the message;
+//   - a handler that throws -> 500 with the exception's message, if it had not answered yet.
+//
+// Threads: Add is not thread-safe (call it while building); Dispatch is const and may run on
+// many threads at once.
+#ifndef SLIME_HTTP_ROUTER_H_
+#define SLIME_HTTP_ROUTER_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace slime::http {
+
+class ResponseWriter;
+
+// One parsed request, as handed to a handler. Plain data; the handler may copy what it needs.
+struct Request {
+  std::string method;                        // "GET", "POST", ... (as sent, case-sensitive)
+  std::string target;                        // raw request target, e.g. "/generate?x=1"
+  std::string path;                          // target before '?', percent-decoded ('+' kept)
+  std::map<std::string, std::string> query;  // decoded query parameters (first value wins)
+  std::vector<std::pair<std::string, std::string>> headers;  // in arrival order, names as sent
+  std::string body;
+  std::string remote_address;  // "ip:port" of the peer
+  int version = 11;            // 10 for HTTP/1.0, 11 for HTTP/1.1
+
+  // The first header named `name`, compared case-insensitively.
+  std::optional<std::string> Header(std::string_view name) const;
+};
+
+// Runs on an I/O thread and must not block. It answers through the writer, now or later from
+// any thread (keeping the shared_ptr). A writer destroyed without an answer sends 500.
+using Handler = std::function<void(const Request&, std::shared_ptr<ResponseWriter>)>;
+
+class Router {
+ public:
+  // Registers `handler` for `method` ("GET", "POST", ... or "*" for any) on `path` (must start
+  // with '/'). Adding the same (method, path) again replaces the earlier handler.
+  void Add(std::string method, std::string path, Handler handler);
+
+  // Finds the handler for `request` and runs it, or answers 404/405 itself; turns an exception
+  // from the handler into a 500. Never throws.
+  void Dispatch(const Request& request, std::shared_ptr<ResponseWriter> writer) const;
+
+  // The methods registered for `path`, sorted, with HEAD added where GET exists.
+  std::vector<std::string> AllowedMethods(const std::string& path) const;
+
+ private:
+  std::map<std::string, std::map<std::string, Handler>> routes_;  // path -> method -> handler
+};
+
+}  // namespace slime::http
+
+#endif  // SLIME_HTTP_ROUTER_H_

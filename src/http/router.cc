@@ -1,0 +1,80 @@
+#include "slime/http/router.h"
+
+#include <algorithm>
+#include <cctype>
+#include <exception>
+
+#include "fmt/format.h"
+#include "slime/http/response_writer.h"
+#include "slime/http/util.h"
+#include "spdlog/spdlog.h"
+
+namespace slime::http {
+
+std::optional<std::string> Request::Header(std::string_view name) const {
+  for (const auto& [key, value] : headers) {
+    if (key.size() != name.size()) continue;
+    bool equal = true;
+    for (size_t i = 0; equal && i < key.size(); ++i) {
+      equal = std::tolower(static_cast<unsigned char>(key[i])) ==
+              std::tolower(static_cast<unsigned char>(name[i]));
+    }
+    if (equal) return value;
+  }
+  return std::nullopt;
+}
+
+void Router::Add(std::string method, std::string path, Handler handler) {
+  if (path.empty() || path[0] != '/') {
+    spdlog::warn("http: route path \"{}\" does not start with '/'; it can never match", path);
+  }
+  routes_[std::move(path)][std::move(method)] = std::move(handler);
+}
+
+std::vector<std::string> Router::AllowedMethods(const std::string& path) const {
+  std::vector<std::string> methods;
+  auto it = routes_.find(path);
+  if (it == routes_.end()) return methods;
+  for (const auto& [method, handler] : it->second) methods.push_back(method);
+  if (it->second.count("GET") && !it->second.count("HEAD")) methods.push_back("HEAD");
+  std::sort(methods.begin(), methods.end());
+  return methods;
+}
+
+void Router::Dispatch(const Request& request, std::shared_ptr<ResponseWriter> writer) const {
+  auto it = routes_.find(request.path);
+  if (it == routes_.end()) {
+    writer->SendJson(404,
+                     ErrorBody(fmt::format("no route for {} {}", request.method, request.path)));
+    return;
+  }
+  const auto& methods = it->second;
+  auto handler = methods.find(request.method);
+  if (handler == methods.end()) handler = methods.find("*");
+  if (handler == methods.end() && request.method == "HEAD") handler = methods.find("GET");
+  if (handler == methods.end()) {
+    std::string allowed = fmt::format("{}", fmt::join(AllowedMethods(request.path), ", "));
+    writer->SetHeader("Allow", allowed);
+    writer->SendJson(405, ErrorBody(fmt::format("method {} not allowed for {}; allowed: {}",
+                                                request.method, request.path, allowed)));
+    return;
+  }
+  std::string error;
+  try {
+    handler->second(request, writer);
+    return;
+  } catch (const std::exception& e) {
+    error = e.what();
+  } catch (...) {
+    error = "unknown exception";
+  }
+  spdlog::error("http: handler for {} {} threw: {}", request.method, request.path, error);
+  if (!writer->started()) {
+    writer->SendJson(500, ErrorBody(fmt::format("handler for {} {} failed: {}", request.method,
+                                                request.path, error)));
+  } else if (!writer->answered()) {
+    writer->Finish();  // the status is already out; end the stream cleanly
+  }
+}
+
+}  // namespace slime::http
