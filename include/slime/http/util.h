@@ -46,7 +46,7 @@ StatusOr<std::pair<std::string, int>> ParseHostPort(std::string_view address);
 // returns the soft limit now in force, which can be below `want` when the hard limit is.
 // A server expecting N concurrent connections wants about N + a few hundred descriptors; a test
 // opening both ends of N connections in one process wants 2N + a few hundred.
-// (Brief asked for `Status`; StatusOr returns the number obtained, as the brief also asked.)
+// Errors: only a failing getrlimit/setrlimit call (Internal); a low hard limit is not an error.
 StatusOr<size_t> RaiseFileDescriptorLimit(size_t want);
 
 }  // namespace slime::http
