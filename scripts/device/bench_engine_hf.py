@@ -150,6 +150,7 @@ def main():
 
     rows = []
     step_model = {}  # (batch, cache) -> (ttft s, seconds per decode step)
+    oom = {}  # (batch, cache) -> the smallest max_new_tokens that ran out of memory
 
     def predict(batch, cache, m):
         if (batch, cache) not in step_model:
@@ -163,9 +164,11 @@ def main():
                    note="")
         left = args.budget_seconds - (time.perf_counter() - t_script)
         guess = predict(batch, cache, m)
-        if guess is not None and guess > args.max_seconds:
-            row["note"] = (f"skipped: predicted {guess:.0f} s > --max-seconds "
-                           f"{args.max_seconds:.0f}")
+        if (batch, cache) in oom and m >= oom[(batch, cache)]:
+            row["note"] = f"skipped: OOM at {batch}x{oom[(batch, cache)]}"
+        elif guess is not None and guess > args.max_seconds:
+            row["note"] = (f"skipped: predicted {guess:.1f} s > --max-seconds "
+                           f"{args.max_seconds:g}")
         elif left <= 1:
             row["note"] = "skipped: --budget-seconds spent"
         else:
@@ -194,6 +197,7 @@ def main():
             except torch.cuda.OutOfMemoryError as e:
                 row["note"] = "OOM"
                 row["error"] = str(e).splitlines()[0]
+                oom[(batch, cache)] = min(m, oom.get((batch, cache), m))
             finally:
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
