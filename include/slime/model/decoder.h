@@ -66,6 +66,14 @@ class DecoderModel {
   StatusOr<torch::Tensor> Forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
                                   AttentionBackend& attention);
 
+  // Forward for callers that validated their inputs (the engine checks ids at the HTTP edge):
+  // ids and positions [T] int64 already on the model's device; no host synchronisation, no
+  // Status wrapping (LibTorch errors throw c10::Error). -> [T, hidden]
+  torch::Tensor ForwardUnchecked(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
+                                 AttentionBackend& attention) {
+    return ForwardImpl(input_ids, position_ids, attention);
+  }
+
   // Packed variable-length batch: sequence b is ids[cu[b]:cu[b+1]], positions restart at 0,
   // attention is causal within each sequence. -> [T, hidden]
   StatusOr<torch::Tensor> ForwardPacked(const torch::Tensor& input_ids,

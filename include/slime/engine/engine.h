@@ -1,0 +1,148 @@
+// Engine: one inference engine — the model, its paged K/V cache, the radix prefix cache, the
+// scheduler and the sampler — driven by one engine thread.
+//
+// Threading (llama.cpp-server style): Submit/Abort/Pause/... may be called from any thread;
+// they only enqueue a command and wake the engine thread. The engine thread alone owns the
+// model, K/V pages and every live request. Each step it drains commands, asks the scheduler for
+// a batch (decodes first, then prefill chunks within the token budget), runs one forward,
+// samples, detokenizes, checks stop conditions and reports progress through each request's
+// callback. Callbacks run on the engine thread and must be quick (copy and post elsewhere).
+//
+// A request ends exactly once, with a finish_reason: stop (EOS / stop_token_ids / stop
+// string), length (max_new_tokens or the context limit), or abort (Abort*, pause, out of KV
+// memory, an internal error). Its last callback carries the finish reason; for streaming
+// requests earlier callbacks carry the cumulative output every `stream_interval` tokens.
+//
+// Pause (SGLang's abort mode) aborts every in-flight request and holds new ones until
+// Continue. Memory release/resume and weight updates run on the engine thread between steps.
+#ifndef SLIME_ENGINE_ENGINE_H_
+#define SLIME_ENGINE_ENGINE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "slime/common/status.h"
+#include "slime/engine/request.h"
+
+namespace slime::tokenizer {
+class Tokenizer;
+}
+namespace slime::model {
+struct ModelConfig;
+}
+namespace slime::metrics {
+class Registry;
+}
+
+namespace slime::engine {
+
+struct EngineOptions {
+  std::string model_path;          // HF directory: config.json, safetensors, tokenizer files
+  std::string tokenizer_path;      // default: model_path
+  std::string served_model_name;   // default: model_path
+  std::string dtype = "auto";
+  std::string device = "auto";
+  int64_t page_size = 16;
+  int64_t max_total_tokens = 0;    // K/V token slots; 0 = from mem_fraction_static / CPU default
+  double mem_fraction_static = 0.85;
+  int64_t max_running_requests = 256;
+  int64_t chunked_prefill_size = 8192;   // prefill tokens per step
+  int64_t max_batch_tokens = 16384;      // all tokens of one step
+  int64_t context_length = 0;            // 0 = the model's max_position_embeddings
+  bool enable_prefix_cache = true;
+  uint64_t random_seed = 0;              // seeds of requests without sampling_seed
+  int64_t stream_interval = 1;
+  std::string weight_version = "default";
+  metrics::Registry* metrics = nullptr;  // not owned; null = no metrics
+};
+
+// Counts the HTTP layer reports in /v1/loads and /metrics (updated by the engine thread).
+struct EngineLoad {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  int64_t num_used_pages = 0;
+  int64_t num_total_pages = 0;
+  int64_t num_cached_pages = 0;
+};
+
+class Engine {
+ public:
+  using Callback = std::function<void(const RequestOutput&)>;
+
+  // Loads model and tokenizer, sizes the caches and starts the engine thread.
+  static StatusOr<std::unique_ptr<Engine>> Create(EngineOptions options);
+  ~Engine();  // Stop()
+
+  // Aborts everything in flight (each gets its final callback) and joins the engine thread.
+  void Stop();
+
+  // Queues a request; returns its engine-internal id. Inputs must be validated (ids in range,
+  // prompt fits the context). `on_update` gets cumulative outputs, the last one finished.
+  uint64_t Submit(GenerateInput input, Callback on_update);
+  // Aborts one request by internal id (client disconnect).
+  void Cancel(uint64_t id);
+  // SGLang /abort_request: requests whose rid starts with `rid_prefix` (empty + all = all).
+  void Abort(std::string rid_prefix, bool all);
+  void Pause();
+  void Continue();
+  bool paused() const { return paused_.load(); }
+
+  // Empties the prefix cache; false (nothing done) while requests are in flight.
+  std::future<bool> FlushCache();
+  // Loads new weights from an HF directory between steps; sets the weight version on success.
+  std::future<Status> UpdateWeightsFromDisk(std::string model_path, std::string weight_version);
+  // tags: "kv_cache", "weights" (empty = both). Release needs no request in flight.
+  std::future<Status> ReleaseMemory(std::vector<std::string> tags);
+  std::future<Status> ResumeMemory(std::vector<std::string> tags);
+  // Resolves when the engine thread is responsive and a one-token forward succeeds (or the
+  // engine is demonstrably generating); never waits behind queued requests.
+  std::future<Status> HealthCheck();
+
+  std::string weight_version() const;
+  void set_weight_version(std::string v);
+  EngineLoad load() const;
+  bool memory_released() const { return memory_released_.load(); }
+
+  const EngineOptions& options() const { return options_; }
+  const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
+  const model::ModelConfig& model_config() const;
+  int64_t context_length() const { return context_length_; }
+  const std::vector<int32_t>& eos_token_ids() const { return eos_ids_; }
+
+  class Impl;  // the engine thread's state (engine.cc)
+
+ private:
+  Engine() = default;
+  void Post(std::function<void(Impl&)> command);
+  void ThreadMain();
+
+  EngineOptions options_;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  std::unique_ptr<Impl> impl_;
+  std::vector<int32_t> eos_ids_;
+  int64_t context_length_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void(Impl&)>> commands_;  // guarded by mu_
+  bool stopping_ = false;                             // guarded by mu_
+  std::string weight_version_;                        // guarded by mu_
+  EngineLoad load_;                                   // guarded by mu_
+  std::atomic<uint64_t> next_id_{1};
+  std::atomic<bool> paused_{false};
+  std::atomic<bool> memory_released_{false};
+  std::thread thread_;
+};
+
+}  // namespace slime::engine
+
+#endif  // SLIME_ENGINE_ENGINE_H_

@@ -1,0 +1,76 @@
+// ModelRunner: the model and its paged K/V cache, run one scheduled batch at a time.
+//
+// Owns the DecoderModel (weights on the engine device) and the PagedKvCache sized at start.
+// Forward() takes the batch's new tokens and, per item, its page table and context length, runs
+// the decoder over PagedAttention under inference mode and returns the final hidden states;
+// Logits() turns chosen rows of them into float32 logits.
+//
+// Memory occupation (colocated training): ReleaseKv()/ResumeKv() free and re-allocate the K/V
+// pools (contents lost); OffloadWeights()/OnloadWeights() move the weights to host memory and
+// back (contents kept, unlike SGLang, which discards them).
+//
+// Thread-safety: the engine thread only. LibTorch errors surface as Status.
+#ifndef SLIME_ENGINE_MODEL_RUNNER_H_
+#define SLIME_ENGINE_MODEL_RUNNER_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "slime/common/status.h"
+#include "slime/engine/paged_kv.h"
+#include "slime/model/decoder.h"
+
+namespace slime::engine {
+
+struct ModelRunnerOptions {
+  std::string model_path;          // HF directory: config.json + *.safetensors
+  std::string dtype = "auto";      // auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float16, float32
+  std::string device = "auto";     // auto (cuda:0 when available), cpu, cuda, cuda:N
+  int64_t page_size = 16;
+  int64_t max_total_tokens = 0;    // K/V slots; 0 = from mem_fraction_static (CUDA) or 65,536 (CPU)
+  double mem_fraction_static = 0.85;  // CUDA: fraction of device memory for weights + K/V
+};
+
+class ModelRunner {
+ public:
+  static StatusOr<std::unique_ptr<ModelRunner>> Create(const ModelRunnerOptions& options);
+
+  const model::ModelConfig& config() const { return model_->config(); }
+  model::DecoderModel& model() { return *model_; }
+  PagedKvCache& kv() { return *kv_; }
+  torch::Device device() const { return model_->device(); }
+  torch::ScalarType dtype() const { return model_->dtype(); }
+  int64_t num_pages() const { return kv_->num_pages(); }
+  int64_t page_size() const { return kv_->page_size(); }
+
+  // input_ids [T] host int32 values (the batch's new tokens in item order); items describe each
+  // sequence's run of them. -> hidden [T, hidden] on the device.
+  StatusOr<torch::Tensor> Forward(const std::vector<int32_t>& input_ids,
+                                  const std::vector<PagedItem>& items);
+  // hidden rows `rows` -> logits [R, vocab] float32.
+  StatusOr<torch::Tensor> Logits(const torch::Tensor& hidden, const std::vector<int64_t>& rows);
+
+  Status ReleaseKv();
+  Status ResumeKv();
+  Status OffloadWeights();
+  Status OnloadWeights();
+  bool weights_offloaded() const { return weights_offloaded_; }
+
+  // Replaces every weight with the tensors of an HF safetensors directory (same architecture and
+  // shapes; the error names the first mismatch). Copies in place, so views stay valid.
+  Status LoadWeightsFromDisk(const std::string& model_path);
+
+ private:
+  ModelRunner() = default;
+  std::unique_ptr<model::DecoderModel> model_;
+  std::unique_ptr<PagedKvCache> kv_;
+  bool weights_offloaded_ = false;
+};
+
+}  // namespace slime::engine
+
+#endif  // SLIME_ENGINE_MODEL_RUNNER_H_

@@ -1,0 +1,106 @@
+// Paged K/V storage for the engine and the attention backend that reads and writes it.
+//
+// PagedKvCache holds, per layer, one flat pool of token slots k/v [num_pages * page_size,
+// kv_heads, head_dim] in the model dtype on the model device. Which slots belong to which
+// sequence is decided elsewhere (KvPagePool / RadixCache / Scheduler in engine_core): the slot of
+// position p of a sequence with page table `pages` is pages[p / page_size] * page_size +
+// p % page_size. Page 0 is never handed out and serves as the padding target of batched reads.
+//
+// PagedAttention is the model::AttentionBackend of one engine forward. For every item of the
+// batch (a run of new tokens of one sequence) it writes the new tokens' K/V into their slots and
+// attends causally over the sequence's context [0, context_len):
+//   - decode items (one new token) are batched: their context slots are gathered into
+//     [B, L_max, kv_heads, D] with a padding mask, one attention call per layer;
+//   - prefill items (several new tokens) attend one by one over their gathered context.
+// The layout tensors are built on the host once per forward and copied to the device once.
+//
+// Release()/Resume() drop and re-allocate the pools (SGLang's release/resume memory
+// occupation); contents are garbage after Resume, callers flush every cached prefix.
+//
+// Thread-safety: the engine thread only.
+#ifndef SLIME_ENGINE_PAGED_KV_H_
+#define SLIME_ENGINE_PAGED_KV_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "slime/model/attention.h"
+
+namespace slime::engine {
+
+class PagedKvCache {
+ public:
+  PagedKvCache(int64_t num_layers, int64_t num_pages, int64_t page_size, int64_t kv_heads,
+               int64_t head_dim, torch::TensorOptions options);
+
+  // Bytes one token occupies over all layers (K and V).
+  static int64_t BytesPerToken(int64_t num_layers, int64_t kv_heads, int64_t head_dim,
+                               torch::ScalarType dtype);
+
+  int64_t num_layers() const { return num_layers_; }
+  int64_t num_pages() const { return num_pages_; }
+  int64_t page_size() const { return page_size_; }
+  int64_t num_slots() const { return num_pages_ * page_size_; }
+  bool released() const { return k_.empty(); }
+
+  torch::Tensor& keys(int layer) { return k_[layer]; }    // [num_slots, kv_heads, D]
+  torch::Tensor& values(int layer) { return v_[layer]; }  // [num_slots, kv_heads, D]
+
+  void Release();
+  void Resume();
+
+ private:
+  int64_t num_layers_, num_pages_, page_size_, kv_heads_, head_dim_;
+  torch::TensorOptions options_;
+  std::vector<torch::Tensor> k_;
+  std::vector<torch::Tensor> v_;
+};
+
+// One item of an engine forward, host side.
+struct PagedItem {
+  int64_t num_new = 0;          // tokens computed this forward (rows [offset, offset+num_new))
+  int64_t context_len = 0;      // positions visible after this forward: start + num_new
+  const std::vector<int32_t>* pages = nullptr;  // covers [0, context_len)
+};
+
+// Device-side layout of one forward over `items` (in batch row order).
+struct PagedLayout {
+  int64_t num_tokens = 0;
+  torch::Tensor positions;    // [T] int64: absolute position of each new token
+  torch::Tensor write_slots;  // [T] int64: slot receiving each new token's K/V
+  // Decode items (num_new == 1), batched.
+  torch::Tensor decode_rows;   // [Bd] int64: their rows in the batch
+  torch::Tensor decode_slots;  // [Bd, L_max] int64: context slots, padded with slot 0
+  torch::Tensor decode_mask;   // [Bd, 1, 1, L_max] bool: true = visible
+  bool decode_rows_are_prefix = false;  // decode rows are exactly 0..Bd-1
+  // Prefill items: first row, number of new tokens, context slots [context_len] int64.
+  struct Prefill {
+    int64_t row = 0;
+    int64_t num_new = 0;
+    torch::Tensor slots;
+  };
+  std::vector<Prefill> prefills;
+
+  static PagedLayout Build(const std::vector<PagedItem>& items, int64_t page_size,
+                           torch::Device device);
+};
+
+class PagedAttention final : public model::AttentionBackend {
+ public:
+  PagedAttention(PagedKvCache* cache, const PagedLayout* layout,
+                 model::AttentionImpl impl = model::AttentionImpl::kAuto)
+      : cache_(cache), layout_(layout), impl_(impl) {}
+  torch::Tensor Attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
+                       const torch::Tensor& v) override;
+
+ private:
+  PagedKvCache* cache_;        // not owned
+  const PagedLayout* layout_;  // not owned
+  model::AttentionImpl impl_;
+};
+
+}  // namespace slime::engine
+
+#endif  // SLIME_ENGINE_PAGED_KV_H_

@@ -1,0 +1,700 @@
+// The engine loop (see include/slime/engine/engine.h).
+#include "slime/engine/engine.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <random>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "nlohmann/json.hpp"
+#include "engine_metrics.h"
+#include "slime/engine/model_runner.h"
+#include "slime/engine/output_text.h"
+#include "slime/engine/page_pool.h"
+#include "slime/engine/radix_cache.h"
+#include "slime/engine/sampler.h"
+#include "slime/engine/scheduler.h"
+#include "slime/tokenizer/tokenizer.h"
+
+namespace slime::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// EOS ids: config.json's eos_token_id, generation_config.json's, and the tokenizer's.
+std::vector<int32_t> CollectEosIds(const std::string& model_path, const model::ModelConfig& config,
+                                   const tokenizer::Tokenizer& tok) {
+  std::unordered_set<int32_t> ids;
+  for (int64_t id : config.eos_token_ids) ids.insert(static_cast<int32_t>(id));
+  std::ifstream in(model_path + "/generation_config.json");
+  if (in) {
+    try {
+      nlohmann::json j = nlohmann::json::parse(in);
+      if (j.contains("eos_token_id")) {
+        const auto& e = j["eos_token_id"];
+        if (e.is_number_integer()) ids.insert(e.get<int32_t>());
+        if (e.is_array()) {
+          for (const auto& x : e) {
+            if (x.is_number_integer()) ids.insert(x.get<int32_t>());
+          }
+        }
+      }
+    } catch (const std::exception& e) {
+      spdlog::warn("engine: ignoring unreadable {}/generation_config.json: {}", model_path,
+                   e.what());
+    }
+  }
+  if (tok.eos_id()) ids.insert(*tok.eos_id());
+  std::vector<int32_t> out(ids.begin(), ids.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+// One live request, owned by the engine thread.
+struct LiveRequest {
+  uint64_t id = 0;
+  GenerateInput in;
+  Engine::Callback callback;
+  RequestOutput out;
+  std::unique_ptr<OutputText> text;
+  std::vector<int32_t> stop_ids;  // EOS (unless ignore_eos) + stop_token_ids
+  uint64_t seed = 0;
+  Clock::time_point arrival;
+  Clock::time_point last_token;
+  int64_t max_new = 0;            // resolved max_new_tokens
+  int64_t next_input_lp = 0;      // next position q whose logits give the logprob of token q+1
+  int64_t last_streamed = 0;      // output length at the last stream callback
+  bool in_scheduler = false;
+};
+
+class Engine::Impl {
+ public:
+  Impl(Engine* engine, std::unique_ptr<ModelRunner> runner)
+      : engine_(engine),
+        runner_(std::move(runner)),
+        pool_(runner_->num_pages(), runner_->page_size()),
+        radix_(&pool_, engine->options_.enable_prefix_cache),
+        scheduler_(MakeSchedulerOptions(engine->options_, engine->context_length_), &pool_,
+                   &radix_),
+        rng_(engine->options_.random_seed) {}
+
+  ModelRunner* runner() const { return runner_.get(); }
+
+  static SchedulerOptions MakeSchedulerOptions(const EngineOptions& o, int64_t context_length) {
+    SchedulerOptions s;
+    s.max_running_requests = o.max_running_requests;
+    s.max_prefill_tokens = o.chunked_prefill_size;
+    s.max_batch_tokens = std::max(o.max_batch_tokens, o.chunked_prefill_size);
+    s.max_context_tokens = context_length;
+    return s;
+  }
+
+  bool HasWork() const {
+    return !paused_ && !kv_released_ && !runner_->weights_offloaded() &&
+           (scheduler_.num_running() > 0 || scheduler_.num_waiting() > 0);
+  }
+  bool idle() const { return live_.empty(); }
+
+  void Submit(uint64_t id, GenerateInput input, Callback callback) {
+    LiveRequest r;
+    r.id = id;
+    r.arrival = Clock::now();
+    r.callback = std::move(callback);
+    r.in = std::move(input);
+    r.out.rid = r.in.rid;
+    r.out.index = r.in.index;
+    r.out.prompt_tokens = static_cast<int64_t>(r.in.input_ids.size());
+    r.out.weight_version = engine_->weight_version();
+    const SamplingParams& sp = r.in.sampling;
+    if (!sp.ignore_eos) r.stop_ids = engine_->eos_ids_;
+    r.stop_ids.insert(r.stop_ids.end(), sp.stop_token_ids.begin(), sp.stop_token_ids.end());
+    r.seed = sp.sampling_seed ? *sp.sampling_seed : rng_();
+    const int64_t prompt_len = r.out.prompt_tokens;
+    r.max_new = sp.max_new_tokens ? *sp.max_new_tokens : engine_->context_length_ - prompt_len;
+    r.max_new = std::max<int64_t>(0, std::min(r.max_new, engine_->context_length_ - prompt_len));
+    r.text = std::make_unique<OutputText>(engine_->tokenizer_.get(), sp);
+    if (r.in.return_logprob && r.in.logprob_start_len >= 0) {
+      r.next_input_lp = std::max<int64_t>(r.in.logprob_start_len, 1) - 1;
+      if (r.in.logprob_start_len == 0) {
+        r.out.input_logprob_ids.push_back(r.in.input_ids[0]);
+        r.out.input_logprobs.push_back(std::nullopt);
+        if (r.in.top_logprobs_num > 0) r.out.input_top_logprobs.emplace_back();
+      }
+    }
+    auto [it, inserted] = live_.emplace(id, std::move(r));
+    if (!inserted) return;
+    if (metrics_) metrics_->OnRequest();
+    if (paused_) {
+      held_.push_back(id);
+      return;
+    }
+    Admit(it->second);
+  }
+
+  void Admit(LiveRequest& r) {
+    const bool want_input_lp = r.in.return_logprob && r.in.logprob_start_len >= 0;
+    const int64_t prompt_len = static_cast<int64_t>(r.in.input_ids.size());
+    const int64_t limit =
+        want_input_lp ? std::max<int64_t>(r.in.logprob_start_len, 1) - 1 : kNoPrefixMatchLimit;
+    Status s = scheduler_.Add(r.id, r.in.input_ids, r.max_new, limit);
+    if (!s.ok()) {
+      Finish(r.id, FinishReason::Abort(std::string(s.message()), 400));
+      return;
+    }
+    r.in_scheduler = true;
+  }
+
+  void Cancel(uint64_t id, const std::string& why) {
+    if (live_.count(id)) Finish(id, FinishReason::Abort(why));
+  }
+
+  void AbortMatching(const std::string& prefix, bool all, const std::string& why) {
+    std::vector<uint64_t> ids;
+    for (const auto& [id, r] : live_) {
+      if (all || r.in.rid.compare(0, prefix.size(), prefix) == 0) ids.push_back(id);
+    }
+    std::sort(ids.begin(), ids.end());
+    for (uint64_t id : ids) Finish(id, FinishReason::Abort(why));
+  }
+
+  void Pause() {
+    paused_ = true;
+    AbortMatching("", true, "Abort in pause_generation");
+  }
+
+  void Continue() {
+    paused_ = false;
+    std::vector<uint64_t> held;
+    held.swap(held_);
+    for (uint64_t id : held) {
+      auto it = live_.find(id);
+      if (it != live_.end()) Admit(it->second);
+    }
+  }
+
+  bool FlushCache() {
+    if (!live_.empty()) return false;
+    radix_.Reset();
+    return true;
+  }
+
+  Status UpdateWeightsFromDisk(const std::string& path, const std::string& version) {
+    SLIME_RETURN_IF_ERROR(runner_->LoadWeightsFromDisk(path));
+    if (live_.empty()) radix_.Reset();  // cached K/V came from the old weights
+    else flush_when_idle_ = true;
+    engine_->set_weight_version(version);
+    return absl::OkStatus();
+  }
+
+  Status Release(const std::vector<std::string>& tags) {
+    const bool all = tags.empty();
+    const bool kv = all || std::count(tags.begin(), tags.end(), "kv_cache");
+    const bool weights = all || std::count(tags.begin(), tags.end(), "weights");
+    if (!kv && !weights) return absl::InvalidArgumentError("tags must name kv_cache or weights");
+    if (!live_.empty()) {
+      return absl::FailedPreconditionError(fmt::format(
+          "cannot release memory while {} requests are in flight (pause or abort them first)",
+          live_.size()));
+    }
+    if (kv && !kv_released_) {
+      radix_.Reset();
+      SLIME_RETURN_IF_ERROR(runner_->ReleaseKv());
+      kv_released_ = true;
+    }
+    if (weights) SLIME_RETURN_IF_ERROR(runner_->OffloadWeights());
+    engine_->memory_released_ = kv_released_ || runner_->weights_offloaded();
+    return absl::OkStatus();
+  }
+
+  Status Resume(const std::vector<std::string>& tags) {
+    const bool all = tags.empty();
+    const bool kv = all || std::count(tags.begin(), tags.end(), "kv_cache") ||
+                    std::count(tags.begin(), tags.end(), "cuda_graph");
+    const bool weights = all || std::count(tags.begin(), tags.end(), "weights");
+    if (!kv && !weights) {
+      return absl::InvalidArgumentError("tags must name kv_cache, cuda_graph or weights");
+    }
+    if (weights) SLIME_RETURN_IF_ERROR(runner_->OnloadWeights());
+    if (kv && kv_released_) {
+      SLIME_RETURN_IF_ERROR(runner_->ResumeKv());
+      kv_released_ = false;
+    }
+    engine_->memory_released_ = kv_released_ || runner_->weights_offloaded();
+    return absl::OkStatus();
+  }
+
+  Status HealthCheck() {
+    if (kv_released_ || runner_->weights_offloaded()) return absl::OkStatus();
+    if (!live_.empty() && Seconds(Clock::now() - last_step_end_) < 30.0) return absl::OkStatus();
+    // One-token forward without touching the K/V cache.
+    torch::Tensor ids = torch::zeros({1}, torch::kLong);
+    auto hidden = runner_->model().ForwardPacked(ids, {0, 1});
+    if (!hidden.ok()) return hidden.status();
+    auto logits = runner_->Logits(*hidden, {0});
+    return logits.ok() ? absl::OkStatus() : logits.status();
+  }
+
+  void AbortAll(const std::string& why) {
+    AbortMatching("", true, why);
+    held_.clear();
+  }
+
+  // One scheduling step: schedule, forward, sample, emit. Returns false when nothing ran.
+  bool Step();
+
+  EngineLoad Load() const {
+    EngineLoad l;
+    l.num_running = scheduler_.num_running();
+    l.num_waiting = scheduler_.num_waiting() + static_cast<int64_t>(held_.size());
+    l.num_total_pages = pool_.num_usable();
+    l.num_used_pages = pool_.num_usable() - pool_.num_free();
+    l.num_cached_pages = radix_.cached_pages();
+    return l;
+  }
+
+ private:
+  void Finish(uint64_t id, FinishReason reason);
+  void Emit(LiveRequest& r);
+  // Adds the sampled token; returns true when the request finished.
+  bool Accept(LiveRequest& r, int32_t token, float logprob, TopLogprobs top);
+
+  Engine* engine_;
+  std::unique_ptr<ModelRunner> runner_;
+  KvPagePool pool_;
+  RadixCache radix_;
+  Scheduler scheduler_;
+  std::mt19937_64 rng_;
+  std::unordered_map<uint64_t, LiveRequest> live_;
+  std::vector<uint64_t> held_;  // submitted while paused
+  bool paused_ = false;
+  bool kv_released_ = false;
+  bool flush_when_idle_ = false;
+  Clock::time_point last_step_end_ = Clock::now();
+
+ public:
+  std::unique_ptr<EngineMetrics> metrics_;
+};
+
+void Engine::Impl::Finish(uint64_t id, FinishReason reason) {
+  auto it = live_.find(id);
+  if (it == live_.end()) return;
+  LiveRequest& r = it->second;
+  if (r.in_scheduler) {
+    if (const Sequence* seq = scheduler_.Find(id)) {
+      r.out.cached_tokens = seq->cached_tokens;
+      r.out.num_retractions = seq->num_retractions;
+    }
+    scheduler_.Finish(id);
+  }
+  held_.erase(std::remove(held_.begin(), held_.end(), id), held_.end());
+  r.out.finish = std::move(reason);
+  r.out.text = r.text->Text(r.out.finish, r.in.sampling.no_stop_trim);
+  r.out.e2e_latency = Seconds(Clock::now() - r.arrival);
+  if (metrics_) metrics_->OnFinish(r.out);
+  Callback cb = std::move(r.callback);
+  RequestOutput out = std::move(r.out);
+  live_.erase(it);
+  if (flush_when_idle_ && live_.empty()) {
+    radix_.Reset();
+    flush_when_idle_ = false;
+  }
+  if (cb) cb(out);
+}
+
+void Engine::Impl::Emit(LiveRequest& r) {
+  if (!r.in.stream || !r.callback) return;
+  const int64_t n = static_cast<int64_t>(r.out.output_ids.size());
+  if (n - r.last_streamed < engine_->options_.stream_interval) return;
+  r.last_streamed = n;
+  if (const Sequence* seq = scheduler_.Find(r.id)) r.out.cached_tokens = seq->cached_tokens;
+  r.out.text = r.text->PartialText();
+  r.callback(r.out);
+}
+
+bool Engine::Impl::Accept(LiveRequest& r, int32_t token, float logprob, TopLogprobs top) {
+  r.out.output_ids.push_back(token);
+  if (metrics_) {
+    const Clock::time_point now = Clock::now();
+    if (r.out.output_ids.size() == 1) metrics_->OnFirstToken(Seconds(now - r.arrival));
+    else metrics_->OnNextToken(Seconds(now - r.last_token));
+    r.last_token = now;
+  }
+  if (r.in.return_logprob) {
+    r.out.output_logprobs.push_back(logprob);
+    if (r.in.top_logprobs_num > 0) r.out.output_top_logprobs.push_back(std::move(top));
+  }
+  scheduler_.AppendToken(r.id, token);
+  std::optional<std::string> stop = r.text->Feed(token);
+  const int64_t n = static_cast<int64_t>(r.out.output_ids.size());
+  const SamplingParams& sp = r.in.sampling;
+  // SGLang's order: length first, then stop tokens, then stop strings.
+  if (n >= r.max_new) {
+    Finish(r.id, FinishReason::Length(sp.max_new_tokens ? *sp.max_new_tokens : r.max_new));
+    return true;
+  }
+  if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end()) {
+    Finish(r.id, FinishReason::Stop(token));
+    return true;
+  }
+  if (stop) {
+    Finish(r.id, FinishReason::StopString(*stop));
+    return true;
+  }
+  return false;
+}
+
+bool Engine::Impl::Step() {
+  const Clock::time_point t0 = Clock::now();
+  Batch batch = scheduler_.Schedule();
+  for (uint64_t id : batch.out_of_memory) {
+    Finish(id, FinishReason::Abort(
+                   "out of KV cache memory: the sequence no longer fits in the cache "
+                   "(raise max_total_tokens / mem_fraction_static or lower max_new_tokens)",
+                   503));
+  }
+  if (metrics_ && !batch.retracted.empty()) {
+    metrics_->OnRetract(static_cast<int64_t>(batch.retracted.size()));
+  }
+  if (batch.items.empty()) return false;
+
+  // Build the forward: new tokens, per-item page tables, rows to sample and to score.
+  std::vector<int32_t> input_ids;
+  std::vector<PagedItem> items;
+  items.reserve(batch.items.size());
+  struct SampleRef {
+    uint64_t id;
+    int64_t row;
+  };
+  struct ScoreRef {
+    uint64_t id;
+    int64_t row;
+    int64_t position;  // logits at `position` score token position + 1
+  };
+  std::vector<SampleRef> to_sample;
+  std::vector<ScoreRef> to_score;
+  std::vector<uint64_t> prefill_only_done;
+  int64_t row = 0, prefill_tokens = 0, decode_tokens = 0;
+  for (const BatchItem& item : batch.items) {
+    const Sequence* seq = scheduler_.Find(item.seq_id);
+    LiveRequest& r = live_.at(item.seq_id);
+    input_ids.insert(input_ids.end(), seq->tokens.begin() + item.start,
+                     seq->tokens.begin() + item.start + item.num_tokens);
+    items.push_back({item.num_tokens, item.start + item.num_tokens, &seq->pages});
+    (item.num_tokens == 1 && item.start >= seq->prompt_len ? decode_tokens : prefill_tokens) +=
+        item.num_tokens;
+    if (r.in.return_logprob && r.in.logprob_start_len >= 0) {
+      const int64_t end = std::min(item.start + item.num_tokens, seq->prompt_len - 1);
+      for (int64_t q = std::max(r.next_input_lp, item.start); q < end; ++q) {
+        to_score.push_back({item.seq_id, row + (q - item.start), q});
+      }
+      r.next_input_lp = std::max(r.next_input_lp, end);
+    }
+    if (item.completes) {
+      if (static_cast<int64_t>(r.out.output_ids.size()) < r.max_new) {
+        to_sample.push_back({item.seq_id, row + item.num_tokens - 1});
+      } else {
+        prefill_only_done.push_back(item.seq_id);
+      }
+    }
+    row += item.num_tokens;
+  }
+
+  auto fail_batch = [&](const Status& s) {
+    spdlog::error("engine: step failed, aborting its {} requests: {}", batch.items.size(),
+                  std::string(s.message()));
+    scheduler_.Rollback(batch);  // their K/V was never written: keep it out of the cache
+    for (const BatchItem& item : batch.items) {
+      Finish(item.seq_id, FinishReason::Abort(std::string(s.message()), 500));
+    }
+  };
+  StatusOr<torch::Tensor> hidden = runner_->Forward(input_ids, items);
+  if (!hidden.ok()) {
+    fail_batch(hidden.status());
+    return true;
+  }
+
+  // Prompt log-probs, in chunks so [rows, vocab] stays bounded.
+  constexpr size_t kScoreChunk = 1024;
+  for (size_t s = 0; s < to_score.size(); s += kScoreChunk) {
+    const size_t e = std::min(to_score.size(), s + kScoreChunk);
+    std::vector<int64_t> rows;
+    std::vector<int64_t> targets;
+    std::vector<float> temps;
+    for (size_t i = s; i < e; ++i) {
+      const ScoreRef& ref = to_score[i];
+      rows.push_back(ref.row);
+      const Sequence* seq = scheduler_.Find(ref.id);
+      targets.push_back(seq->tokens[ref.position + 1]);
+      const SamplingParams& sp = live_.at(ref.id).in.sampling;
+      temps.push_back(sp.greedy() ? 1.0f : static_cast<float>(sp.temperature));
+    }
+    StatusOr<torch::Tensor> logits = runner_->Logits(*hidden, rows);
+    if (!logits.ok()) {
+      fail_batch(logits.status());
+      return true;
+    }
+    torch::Tensor scaled =
+        *logits / torch::tensor(temps).to(logits->device()).unsqueeze(1);
+    torch::Tensor lps = torch::log_softmax(scaled, -1);
+    torch::Tensor tgt = torch::tensor(targets, torch::kLong).to(lps.device()).unsqueeze(1);
+    torch::Tensor chosen = lps.gather(1, tgt).squeeze(1).cpu();
+    int64_t max_top = 0;
+    for (size_t i = s; i < e; ++i) {
+      max_top = std::max(max_top, live_.at(to_score[i].id).in.top_logprobs_num);
+    }
+    torch::Tensor top_v, top_i;
+    if (max_top > 0) {
+      auto top = lps.topk(std::min<int64_t>(max_top, lps.size(1)), 1);
+      top_v = std::get<0>(top).cpu();
+      top_i = std::get<1>(top).cpu();
+    }
+    for (size_t i = s; i < e; ++i) {
+      LiveRequest& r = live_.at(to_score[i].id);
+      const int64_t k = static_cast<int64_t>(i - s);
+      r.out.input_logprob_ids.push_back(static_cast<int32_t>(targets[k]));
+      r.out.input_logprobs.push_back(chosen[k].item<float>());
+      if (r.in.top_logprobs_num > 0) {
+        TopLogprobs t;
+        for (int64_t j = 0; j < std::min(r.in.top_logprobs_num, top_v.size(1)); ++j) {
+          t.emplace_back(top_v[k][j].item<float>(), static_cast<int32_t>(top_i[k][j].item<int64_t>()));
+        }
+        r.out.input_top_logprobs.push_back(std::move(t));
+      }
+    }
+  }
+
+  if (!to_sample.empty()) {
+    std::vector<int64_t> rows;
+    std::vector<SamplerRow> srows;
+    rows.reserve(to_sample.size());
+    srows.reserve(to_sample.size());
+    for (const SampleRef& ref : to_sample) {
+      rows.push_back(ref.row);
+      const LiveRequest& r = live_.at(ref.id);
+      const Sequence* seq = scheduler_.Find(ref.id);
+      SamplerRow sr;
+      sr.params = &r.in.sampling;
+      sr.tokens = &seq->tokens;
+      sr.prompt_len = seq->prompt_len;
+      sr.num_output = static_cast<int64_t>(r.out.output_ids.size());
+      sr.seed = r.seed;
+      sr.stop_ids = &r.stop_ids;
+      sr.top_logprobs_num = r.in.return_logprob ? r.in.top_logprobs_num : 0;
+      sr.need_logprob = r.in.return_logprob;
+      srows.push_back(sr);
+    }
+    StatusOr<torch::Tensor> logits = runner_->Logits(*hidden, rows);
+    if (!logits.ok()) {
+      fail_batch(logits.status());
+      return true;
+    }
+    SamplerOutput sampled;
+    try {
+      sampled = Sample(*logits, srows);
+    } catch (const std::exception& e) {
+      fail_batch(absl::InternalError(fmt::format("sampling: {}", e.what())));
+      return true;
+    }
+    for (size_t i = 0; i < to_sample.size(); ++i) {
+      LiveRequest& r = live_.at(to_sample[i].id);
+      if (!Accept(r, sampled.tokens[i], sampled.logprobs[i], std::move(sampled.top[i]))) Emit(r);
+    }
+  }
+  for (uint64_t id : prefill_only_done) Finish(id, FinishReason::Length(0));
+
+  last_step_end_ = Clock::now();
+  if (metrics_) {
+    metrics_->OnStep(Seconds(last_step_end_ - t0), prefill_tokens, decode_tokens,
+                     static_cast<int64_t>(to_sample.size()));
+  }
+  return true;
+}
+
+// ---- Engine: the thread-safe shell around Impl.
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
+  if (options.tokenizer_path.empty()) options.tokenizer_path = options.model_path;
+  if (options.served_model_name.empty()) options.served_model_name = options.model_path;
+  if (options.stream_interval < 1) {
+    return absl::InvalidArgumentError("stream_interval must be >= 1");
+  }
+  std::unique_ptr<Engine> engine(new Engine());
+  SLIME_ASSIGN_OR_RETURN(engine->tokenizer_,
+                         tokenizer::Tokenizer::FromDirectory(options.tokenizer_path));
+  ModelRunnerOptions ro;
+  ro.model_path = options.model_path;
+  ro.dtype = options.dtype;
+  ro.device = options.device;
+  ro.page_size = options.page_size;
+  ro.max_total_tokens = options.max_total_tokens;
+  ro.mem_fraction_static = options.mem_fraction_static;
+  SLIME_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::Create(ro));
+  const model::ModelConfig& mc = runner->config();
+  engine->context_length_ =
+      options.context_length > 0 ? options.context_length : mc.max_position_embeddings;
+  if (engine->context_length_ <= 1) {
+    return absl::InvalidArgumentError(fmt::format(
+        "context length {} is too small (set context_length or max_position_embeddings)",
+        engine->context_length_));
+  }
+  engine->eos_ids_ = CollectEosIds(options.model_path, mc, *engine->tokenizer_);
+  engine->weight_version_ = options.weight_version;
+  engine->options_ = std::move(options);
+  engine->impl_ = std::make_unique<Impl>(engine.get(), std::move(runner));
+  if (engine->options_.metrics != nullptr) {
+    Engine* e = engine.get();
+    engine->impl_->metrics_ =
+        std::make_unique<EngineMetrics>(engine->options_.metrics, [e] { return e->load(); });
+  }
+  {
+    std::lock_guard<std::mutex> lock(engine->mu_);
+    engine->load_ = engine->impl_->Load();
+  }
+  engine->thread_ = std::thread([e = engine.get()] { e->ThreadMain(); });
+  return engine;
+}
+
+Engine::~Engine() { Stop(); }
+
+const model::ModelConfig& Engine::model_config() const {
+  return impl_->runner()->config();
+}
+
+void Engine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::Post(std::function<void(Impl&)> command) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_.push_back(std::move(command));
+  }
+  cv_.notify_one();
+}
+
+void Engine::ThreadMain() {
+  Impl& impl = *impl_;
+  while (true) {
+    std::deque<std::function<void(Impl&)>> commands;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!stopping_ && commands_.empty() && !impl.HasWork()) {
+        cv_.wait(lock, [&] { return stopping_ || !commands_.empty(); });
+      }
+      if (stopping_) break;
+      commands.swap(commands_);
+    }
+    for (auto& c : commands) c(impl);
+    if (impl.HasWork()) impl.Step();
+    std::lock_guard<std::mutex> lock(mu_);
+    load_ = impl.Load();
+  }
+  // Shutdown: run what was queued (so submitters get answers), then abort everything.
+  std::deque<std::function<void(Impl&)>> commands;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands.swap(commands_);
+  }
+  for (auto& c : commands) c(impl);
+  impl.AbortAll("engine shutting down");
+}
+
+uint64_t Engine::Submit(GenerateInput input, Callback on_update) {
+  const uint64_t id = next_id_++;
+  Post([id, in = std::move(input), cb = std::move(on_update)](Impl& impl) mutable {
+    impl.Submit(id, std::move(in), std::move(cb));
+  });
+  return id;
+}
+
+void Engine::Cancel(uint64_t id) {
+  Post([id](Impl& impl) { impl.Cancel(id, "client disconnected"); });
+}
+
+void Engine::Abort(std::string rid_prefix, bool all) {
+  Post([p = std::move(rid_prefix), all](Impl& impl) {
+    impl.AbortMatching(p, all, "Abort request");
+  });
+}
+
+void Engine::Pause() {
+  paused_ = true;
+  Post([](Impl& impl) { impl.Pause(); });
+}
+
+void Engine::Continue() {
+  paused_ = false;
+  Post([](Impl& impl) { impl.Continue(); });
+}
+
+
+std::future<bool> Engine::FlushCache() {
+  auto promise = std::make_shared<std::promise<bool>>();
+  auto f = promise->get_future();
+  Post([promise](Impl& impl) { promise->set_value(impl.FlushCache()); });
+  return f;
+}
+
+std::future<Status> Engine::UpdateWeightsFromDisk(std::string model_path,
+                                                  std::string weight_version) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  auto f = promise->get_future();
+  Post([promise, p = std::move(model_path), v = std::move(weight_version)](Impl& impl) {
+    promise->set_value(impl.UpdateWeightsFromDisk(p, v));
+  });
+  return f;
+}
+
+std::future<Status> Engine::ReleaseMemory(std::vector<std::string> tags) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  auto f = promise->get_future();
+  Post([promise, t = std::move(tags)](Impl& impl) { promise->set_value(impl.Release(t)); });
+  return f;
+}
+
+std::future<Status> Engine::ResumeMemory(std::vector<std::string> tags) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  auto f = promise->get_future();
+  Post([promise, t = std::move(tags)](Impl& impl) { promise->set_value(impl.Resume(t)); });
+  return f;
+}
+
+std::future<Status> Engine::HealthCheck() {
+  auto promise = std::make_shared<std::promise<Status>>();
+  auto f = promise->get_future();
+  Post([promise](Impl& impl) { promise->set_value(impl.HealthCheck()); });
+  return f;
+}
+
+std::string Engine::weight_version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return weight_version_;
+}
+
+void Engine::set_weight_version(std::string v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  weight_version_ = std::move(v);
+}
+
+EngineLoad Engine::load() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return load_;
+}
+
+}  // namespace slime::engine

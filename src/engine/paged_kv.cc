@@ -1,0 +1,174 @@
+// Paged K/V storage and attention (see include/slime/engine/paged_kv.h).
+#include "slime/engine/paged_kv.h"
+
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace slime::engine {
+
+PagedKvCache::PagedKvCache(int64_t num_layers, int64_t num_pages, int64_t page_size,
+                           int64_t kv_heads, int64_t head_dim, torch::TensorOptions options)
+    : num_layers_(num_layers),
+      num_pages_(num_pages),
+      page_size_(page_size),
+      kv_heads_(kv_heads),
+      head_dim_(head_dim),
+      options_(options) {
+  Resume();
+}
+
+int64_t PagedKvCache::BytesPerToken(int64_t num_layers, int64_t kv_heads, int64_t head_dim,
+                                    torch::ScalarType dtype) {
+  return 2 * num_layers * kv_heads * head_dim * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+void PagedKvCache::Release() {
+  k_.clear();
+  v_.clear();
+}
+
+void PagedKvCache::Resume() {
+  if (!k_.empty()) return;
+  k_.reserve(num_layers_);
+  v_.reserve(num_layers_);
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    // Zeros, not empty: padded reads of slot 0 must never meet NaN bit patterns.
+    k_.push_back(torch::zeros({num_slots(), kv_heads_, head_dim_}, options_));
+    v_.push_back(torch::zeros({num_slots(), kv_heads_, head_dim_}, options_));
+  }
+}
+
+namespace {
+
+void AppendSlots(const std::vector<int32_t>& pages, int64_t page_size, int64_t from, int64_t to,
+                 std::vector<int64_t>* out) {
+  for (int64_t p = from; p < to; ++p) {
+    out->push_back(static_cast<int64_t>(pages[p / page_size]) * page_size + p % page_size);
+  }
+}
+
+torch::Tensor ToDevice(std::vector<int64_t>& v, torch::Device device) {
+  torch::Tensor t = torch::from_blob(v.data(), {static_cast<int64_t>(v.size())}, torch::kLong);
+  return device.is_cpu() ? t.clone() : t.to(device, /*non_blocking=*/false);
+}
+
+}  // namespace
+
+PagedLayout PagedLayout::Build(const std::vector<PagedItem>& items, int64_t page_size,
+                               torch::Device device) {
+  PagedLayout layout;
+  std::vector<int64_t> positions, write_slots, decode_rows, decode_ctx;
+  int64_t row = 0;
+  int64_t max_ctx = 0;
+  std::vector<const PagedItem*> decodes;
+  for (const PagedItem& item : items) {
+    const int64_t start = item.context_len - item.num_new;
+    for (int64_t p = start; p < item.context_len; ++p) positions.push_back(p);
+    AppendSlots(*item.pages, page_size, start, item.context_len, &write_slots);
+    if (item.num_new == 1) {
+      decode_rows.push_back(row);
+      decode_ctx.push_back(item.context_len);
+      decodes.push_back(&item);
+      max_ctx = std::max(max_ctx, item.context_len);
+    } else if (item.num_new > 1) {
+      std::vector<int64_t> slots;
+      slots.reserve(item.context_len);
+      AppendSlots(*item.pages, page_size, 0, item.context_len, &slots);
+      layout.prefills.push_back({row, item.num_new, ToDevice(slots, device)});
+    }
+    row += item.num_new;
+  }
+  layout.num_tokens = row;
+  layout.positions = ToDevice(positions, device);
+  layout.write_slots = ToDevice(write_slots, device);
+  if (!decodes.empty()) {
+    const int64_t bd = static_cast<int64_t>(decodes.size());
+    std::vector<int64_t> table(bd * max_ctx, 0);
+    for (int64_t b = 0; b < bd; ++b) {
+      const PagedItem& item = *decodes[b];
+      int64_t* out = table.data() + b * max_ctx;
+      for (int64_t p = 0; p < item.context_len; ++p) {
+        out[p] = static_cast<int64_t>((*item.pages)[p / page_size]) * page_size + p % page_size;
+      }
+    }
+    layout.decode_slots = ToDevice(table, device).view({bd, max_ctx});
+    torch::Tensor ctx = ToDevice(decode_ctx, device);
+    layout.decode_mask =
+        (torch::arange(max_ctx, torch::TensorOptions().dtype(torch::kLong).device(device))
+             .unsqueeze(0) < ctx.unsqueeze(1))
+            .view({bd, 1, 1, max_ctx});
+    layout.decode_rows_are_prefix = decode_rows.back() == bd - 1;
+    layout.decode_rows = ToDevice(decode_rows, device);
+  }
+  return layout;
+}
+
+namespace {
+
+// Single-query attention of a batch of sequences over padded contexts, grouped-query aware
+// without repeating K/V: the g query heads sharing one KV head ride along the query dim.
+//   q [B, H, D], k/v [B, L, Hkv, D], mask [B, 1, 1, L] -> [B, H, D]
+torch::Tensor DecodeAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const torch::Tensor& mask,
+                              model::AttentionImpl impl) {
+  const int64_t b = q.size(0), h = q.size(1), d = q.size(2);
+  const int64_t hkv = k.size(2);
+  torch::Tensor qg = q.view({b, hkv, h / hkv, d});  // [B, Hkv, g, D]
+  torch::Tensor kt = k.transpose(1, 2);              // [B, Hkv, L, D]
+  torch::Tensor vt = v.transpose(1, 2);
+  torch::Tensor out;
+#if TORCH_VERSION_MAJOR >= 2
+  if (impl != model::AttentionImpl::kMath) {
+    out = at::scaled_dot_product_attention(qg, kt, vt, mask, 0.0, false);
+  }
+#endif
+  if (!out.defined()) {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    torch::Tensor scores = torch::matmul(qg, kt.transpose(-2, -1)) * scale;  // [B, Hkv, g, L]
+    scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+    torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
+    out = torch::matmul(probs, vt);
+  }
+  return out.reshape({b, h, d});
+}
+
+}  // namespace
+
+torch::Tensor PagedAttention::Attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
+                                     const torch::Tensor& v) {
+  torch::Tensor& kp = cache_->keys(layer);
+  torch::Tensor& vp = cache_->values(layer);
+  kp.index_copy_(0, layout_->write_slots, k);
+  vp.index_copy_(0, layout_->write_slots, v);
+
+  const PagedLayout& lay = *layout_;
+  const bool only_decodes = lay.prefills.empty() && lay.decode_rows.defined() &&
+                            lay.decode_rows_are_prefix &&
+                            lay.decode_rows.size(0) == lay.num_tokens;
+  torch::Tensor out;
+  if (lay.decode_rows.defined()) {
+    const int64_t bd = lay.decode_slots.size(0), lmax = lay.decode_slots.size(1);
+    torch::Tensor flat = lay.decode_slots.view({-1});
+    torch::Tensor kg = kp.index_select(0, flat).view({bd, lmax, kp.size(1), kp.size(2)});
+    torch::Tensor vg = vp.index_select(0, flat).view({bd, lmax, vp.size(1), vp.size(2)});
+    torch::Tensor qd = only_decodes ? q : q.index_select(0, lay.decode_rows);
+    torch::Tensor od = DecodeAttention(qd, kg, vg, lay.decode_mask, impl_);
+    if (only_decodes) return od;
+    out = torch::empty_like(q);
+    out.index_copy_(0, lay.decode_rows, od);
+  }
+  if (!out.defined()) out = torch::empty_like(q);
+  for (const PagedLayout::Prefill& p : lay.prefills) {
+    torch::Tensor kc = kp.index_select(0, p.slots);  // [L, Hkv, D]
+    torch::Tensor vc = vp.index_select(0, p.slots);
+    out.narrow(0, p.row, p.num_new)
+        .copy_(model::CausalAttention(q.narrow(0, p.row, p.num_new), kc, vc, impl_));
+  }
+  return out;
+}
+
+}  // namespace slime::engine

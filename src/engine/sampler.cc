@@ -1,0 +1,209 @@
+// The sampler (see include/slime/engine/sampler.h).
+#include "slime/engine/sampler.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace slime::engine {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// Logical right shift of int64 tensors (>> sign-extends).
+torch::Tensor Lshr(const torch::Tensor& x, int s) {
+  return torch::bitwise_and(x.__rshift__(s), (int64_t{1} << (64 - s)) - 1);
+}
+
+// Row keys [B, 1] int64 -> uniforms [B, V] float64 in (0, 1): a counter-based hash of
+// (key, token id). int64 multiplication wraps on every backend we use.
+torch::Tensor Uniforms(const torch::Tensor& keys, int64_t vocab) {
+  auto opts = torch::TensorOptions().dtype(torch::kLong).device(keys.device());
+  torch::Tensor x = keys + torch::arange(vocab, opts).unsqueeze(0) *
+                               static_cast<int64_t>(0x9E3779B97F4A7C15ULL);
+  x = torch::bitwise_xor(x, Lshr(x, 30)) * static_cast<int64_t>(0xBF58476D1CE4E5B9ULL);
+  x = torch::bitwise_xor(x, Lshr(x, 27)) * static_cast<int64_t>(0x94D049BB133111EBULL);
+  x = torch::bitwise_xor(x, Lshr(x, 31));
+  return (Lshr(x, 11).to(torch::kFloat64) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+int64_t RowKey(uint64_t seed, int64_t position) {
+  return static_cast<int64_t>(SplitMix64(SplitMix64(seed) ^ static_cast<uint64_t>(position)));
+}
+
+// Applies bias, penalties and the min_new_tokens mask to row `b` of `logits` (float32, in place).
+void AdjustRow(torch::Tensor& logits, int64_t b, const SamplerRow& row) {
+  const SamplingParams& p = *row.params;
+  const int64_t vocab = logits.size(1);
+  torch::Tensor r = logits[b];
+  if (!p.logit_bias.empty()) {
+    for (const auto& [id, bias] : p.logit_bias) {
+      if (id >= 0 && id < vocab) r[id] += bias;
+    }
+  }
+  if (p.has_penalties() && row.tokens != nullptr) {
+    auto opts = torch::TensorOptions().dtype(torch::kLong);
+    const auto& toks = *row.tokens;
+    if (p.repetition_penalty != 1.0 && !toks.empty()) {
+      std::vector<int64_t> ids(toks.begin(), toks.end());
+      torch::Tensor idx = torch::tensor(ids, opts).to(logits.device());
+      torch::Tensor vals = r.index_select(0, idx);
+      vals = torch::where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty);
+      r.index_put_({idx}, vals);
+    }
+    const int64_t n_out = static_cast<int64_t>(toks.size()) - row.prompt_len;
+    if ((p.frequency_penalty != 0.0 || p.presence_penalty != 0.0) && n_out > 0) {
+      std::vector<int64_t> ids(toks.begin() + row.prompt_len, toks.end());
+      torch::Tensor idx = torch::tensor(ids, opts).to(logits.device());
+      torch::Tensor counts = torch::zeros({vocab}, logits.options());
+      counts.index_add_(0, idx, torch::ones({n_out}, logits.options()));
+      r -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(torch::kFloat32);
+    }
+  }
+  if (row.num_output < p.min_new_tokens && row.stop_ids != nullptr) {
+    for (int32_t id : *row.stop_ids) {
+      if (id >= 0 && id < vocab) r[id] = -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
+}  // namespace
+
+torch::Tensor SamplerUniforms(uint64_t seed, int64_t position, int64_t vocab,
+                              torch::Device device) {
+  torch::Tensor keys = torch::full({1, 1}, RowKey(seed, position),
+                                   torch::TensorOptions().dtype(torch::kLong).device(device));
+  return Uniforms(keys, vocab)[0];
+}
+
+torch::Tensor TokenLogprobs(const torch::Tensor& logits, const torch::Tensor& targets,
+                            double temperature) {
+  torch::Tensor scaled = logits.to(torch::kFloat32);
+  if (temperature >= 1e-6 && temperature != 1.0) scaled = scaled / temperature;
+  return torch::log_softmax(scaled, -1)
+      .gather(1, targets.to(logits.device(), torch::kLong).unsqueeze(1))
+      .squeeze(1);
+}
+
+SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRow>& rows) {
+  torch::NoGradGuard no_grad;
+  const int64_t batch = logits_in.size(0);
+  const int64_t vocab = logits_in.size(1);
+  const torch::Device device = logits_in.device();
+  auto needs_adjust = [](const SamplerRow& row) {
+    const SamplingParams& p = *row.params;
+    return !p.logit_bias.empty() || p.has_penalties() ||
+           (row.num_output < p.min_new_tokens && row.stop_ids != nullptr &&
+            !row.stop_ids->empty());
+  };
+  bool any_adjust = false, any_logprob = false;
+  for (const SamplerRow& row : rows) {
+    any_adjust = any_adjust || needs_adjust(row);
+    any_logprob = any_logprob || row.need_logprob || row.top_logprobs_num > 0;
+  }
+  torch::Tensor logits = logits_in.to(torch::kFloat32);
+  if (any_adjust && logits.data_ptr() == logits_in.data_ptr()) logits = logits.clone();
+
+  std::vector<float> temps(batch), top_ps(batch), min_ps(batch);
+  std::vector<int64_t> top_ks(batch), keys(batch);
+  std::vector<uint8_t> greedy(batch);
+  bool any_filter = false, any_sampled = false;
+  int64_t max_top = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const SamplerRow& row = rows[b];
+    const SamplingParams& p = *row.params;
+    if (needs_adjust(row)) AdjustRow(logits, b, row);
+    greedy[b] = p.greedy();
+    temps[b] = greedy[b] ? 1.0f : static_cast<float>(p.temperature);
+    top_ps[b] = static_cast<float>(p.top_p);
+    top_ks[b] = p.top_k < 0 ? vocab : std::min<int64_t>(p.top_k, vocab);
+    min_ps[b] = static_cast<float>(p.min_p);
+    keys[b] = RowKey(row.seed, row.num_output);
+    if (!greedy[b]) {
+      any_sampled = true;
+      any_filter = any_filter || p.top_p < 1.0 || top_ks[b] < vocab || p.min_p > 0.0;
+    }
+    max_top = std::max(max_top, row.top_logprobs_num);
+  }
+  auto fopts = torch::TensorOptions().dtype(torch::kFloat32);
+  auto lopts = torch::TensorOptions().dtype(torch::kLong);
+  // log_softmax(logits / T) [B, V]: the returned log-probs, and the sampled rows' distribution.
+  torch::Tensor logprobs;
+  if (any_logprob || any_sampled) {
+    const bool unit_temp = std::all_of(temps.begin(), temps.end(), [](float t) { return t == 1.f; });
+    torch::Tensor scaled =
+        unit_temp ? logits : logits / torch::tensor(temps, fopts).to(device).unsqueeze(1);
+    logprobs = torch::log_softmax(scaled, -1);
+  }
+  torch::Tensor chosen = logits.argmax(1);  // greedy rows
+  if (any_sampled) {
+    // Only the sampled rows pay for truncation and noise.
+    std::vector<int64_t> sel, sel_top_k, sel_keys;
+    std::vector<float> sel_top_p, sel_min_p;
+    for (int64_t b = 0; b < batch; ++b) {
+      if (greedy[b]) continue;
+      sel.push_back(b);
+      sel_top_k.push_back(top_ks[b]);
+      sel_top_p.push_back(top_ps[b]);
+      sel_min_p.push_back(min_ps[b]);
+      sel_keys.push_back(keys[b]);
+    }
+    const bool all_sampled = static_cast<int64_t>(sel.size()) == batch;
+    torch::Tensor sel_t = torch::tensor(sel, lopts).to(device);
+    torch::Tensor probs = (all_sampled ? logprobs : logprobs.index_select(0, sel_t)).exp();
+    if (any_filter) {
+      auto sorted = probs.sort(1, /*descending=*/true);
+      torch::Tensor sp = std::get<0>(sorted), si = std::get<1>(sorted);
+      torch::Tensor rank = torch::arange(vocab, lopts.device(device)).unsqueeze(0);
+      torch::Tensor keep = rank < torch::tensor(sel_top_k, lopts).to(device).unsqueeze(1);
+      torch::Tensor before = sp.cumsum(1) - sp;
+      keep = keep & (before <= torch::tensor(sel_top_p, fopts).to(device).unsqueeze(1));
+      keep = keep & (sp >= torch::tensor(sel_min_p, fopts).to(device).unsqueeze(1) *
+                               sp.narrow(1, 0, 1));
+      keep.narrow(1, 0, 1).fill_(true);  // the most likely token always survives
+      probs = torch::zeros_like(probs).scatter_(1, si, sp * keep.to(torch::kFloat32));
+    }
+    torch::Tensor u = Uniforms(torch::tensor(sel_keys, lopts).to(device).unsqueeze(1), vocab);
+    torch::Tensor sampled = (probs / (-u.log()).to(torch::kFloat32)).argmax(1);
+    if (all_sampled) {
+      chosen = sampled;
+    } else {
+      chosen.index_copy_(0, sel_t, sampled);
+    }
+  }
+  torch::Tensor chosen_lp = logprobs.defined()
+                                ? logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
+                                : torch::zeros({batch}, fopts.device(device));
+  // One transfer: ids (exact in float64) and log-probs side by side.
+  torch::Tensor packed =
+      torch::stack({chosen.to(torch::kFloat64), chosen_lp.to(torch::kFloat64)}).cpu();
+  SamplerOutput out;
+  out.tokens.resize(batch);
+  out.logprobs.resize(batch);
+  out.top.resize(batch);
+  auto acc = packed.accessor<double, 2>();
+  for (int64_t b = 0; b < batch; ++b) {
+    out.tokens[b] = static_cast<int32_t>(acc[0][b]);
+    out.logprobs[b] = static_cast<float>(acc[1][b]);
+  }
+  if (max_top > 0) {
+    auto top = logprobs.topk(std::min(max_top, vocab), 1);
+    torch::Tensor tv = std::get<0>(top).cpu(), ti = std::get<1>(top).cpu();
+    auto av = tv.accessor<float, 2>();
+    auto ai = ti.accessor<int64_t, 2>();
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t j = 0; j < std::min(rows[b].top_logprobs_num, vocab); ++j) {
+        out.top[b].emplace_back(av[b][j], static_cast<int32_t>(ai[b][j]));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace slime::engine
