@@ -1,0 +1,313 @@
+// LibTorch parts of the engine: paged attention against the model's packed forward, and the
+// sampler's math (log-prob definition, truncation, seeding, penalties) on fixed logits.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <random>
+
+#include "slime/engine/model_runner.h"
+#include "slime/engine/sampler.h"
+
+namespace slime::engine {
+namespace {
+
+std::string FixtureDir() { return std::string(SLIME_SOURCE_DIR_DEFAULT) + "/tests/data/model/tiny-qwen3"; }
+
+std::unique_ptr<ModelRunner> MakeRunner(int64_t page_size = 4) {
+  ModelRunnerOptions o;
+  o.model_path = FixtureDir();
+  o.dtype = "float32";
+  o.device = "cpu";
+  o.page_size = page_size;
+  o.max_total_tokens = 512;
+  auto r = ModelRunner::Create(o);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return std::move(r).value();
+}
+
+std::vector<int32_t> RandomTokens(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
+  return t;
+}
+
+// Reference: the model's own packed forward over each full sequence -> logits [L, V].
+torch::Tensor ReferenceLogits(ModelRunner& runner, const std::vector<int32_t>& tokens) {
+  std::vector<int64_t> ids(tokens.begin(), tokens.end());
+  auto hidden = runner.model().ForwardPacked(torch::tensor(ids), {0, static_cast<int64_t>(ids.size())});
+  EXPECT_TRUE(hidden.ok()) << hidden.status();
+  auto logits = runner.model().Logits(*hidden);
+  EXPECT_TRUE(logits.ok());
+  return logits->detach();
+}
+
+TEST(PagedAttentionTest, ChunkedPrefillAndBatchedDecodeMatchPackedForward) {
+  auto runner = MakeRunner(/*page_size=*/4);
+  const int vocab = static_cast<int>(runner->config().vocab_size);
+  std::vector<int32_t> a = RandomTokens(14, vocab, 1);  // 11 prompt + 3 decodes
+  std::vector<int32_t> b = RandomTokens(10, vocab, 2);  // 7 prompt (4 + 3 chunks) + 3 decodes
+  // Deliberately scattered, non-monotonic pages; page 0 is the reserved padding page.
+  std::vector<int32_t> pages_a = {9, 3, 17, 5};
+  std::vector<int32_t> pages_b = {12, 2, 30};
+  torch::Tensor ref_a = ReferenceLogits(*runner, a);
+  torch::Tensor ref_b = ReferenceLogits(*runner, b);
+
+  auto check = [&](const torch::Tensor& hidden, int64_t row, const torch::Tensor& ref,
+                   int64_t pos) {
+    auto logits = runner->Logits(hidden, {row});
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    EXPECT_TRUE(torch::allclose((*logits)[0], ref[pos], 1e-4, 1e-5))
+        << "position " << pos << " max diff "
+        << ((*logits)[0] - ref[pos]).abs().max().item<float>();
+  };
+
+  // Step 1: all of a's prompt (11) + b's first chunk (4).
+  std::vector<int32_t> ids(a.begin(), a.begin() + 11);
+  ids.insert(ids.end(), b.begin(), b.begin() + 4);
+  auto h = runner->Forward(ids, {{11, 11, &pages_a}, {4, 4, &pages_b}});
+  ASSERT_TRUE(h.ok()) << h.status();
+  for (int p = 0; p < 11; ++p) check(*h, p, ref_a, p);
+  for (int p = 0; p < 4; ++p) check(*h, 11 + p, ref_b, p);
+  // Step 2: a decodes token 11 while b's second chunk (3) completes its prompt.
+  ids = {a[11], b[4], b[5], b[6]};
+  h = runner->Forward(ids, {{1, 12, &pages_a}, {3, 7, &pages_b}});
+  ASSERT_TRUE(h.ok()) << h.status();
+  check(*h, 0, ref_a, 11);
+  for (int p = 0; p < 3; ++p) check(*h, 1 + p, ref_b, 4 + p);
+  // Steps 3-4: batched decodes with different context lengths (padding + mask).
+  for (int s = 0; s < 2; ++s) {
+    ids = {a[12 + s], b[7 + s]};
+    h = runner->Forward(ids, {{1, 13 + s, &pages_a}, {1, 8 + s, &pages_b}});
+    ASSERT_TRUE(h.ok()) << h.status();
+    check(*h, 0, ref_a, 12 + s);
+    check(*h, 1, ref_b, 7 + s);
+  }
+}
+
+TEST(PagedAttentionTest, MathAndDefaultImplementationsAgree) {
+  auto runner = MakeRunner(2);
+  std::vector<int32_t> a = RandomTokens(9, static_cast<int>(runner->config().vocab_size), 3);
+  std::vector<int32_t> pages = {4, 8, 1, 7, 6};
+  auto h1 = runner->Forward(a, {{9, 9, &pages}});
+  ASSERT_TRUE(h1.ok());
+  runner->model().set_attention_impl(model::AttentionImpl::kMath);
+  auto h2 = runner->Forward(a, {{9, 9, &pages}});
+  ASSERT_TRUE(h2.ok());
+  EXPECT_TRUE(torch::allclose(*h1, *h2, 1e-4, 1e-5));
+}
+
+TEST(ModelRunnerTest, BadOptionsAreClearErrors) {
+  ModelRunnerOptions o;
+  o.model_path = FixtureDir();
+  o.device = "cpu";
+  o.dtype = "int7";
+  auto r = ModelRunner::Create(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("dtype 'int7'"), std::string::npos);
+  o.dtype = "float32";
+  o.page_size = 0;
+  r = ModelRunner::Create(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("page_size"), std::string::npos);
+  o.page_size = 4;
+  o.model_path = "/nonexistent/model";
+  EXPECT_FALSE(ModelRunner::Create(o).ok());
+}
+
+TEST(ModelRunnerTest, ReleaseResumeAndOffloadOnload) {
+  auto runner = MakeRunner();
+  std::vector<int32_t> a = RandomTokens(5, 256, 4);
+  std::vector<int32_t> pages = {1, 2};
+  auto before = runner->Forward(a, {{5, 5, &pages}});
+  ASSERT_TRUE(before.ok());
+  ASSERT_TRUE(runner->ReleaseKv().ok());
+  EXPECT_FALSE(runner->Forward(a, {{5, 5, &pages}}).ok());
+  ASSERT_TRUE(runner->ResumeKv().ok());
+  ASSERT_TRUE(runner->OffloadWeights().ok());
+  EXPECT_FALSE(runner->Forward(a, {{5, 5, &pages}}).ok());
+  ASSERT_TRUE(runner->OnloadWeights().ok());
+  auto after = runner->Forward(a, {{5, 5, &pages}});
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(torch::allclose(*before, *after));
+}
+
+// ---- Sampler
+
+struct RowSpec {
+  SamplingParams params;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> stop_ids;
+  uint64_t seed = 0;
+  int64_t num_output = 0;
+  int64_t prompt_len = 0;
+};
+
+SamplerOutput SampleSpecs(const torch::Tensor& logits, std::vector<RowSpec>& specs) {
+  std::vector<SamplerRow> rows;
+  for (RowSpec& s : specs) {
+    SamplerRow r;
+    r.params = &s.params;
+    r.tokens = &s.tokens;
+    r.prompt_len = s.prompt_len;
+    r.num_output = s.num_output;
+    r.seed = s.seed;
+    r.stop_ids = &s.stop_ids;
+    rows.push_back(r);
+  }
+  return Sample(logits, rows);
+}
+
+TEST(SamplerTest, GreedyAndTemperatureLogprobsFollowSglangDefinition) {
+  torch::manual_seed(0);
+  torch::Tensor logits = torch::randn({3, 50}) * 3;
+  std::vector<RowSpec> specs(3);
+  specs[0].params.temperature = 0.0;  // greedy
+  specs[1].params.temperature = 0.7;
+  specs[1].seed = 11;
+  specs[2].params.temperature = 1.3;
+  specs[2].params.top_p = 0.5;  // truncation must not change the returned logprob
+  specs[2].seed = 12;
+  SamplerOutput out = SampleSpecs(logits, specs);
+  EXPECT_EQ(out.tokens[0], logits[0].argmax().item<int64_t>());
+  EXPECT_NEAR(out.logprobs[0], torch::log_softmax(logits[0], -1)[out.tokens[0]].item<float>(), 1e-5);
+  EXPECT_NEAR(out.logprobs[1], torch::log_softmax(logits[1] / 0.7, -1)[out.tokens[1]].item<float>(),
+              1e-5);
+  EXPECT_NEAR(out.logprobs[2], torch::log_softmax(logits[2] / 1.3, -1)[out.tokens[2]].item<float>(),
+              1e-5);
+}
+
+TEST(SamplerTest, SeededRowsDoNotDependOnTheBatch) {
+  torch::manual_seed(1);
+  torch::Tensor logits = torch::randn({4, 100});
+  std::vector<RowSpec> batch(4);
+  for (int i = 0; i < 4; ++i) {
+    batch[i].seed = 1000 + i;
+    batch[i].num_output = 7;
+  }
+  SamplerOutput all = SampleSpecs(logits, batch);
+  for (int i = 0; i < 4; ++i) {
+    std::vector<RowSpec> one = {batch[i]};
+    SamplerOutput single = SampleSpecs(logits.narrow(0, i, 1), one);
+    EXPECT_EQ(single.tokens[0], all.tokens[i]) << "row " << i;
+  }
+  // A different position draws different noise.
+  std::vector<RowSpec> moved = batch;
+  int differ = 0;
+  for (int pos = 8; pos < 28; ++pos) {
+    for (auto& s : moved) s.num_output = pos;
+    differ += SampleSpecs(logits, moved).tokens[0] != all.tokens[0];
+  }
+  EXPECT_GT(differ, 0);
+}
+
+TEST(SamplerTest, EmpiricalFrequenciesMatchTheTruncatedDistribution) {
+  // p = softmax(log([0.4, 0.3, 0.2, 0.1])): top_k=2 keeps {0, 1} renormalised to 4/7, 3/7.
+  torch::Tensor base = torch::tensor({0.4f, 0.3f, 0.2f, 0.1f}).log().unsqueeze(0);
+  const int n = 4000;
+  torch::Tensor logits = base.expand({n, 4}).contiguous();
+  std::vector<RowSpec> full(n), topk(n), topp(n);
+  for (int i = 0; i < n; ++i) {
+    full[i].seed = topk[i].seed = topp[i].seed = 77 + i;
+    topk[i].params.top_k = 2;
+    topp[i].params.top_p = 0.65;  // mass before token 2 is 0.7 > 0.65: keeps {0, 1}
+  }
+  auto freq = [&](std::vector<RowSpec>& specs) {
+    SamplerOutput out = SampleSpecs(logits, specs);
+    std::vector<double> f(4, 0);
+    for (int32_t t : out.tokens) f[t] += 1.0 / n;
+    return f;
+  };
+  std::vector<double> f = freq(full);
+  const double tol = 0.03;  // ~4 standard deviations at n = 4000
+  EXPECT_NEAR(f[0], 0.4, tol);
+  EXPECT_NEAR(f[1], 0.3, tol);
+  EXPECT_NEAR(f[2], 0.2, tol);
+  EXPECT_NEAR(f[3], 0.1, tol);
+  for (auto* specs : {&topk, &topp}) {
+    f = freq(*specs);
+    EXPECT_NEAR(f[0], 4.0 / 7, tol);
+    EXPECT_NEAR(f[1], 3.0 / 7, tol);
+    EXPECT_EQ(f[2] + f[3], 0.0);
+  }
+}
+
+TEST(SamplerTest, TruncationExtremesAreGreedy) {
+  torch::manual_seed(2);
+  torch::Tensor logits = torch::randn({3, 64});
+  std::vector<RowSpec> specs(3);
+  specs[0].params.top_k = 1;
+  specs[1].params.top_p = 1e-6;
+  specs[2].params.min_p = 1.0;
+  for (int i = 0; i < 3; ++i) specs[i].seed = 5 + i;
+  SamplerOutput out = SampleSpecs(logits, specs);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(out.tokens[i], logits[i].argmax().item<int64_t>());
+}
+
+TEST(SamplerTest, MinNewTokensMasksStopIdsAndShowsInLogprob) {
+  torch::Tensor logits = torch::zeros({1, 8});
+  logits[0][3] = 10.0;  // EOS would win
+  std::vector<RowSpec> specs(1);
+  specs[0].params.temperature = 0.0;
+  specs[0].params.min_new_tokens = 2;
+  specs[0].stop_ids = {3};
+  specs[0].num_output = 1;
+  SamplerOutput out = SampleSpecs(logits, specs);
+  EXPECT_NE(out.tokens[0], 3);
+  EXPECT_NEAR(out.logprobs[0], std::log(1.0 / 7.0), 1e-5);  // EOS removed from the softmax
+  specs[0].num_output = 2;
+  EXPECT_EQ(SampleSpecs(logits, specs).tokens[0], 3);
+}
+
+TEST(SamplerTest, PenaltiesAndLogitBias) {
+  torch::Tensor logits = torch::tensor({{2.0f, 1.0f, -1.0f, 0.5f}});
+  std::vector<RowSpec> specs(1);
+  RowSpec& s = specs[0];
+  s.params.temperature = 0.0;
+  s.prompt_len = 1;
+  s.tokens = {2, 0, 0};  // prompt {2}, output {0, 0}
+  s.params.repetition_penalty = 2.0;   // 0: 2 -> 1; 2: -1 -> -2
+  s.params.frequency_penalty = 0.25;   // 0: -0.5 (two occurrences)
+  s.params.presence_penalty = 0.25;    // 0: -0.25
+  s.params.logit_bias = {{3, 0.3}};    // 3: 0.5 -> 0.8
+  // Expected adjusted logits: {2/2 - 0.5 - 0.25, 1, -2, 0.8} = {0.25, 1, -2, 0.8}
+  torch::Tensor expect = torch::tensor({0.25f, 1.0f, -2.0f, 0.8f});
+  SamplerOutput out = SampleSpecs(logits, specs);
+  EXPECT_EQ(out.tokens[0], 1);
+  EXPECT_NEAR(out.logprobs[0], torch::log_softmax(expect, -1)[1].item<float>(), 1e-5);
+}
+
+TEST(SamplerTest, TopLogprobsAndTokenLogprobs) {
+  torch::manual_seed(3);
+  torch::Tensor logits = torch::randn({2, 30});
+  SamplerRow r;
+  SamplingParams p;
+  p.temperature = 0.0;
+  r.params = &p;
+  r.top_logprobs_num = 3;
+  SamplerOutput out = Sample(logits, {r, r});
+  ASSERT_EQ(out.top[1].size(), 3u);
+  auto ref = torch::log_softmax(logits[1], -1).topk(3);
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_NEAR(out.top[1][j].first, std::get<0>(ref)[j].item<float>(), 1e-6);
+    EXPECT_EQ(out.top[1][j].second, std::get<1>(ref)[j].item<int64_t>());
+  }
+  torch::Tensor lp = TokenLogprobs(logits, torch::tensor({4, 9}), 0.5);
+  EXPECT_NEAR(lp[1].item<float>(), torch::log_softmax(logits[1] / 0.5, -1)[9].item<float>(), 1e-5);
+}
+
+TEST(SamplerTest, UniformsAreInOpenUnitIntervalAndDeterministic) {
+  torch::Tensor u = SamplerUniforms(42, 3, 10000, torch::kCPU);
+  EXPECT_GT(u.min().item<double>(), 0.0);
+  EXPECT_LT(u.max().item<double>(), 1.0);
+  EXPECT_NEAR(u.mean().item<double>(), 0.5, 0.02);
+  EXPECT_TRUE(torch::equal(u, SamplerUniforms(42, 3, 10000, torch::kCPU)));
+  EXPECT_FALSE(torch::equal(u, SamplerUniforms(43, 3, 10000, torch::kCPU)));
+}
+
+}  // namespace
+}  // namespace slime::engine
