@@ -8,6 +8,7 @@
 #include "CLI/CLI.hpp"
 #include "fmt/format.h"
 #include "slime/app/job_plan.h"
+#include "slime/app/serve.h"
 #include "slime/app/version.h"
 #include "slime/comm/accelerator.h"
 #include "slime/common/logging.h"
@@ -110,14 +111,12 @@ int RunCli(int argc, char** argv) {
   train_cmd->add_option("--log-level", train.log_level,
                         "trace|debug|info|warn|error|critical|off (default: debug.log_level)");
 
-  std::string model_dir, head, actor_id, from, to_hf, init_config, init_tokenizer, init_out,
+  std::string head, actor_id, from, to_hf, init_config, init_tokenizer, init_out,
       init_dtype = "bf16";
-  int port = 30000, tp = 1;
   int64_t seed = 0;
+  ServeOptions serve_options;
   CLI::App* serve = cli.add_subcommand("serve", "Run a standalone SGLang-compatible engine");
-  serve->add_option("--model", model_dir, "HF model directory")->required();
-  serve->add_option("--port", port, "HTTP port");
-  serve->add_option("--tp", tp, "Tensor-parallel size");
+  AddServeOptions(serve, &serve_options);
   CLI::App* agent = cli.add_subcommand("agent", "Run a node agent that joins a job's head");
   agent->add_option("--head", head, "Head address HOST:PORT")->required();
   CLI::App* worker = cli.add_subcommand("worker", "Internal: one actor process");
@@ -146,7 +145,7 @@ int RunCli(int argc, char** argv) {
     return kExitOk;
   }
   if (train_cmd->parsed()) return RunTrain(train);
-  if (serve->parsed()) return NotBuilt("serve", "the inference engine");
+  if (serve->parsed()) return RunServe(serve_options);
   if (agent->parsed()) return NotBuilt("agent", "the actor runtime");
   if (worker->parsed()) return NotBuilt("worker", "the actor runtime");
   if (convert->parsed()) return NotBuilt("convert", "the trainer's checkpoints");
