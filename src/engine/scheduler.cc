@@ -1,5 +1,7 @@
 #include "slime/engine/scheduler.h"
 
+#include "absl/container/flat_hash_set.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -28,6 +30,21 @@ namespace {
 template <typename T>
 int64_t Size(const std::vector<T>& v) {
   return static_cast<int64_t>(v.size());
+}
+
+// In-batch prefix sharing: a waiting sequence whose uncached prompt shares at least this many
+// tokens with a prompt still being prefilled waits one step, so it can reuse that prompt's
+// pages once they are cached instead of computing the same K/V again (SGLang defers such
+// requests the same way; its threshold is 32 tokens).
+constexpr int64_t kInBatchShareTokens = 32;
+
+constexpr uint64_t kFnvBasis = 1469598103934665603ULL;
+uint64_t HashStep(uint64_t h, int32_t token) {
+  h ^= static_cast<uint32_t>(token);
+  return h * 1099511628211ULL;
+}
+uint64_t PrefixKey(uint64_t hash, int64_t length) {
+  return hash ^ (static_cast<uint64_t>(length) * 0x9E3779B97F4A7C15ULL);
 }
 
 }  // namespace
@@ -159,6 +176,21 @@ Batch Scheduler::Schedule() {
   if (batch.retracted.empty()) {
     int64_t reserve = 0;  // one page per sequence that will decode next step
     for (const Sequence* seq : running_) reserve += seq->prefilled && !seq->out_of_memory;
+    // Page-aligned prompt prefixes (>= kInBatchShareTokens) of sequences still in prefill.
+    absl::flat_hash_set<uint64_t> prefilling;
+    auto add_prefixes = [&](const Sequence* s) {
+      uint64_t h = kFnvBasis;
+      const int64_t n = Size(s->tokens) - 1;
+      for (int64_t p = 0; p < n; ++p) {
+        h = HashStep(h, s->tokens[p]);
+        if ((p + 1) % page_size_ == 0 && p + 1 >= kInBatchShareTokens) {
+          prefilling.insert(PrefixKey(h, p + 1));
+        }
+      }
+    };
+    for (const Sequence* seq : running_) {
+      if (!seq->prefilled && !seq->out_of_memory) add_prefixes(seq);
+    }
     for (auto it = waiting_.begin(); it != waiting_.end();) {
       Sequence* seq = *it;
       if (seq->out_of_memory) {
@@ -176,7 +208,14 @@ Batch Scheduler::Schedule() {
         ++it;
         continue;
       }
-      if (!TryAdmit(seq, reserve, &plans, &prefill_left, &batch_left)) break;
+      const Admission a =
+          TryAdmit(seq, reserve, prefilling, &plans, &prefill_left, &batch_left);
+      if (a == Admission::kNoRoom) break;
+      if (a == Admission::kDeferred) {
+        ++it;
+        continue;
+      }
+      add_prefixes(seq);
       it = waiting_.erase(it);
       ++reserve;
     }
@@ -266,19 +305,31 @@ void Scheduler::Retract(Sequence* seq, std::vector<Plan>* plans, Batch* batch,
   batch->retracted.push_back(seq->id);
 }
 
-bool Scheduler::TryAdmit(Sequence* seq, int64_t reserve, std::vector<Plan>* plans,
-                         int64_t* prefill_left, int64_t* batch_left) {
+Scheduler::Admission Scheduler::TryAdmit(Sequence* seq, int64_t reserve,
+                                         const absl::flat_hash_set<uint64_t>& prefilling,
+                                         std::vector<Plan>* plans, int64_t* prefill_left,
+                                         int64_t* batch_left) {
   const int64_t len = Size(seq->tokens);
   int64_t limit = len - 1;  // the last token is always computed: its logits are sampled
   if (seq->prefix_match_limit >= 0) limit = std::min(limit, seq->prefix_match_limit);
   RadixCache::Match match = cache_->MatchPrefix(seq->tokens, limit);
-  cache_->Lock(match.node);
   const int64_t start = match.num_tokens;
+  if (cache_->enabled() && !prefilling.empty()) {
+    // Would it share >= kInBatchShareTokens uncached tokens with a prompt still in prefill?
+    const int64_t share =
+        (start + kInBatchShareTokens + page_size_ - 1) / page_size_ * page_size_;
+    if (share <= limit) {
+      uint64_t h = kFnvBasis;
+      for (int64_t p = 0; p < share; ++p) h = HashStep(h, seq->tokens[p]);
+      if (prefilling.contains(PrefixKey(h, share))) return Admission::kDeferred;
+    }
+  }
+  cache_->Lock(match.node);
   const int64_t n = std::min({len - start, *prefill_left, *batch_left});
   const int64_t needed = pool_->PagesFor(start + n) - Size(match.pages);
   if (needed + reserve > pool_->num_free() + cache_->evictable_pages()) {
     cache_->Unlock(match.node);
-    return false;
+    return Admission::kNoRoom;
   }
   FreeAfterEviction(needed);
   std::optional<std::vector<int32_t>> fresh = pool_->Allocate(needed);
@@ -298,7 +349,7 @@ bool Scheduler::TryAdmit(Sequence* seq, int64_t reserve, std::vector<Plan>* plan
   plans->push_back({seq, n, false});
   *prefill_left -= n;
   *batch_left -= n;
-  return true;
+  return Admission::kAdmitted;
 }
 
 // ---------------------------------------------------------------------------------------------

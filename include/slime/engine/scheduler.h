@@ -10,7 +10,11 @@
 //   (b) waiting sequences are admitted first come, first served, while the token budgets,
 //       max_running_requests and the pages allow: prefix match, lock, and a first chunk (a
 //       prompt larger than the remaining prefill budget is split across steps; its first chunk
-//       may share a step with decodes). No admission in a step that had to retract.
+//       may share a step with decodes). No admission in a step that had to retract. A waiting
+//       sequence whose not-yet-cached prompt shares >= 32 tokens (page-aligned) with a prompt
+//       still being prefilled is skipped for this step (in-batch prefix sharing: the n samples
+//       of one GRPO prompt arrive together; the first is prefilled, the others hit its pages
+//       next step instead of computing the same K/V in parallel).
 //   (c) every item's pages are allocated, num_computed advances, the Batch is built.
 //
 // The engine loop drives it strictly in this order, on its one thread:
@@ -52,6 +56,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "slime/common/status.h"
 #include "slime/engine/page_pool.h"
 #include "slime/engine/radix_cache.h"
@@ -191,7 +196,11 @@ class Scheduler {
   Sequence* RetractionVictim() const;
   void Retract(Sequence* seq, std::vector<Plan>* plans, Batch* batch, int64_t* prefill_left,
                int64_t* batch_left);
-  bool TryAdmit(Sequence* seq, int64_t reserve, std::vector<Plan>* plans, int64_t* prefill_left,
+  enum class Admission { kAdmitted, kDeferred, kNoRoom };
+  // kDeferred: shares an uncached prefix with a prompt still in prefill (wait one step).
+  Admission TryAdmit(Sequence* seq, int64_t reserve,
+                     const absl::flat_hash_set<uint64_t>& prefilling, std::vector<Plan>* plans,
+                     int64_t* prefill_left,
                 int64_t* batch_left);
   void CacheComputedPages(Sequence* seq);  // running, mid-flight: share computed full pages
   void ReleasePages(Sequence* seq);        // cache computed full pages, free the rest, unlock
