@@ -8,6 +8,12 @@
 #include <cmath>
 #include <limits>
 
+#ifdef SLIME_ENGINE_PAGED_KERNEL
+#include <ATen/cuda/CUDAContext.h>
+
+#include "cuda/paged_decode.h"
+#endif
+
 namespace slime::engine {
 
 PagedKvCache::PagedKvCache(int64_t num_layers, int64_t num_pages, int64_t page_size,
@@ -58,9 +64,21 @@ torch::Tensor ToDevice(std::vector<int64_t>& v, torch::Device device) {
 
 }  // namespace
 
+bool PagedDecodeKernelAvailable(int64_t head_dim, int64_t heads, int64_t kv_heads,
+                                const torch::Device& device) {
+#ifdef SLIME_ENGINE_PAGED_KERNEL
+  return device.is_cuda() && cuda::PagedDecodeSupported(static_cast<int>(head_dim),
+                                                        static_cast<int>(heads),
+                                                        static_cast<int>(kv_heads));
+#else
+  return false;
+#endif
+}
+
 PagedLayout PagedLayout::Build(const std::vector<PagedItem>& items, int64_t page_size,
-                               torch::Device device) {
+                               torch::Device device, bool decode_kernel) {
   PagedLayout layout;
+  layout.decode_kernel = decode_kernel;
   std::vector<int64_t> positions, write_slots, decode_rows, decode_ctx;
   int64_t row = 0;
   int64_t max_ctx = 0;
@@ -85,7 +103,27 @@ PagedLayout PagedLayout::Build(const std::vector<PagedItem>& items, int64_t page
   layout.num_tokens = row;
   layout.positions = ToDevice(positions, device);
   layout.write_slots = ToDevice(write_slots, device);
-  if (!decodes.empty()) {
+  if (!decodes.empty() && decode_kernel) {
+    const int64_t bd = static_cast<int64_t>(decodes.size());
+    int64_t max_pages = 0;
+    for (const PagedItem* item : decodes) {
+      max_pages = std::max(max_pages, (item->context_len + page_size - 1) / page_size);
+    }
+    std::vector<int32_t> table(bd * max_pages + bd, 0);  // page table, then lengths
+    for (int64_t b = 0; b < bd; ++b) {
+      const PagedItem& item = *decodes[b];
+      const int64_t n = (item.context_len + page_size - 1) / page_size;
+      std::copy(item.pages->begin(), item.pages->begin() + n, table.begin() + b * max_pages);
+      table[bd * max_pages + b] = static_cast<int32_t>(item.context_len);
+    }
+    torch::Tensor both =
+        torch::from_blob(table.data(), {static_cast<int64_t>(table.size())}, torch::kInt)
+            .to(device);
+    layout.decode_page_table = both.narrow(0, 0, bd * max_pages).view({bd, max_pages});
+    layout.decode_seq_lens = both.narrow(0, bd * max_pages, bd);
+    layout.decode_rows_are_prefix = decode_rows.back() == bd - 1;
+    layout.decode_rows = ToDevice(decode_rows, device);
+  } else if (!decodes.empty()) {
     const int64_t bd = static_cast<int64_t>(decodes.size());
     std::vector<int64_t> table(bd * max_ctx, 0);
     for (int64_t b = 0; b < bd; ++b) {
@@ -150,6 +188,34 @@ torch::Tensor PagedAttention::Attend(int layer, const torch::Tensor& q, const to
                             lay.decode_rows_are_prefix &&
                             lay.decode_rows.size(0) == lay.num_tokens;
   torch::Tensor out;
+#ifdef SLIME_ENGINE_PAGED_KERNEL
+  if (lay.decode_rows.defined() && lay.decode_kernel) {
+    torch::Tensor qd = (only_decodes ? q : q.index_select(0, lay.decode_rows)).contiguous();
+    torch::Tensor od = torch::empty_like(qd);
+    cuda::PagedDecodeArgs a;
+    a.q = qd.data_ptr();
+    a.k_cache = kp.data_ptr();
+    a.v_cache = vp.data_ptr();
+    a.out = od.data_ptr();
+    a.page_table = lay.decode_page_table.data_ptr<int32_t>();
+    a.seq_lens = lay.decode_seq_lens.data_ptr<int32_t>();
+    a.batch = static_cast<int>(qd.size(0));
+    a.num_heads = static_cast<int>(qd.size(1));
+    a.num_kv_heads = static_cast<int>(kp.size(1));
+    a.head_dim = static_cast<int>(qd.size(2));
+    a.page_size = static_cast<int>(cache_->page_size());
+    a.max_pages = static_cast<int>(lay.decode_page_table.size(1));
+    a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(qd.size(2))));
+    a.dtype = qd.scalar_type() == torch::kBFloat16 ? cuda::DType::kBFloat16
+              : qd.scalar_type() == torch::kHalf   ? cuda::DType::kFloat16
+                                                   : cuda::DType::kFloat32;
+    const int err = cuda::LaunchPagedDecode(a, at::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(err == 0, "paged decode kernel failed with CUDA error ", err);
+    if (only_decodes) return od;
+    out = torch::empty_like(q);
+    out.index_copy_(0, lay.decode_rows, od);
+  } else
+#endif
   if (lay.decode_rows.defined()) {
     const int64_t bd = lay.decode_slots.size(0), lmax = lay.decode_slots.size(1);
     torch::Tensor flat = lay.decode_slots.view({-1});

@@ -9,8 +9,9 @@
 // PagedAttention is the model::AttentionBackend of one engine forward. For every item of the
 // batch (a run of new tokens of one sequence) it writes the new tokens' K/V into their slots and
 // attends causally over the sequence's context [0, context_len):
-//   - decode items (one new token) are batched: their context slots are gathered into
-//     [B, L_max, kv_heads, D] with a padding mask, one attention call per layer;
+//   - decode items (one new token) are batched: on CUDA our paged decode kernel reads K/V
+//     straight from the pages (cuda/paged_decode.cu); elsewhere their context slots are
+//     gathered into [B, L_max, kv_heads, D] with a padding mask, one attention call per layer;
 //   - prefill items (several new tokens) attend one by one over their gathered context.
 // The layout tensors are built on the host once per forward and copied to the device once.
 //
@@ -82,10 +83,19 @@ struct PagedLayout {
     torch::Tensor slots;
   };
   std::vector<Prefill> prefills;
+  // With the CUDA decode kernel (decode_kernel): page tables and lengths instead of gathered
+  // slots; decode_slots/decode_mask stay undefined.
+  bool decode_kernel = false;
+  torch::Tensor decode_page_table;  // [Bd, max_pages] int32
+  torch::Tensor decode_seq_lens;    // [Bd] int32
 
   static PagedLayout Build(const std::vector<PagedItem>& items, int64_t page_size,
-                           torch::Device device);
+                           torch::Device device, bool decode_kernel = false);
 };
+
+// True when this build has the CUDA paged decode kernel and it handles the shape on `device`.
+bool PagedDecodeKernelAvailable(int64_t head_dim, int64_t heads, int64_t kv_heads,
+                                const torch::Device& device);
 
 class PagedAttention final : public model::AttentionBackend {
  public:

@@ -1,0 +1,49 @@
+// Paged single-query attention for decode steps on CUDA (our own kernel; no LibTorch here).
+//
+// For every sequence b and KV head h: the G = num_heads / num_kv_heads query heads that share h
+// attend over positions [0, seq_lens[b]) whose K/V live in the flat slot pools at
+// slot(p) = page_table[b][p / page_size] * page_size + p % page_size. One thread block per
+// (kv head, sequence); its warps split the positions and merge their online-softmax partials.
+// K/V are read once per KV head (not once per query head), in the storage dtype, with float
+// accumulation.
+//
+// Layouts (all contiguous): q, out [B, num_heads, head_dim]; k_cache, v_cache [slots,
+// num_kv_heads, head_dim]; page_table [B, max_pages] int32; seq_lens [B] int32 (>= 1).
+// Supported: head_dim in {32, 64, 128, 256}, G <= 8, dtypes float32 / float16 / bfloat16.
+// Reads its lengths from device memory, so it can be captured in a CUDA graph and replayed
+// with new lengths and page tables.
+#ifndef SLIME_SRC_ENGINE_CUDA_PAGED_DECODE_H_
+#define SLIME_SRC_ENGINE_CUDA_PAGED_DECODE_H_
+
+#include <cstdint>
+
+namespace slime::engine::cuda {
+
+enum class DType { kFloat32, kFloat16, kBFloat16 };
+
+struct PagedDecodeArgs {
+  const void* q = nullptr;
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  void* out = nullptr;
+  const int32_t* page_table = nullptr;
+  const int32_t* seq_lens = nullptr;
+  int batch = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int page_size = 0;
+  int max_pages = 0;
+  float scale = 1.0f;
+  DType dtype = DType::kBFloat16;
+};
+
+// True when the kernel handles this shape.
+bool PagedDecodeSupported(int head_dim, int num_heads, int num_kv_heads);
+
+// Enqueues the kernel on `stream` (a cudaStream_t). Returns the cudaError_t as an int (0 = ok).
+int LaunchPagedDecode(const PagedDecodeArgs& args, void* stream);
+
+}  // namespace slime::engine::cuda
+
+#endif  // SLIME_SRC_ENGINE_CUDA_PAGED_DECODE_H_
