@@ -47,6 +47,10 @@ void AddServeOptions(CLI::App* cmd, ServeOptions* o) {
   cmd->add_option("--random-seed", o->random_seed, "Seed of requests without sampling_seed");
   cmd->add_option("--stream-interval", o->stream_interval, "Tokens per streamed chunk")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--cuda-graph-max-bs", o->cuda_graph_max_bs,
+                  "CUDA: largest decode batch replayed from a captured graph")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  cmd->add_flag("--disable-cuda-graph", o->disable_cuda_graph, "CUDA: run every step eagerly");
   cmd->add_option("--weight-version", o->weight_version, "Initial weight version string");
   cmd->add_flag("--enable-memory-saver", o->enable_memory_saver,
                 "Report enable_memory_saver=true (colocated training releases memory)");
@@ -101,6 +105,7 @@ int RunServe(const ServeOptions& o) {
   eo.enable_prefix_cache = !o.disable_radix_cache;
   eo.random_seed = static_cast<uint64_t>(o.random_seed);
   eo.stream_interval = o.stream_interval;
+  eo.cuda_graph_max_bs = o.disable_cuda_graph ? 0 : o.cuda_graph_max_bs;
   eo.weight_version = o.weight_version;
   eo.metrics = &registry;
   auto engine = engine::Engine::Create(eo);

@@ -280,6 +280,25 @@ class Engine::Impl {
   bool kv_released_ = false;
   bool flush_when_idle_ = false;
   Clock::time_point last_step_end_ = Clock::now();
+  // Where step time goes (logged at shutdown): host work before the forward, enqueueing the
+  // forward (async on CUDA), sampling (waits for the device), and accepting/emitting.
+  struct PhaseTimes {
+    int64_t steps = 0;
+    double build = 0, forward = 0, sample = 0, emit = 0;
+  } phases_;
+
+ public:
+  void LogPhases() const {
+    if (phases_.steps == 0) return;
+    const double k = 1000.0 / static_cast<double>(phases_.steps);
+    spdlog::info(
+        "engine: {} steps; per step: schedule+build {:.2f} ms, forward {:.2f} ms, sample "
+        "{:.2f} ms, accept+emit {:.2f} ms",
+        phases_.steps, phases_.build * k, phases_.forward * k, phases_.sample * k,
+        phases_.emit * k);
+  }
+
+ private:
 
  public:
   std::unique_ptr<EngineMetrics> metrics_;
@@ -417,12 +436,35 @@ bool Engine::Impl::Step() {
       Finish(item.seq_id, FinishReason::Abort(std::string(s.message()), 500));
     }
   };
-  StatusOr<torch::Tensor> hidden = runner_->Forward(input_ids, items);
-  if (!hidden.ok()) {
-    fail_batch(hidden.status());
-    return true;
+  const Clock::time_point t_built = Clock::now();
+  // A decode-only step (one new token per sequence, each sampled, no prompt scoring) replays
+  // a captured CUDA graph when one fits; everything else runs eagerly.
+  torch::Tensor sample_logits;  // [to_sample.size(), vocab] float32
+  bool decode_only = to_score.empty() && prefill_tokens == 0 &&
+                     to_sample.size() == items.size() && runner_->has_decode_graphs();
+  for (size_t i = 0; decode_only && i < to_sample.size(); ++i) {
+    decode_only = to_sample[i].row == static_cast<int64_t>(i);
+  }
+  StatusOr<torch::Tensor> hidden = absl::NotFoundError("not run");
+  if (decode_only) {
+    StatusOr<torch::Tensor> logits = runner_->DecodeLogits(input_ids, items);
+    if (logits.ok()) {
+      sample_logits = *logits;
+    } else if (!absl::IsNotFound(logits.status())) {
+      fail_batch(logits.status());
+      return true;
+    }
+  }
+  if (!sample_logits.defined()) {
+    hidden = runner_->Forward(input_ids, items);
+    if (!hidden.ok()) {
+      fail_batch(hidden.status());
+      return true;
+    }
   }
 
+  const Clock::time_point t_forward = Clock::now();
+  Clock::time_point t_sampled = t_forward;
   // Prompt log-probs, in chunks so [rows, vocab] stays bounded.
   constexpr size_t kScoreChunk = 1024;
   for (size_t s = 0; s < to_score.size(); s += kScoreChunk) {
@@ -493,18 +535,22 @@ bool Engine::Impl::Step() {
       sr.need_logprob = r.in.return_logprob;
       srows.push_back(sr);
     }
-    StatusOr<torch::Tensor> logits = runner_->Logits(*hidden, rows);
-    if (!logits.ok()) {
-      fail_batch(logits.status());
-      return true;
+    if (!sample_logits.defined()) {
+      StatusOr<torch::Tensor> logits = runner_->Logits(*hidden, rows);
+      if (!logits.ok()) {
+        fail_batch(logits.status());
+        return true;
+      }
+      sample_logits = *std::move(logits);
     }
     SamplerOutput sampled;
     try {
-      sampled = Sample(*logits, srows);
+      sampled = Sample(sample_logits, srows);
     } catch (const std::exception& e) {
       fail_batch(absl::InternalError(fmt::format("sampling: {}", e.what())));
       return true;
     }
+    t_sampled = Clock::now();
     for (size_t i = 0; i < to_sample.size(); ++i) {
       LiveRequest& r = live_.at(to_sample[i].id);
       if (!Accept(r, sampled.tokens[i], sampled.logprobs[i], std::move(sampled.top[i]))) Emit(r);
@@ -513,6 +559,11 @@ bool Engine::Impl::Step() {
   for (uint64_t id : prefill_only_done) Finish(id, FinishReason::Length(0));
 
   last_step_end_ = Clock::now();
+  ++phases_.steps;
+  phases_.build += Seconds(t_built - t0);
+  phases_.forward += Seconds(t_forward - t_built);
+  phases_.sample += Seconds(t_sampled - t_forward);
+  phases_.emit += Seconds(last_step_end_ - t_sampled);
   if (metrics_) {
     metrics_->OnStep(Seconds(last_step_end_ - t0), prefill_tokens, decode_tokens,
                      static_cast<int64_t>(to_sample.size()));
@@ -548,6 +599,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
         engine->context_length_));
   }
   engine->eos_ids_ = CollectEosIds(options.model_path, mc, *engine->tokenizer_);
+  const int64_t graph_batch = std::min(options.cuda_graph_max_bs, options.max_running_requests);
+  SLIME_RETURN_IF_ERROR(runner->CaptureDecodeGraphs(graph_batch, engine->context_length_));
   engine->weight_version_ = options.weight_version;
   engine->options_ = std::move(options);
   engine->impl_ = std::make_unique<Impl>(engine.get(), std::move(runner));
@@ -613,6 +666,7 @@ void Engine::ThreadMain() {
   }
   for (auto& c : commands) c(impl);
   impl.AbortAll("engine shutting down");
+  impl.LogPhases();
 }
 
 uint64_t Engine::Submit(GenerateInput input, Callback on_update) {

@@ -5,8 +5,15 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
+#include <map>
+
 #ifdef SLIME_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -112,7 +119,10 @@ StatusOr<torch::Tensor> ModelRunner::Forward(const std::vector<int32_t>& input_i
     if (kv_->released()) return absl::FailedPreconditionError("KV cache is released");
     if (weights_offloaded_) return absl::FailedPreconditionError("weights are offloaded");
     c10::InferenceMode guard;
-    PagedLayout layout = PagedLayout::Build(items, kv_->page_size(), device());
+    const bool kernel = model_->attention_impl() != model::AttentionImpl::kMath &&
+                        PagedDecodeKernelAvailable(config().head_dim, model_->local_heads(),
+                                                   model_->local_kv_heads(), device());
+    PagedLayout layout = PagedLayout::Build(items, kv_->page_size(), device(), kernel);
     torch::Tensor ids =
         torch::from_blob(const_cast<int32_t*>(input_ids.data()),
                          {static_cast<int64_t>(input_ids.size())}, torch::kInt)
@@ -136,6 +146,7 @@ StatusOr<torch::Tensor> ModelRunner::Logits(const torch::Tensor& hidden,
 
 Status ModelRunner::ReleaseKv() {
   return Guard("releasing the KV cache", [&]() -> Status {
+    DropGraphs();  // they point into the pools
     kv_->Release();
 #ifdef SLIME_WITH_CUDA
     if (device().is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
@@ -147,6 +158,9 @@ Status ModelRunner::ReleaseKv() {
 Status ModelRunner::ResumeKv() {
   return Guard("re-allocating the KV cache", [&]() -> Status {
     kv_->Resume();
+    if (graph_max_batch_ > 0 && !weights_offloaded_) {
+      return CaptureDecodeGraphs(graph_max_batch_, graph_context_);
+    }
     return absl::OkStatus();
   });
 }
@@ -172,6 +186,7 @@ Status ModelRunner::OffloadWeights() {
       weights_offloaded_ = true;  // already in host memory; only the state changes
       return absl::OkStatus();
     }
+    DropGraphs();  // they point at the device weights
     SLIME_RETURN_IF_ERROR(MoveWeights(*model_, torch::kCPU));
 #ifdef SLIME_WITH_CUDA
     c10::cuda::CUDACachingAllocator::emptyCache();
@@ -186,6 +201,9 @@ Status ModelRunner::OnloadWeights() {
   return Guard("onloading weights", [&]() -> Status {
     if (!device().is_cpu()) SLIME_RETURN_IF_ERROR(MoveWeights(*model_, device()));
     weights_offloaded_ = false;
+    if (graph_max_batch_ > 0 && !kv_->released() && !graphs_) {
+      return CaptureDecodeGraphs(graph_max_batch_, graph_context_);
+    }
     return absl::OkStatus();
   });
 }
@@ -217,6 +235,169 @@ Status ModelRunner::LoadWeightsFromDisk(const std::string& model_path) {
     }
     return absl::OkStatus();
   });
+}
+
+// ---- CUDA graphs for decode steps
+
+#ifdef SLIME_WITH_CUDA
+struct ModelRunner::DecodeGraphs {
+  std::vector<int64_t> sizes;  // captured batch sizes, ascending
+  std::map<int64_t, std::unique_ptr<at::cuda::CUDAGraph>> graphs;
+  std::map<int64_t, torch::Tensor> logits;  // per size: [B, vocab] float32, graph-owned
+  int64_t max_pages = 0;
+  torch::Tensor ids, positions, slots;  // [max_B] int64 on the device
+  torch::Tensor page_table;             // [max_B, max_pages] int32
+  torch::Tensor seq_lens;               // [max_B] int32
+  torch::Tensor decode_rows;            // [max_B] int64 = 0..max_B-1
+  torch::Tensor host_long;              // pinned [3, max_B] int64: ids, positions, slots
+  torch::Tensor host_int;               // pinned [max_B * max_pages + max_B] int32
+};
+#else
+struct ModelRunner::DecodeGraphs {};
+#endif
+
+ModelRunner::~ModelRunner() { DropGraphs(); }
+
+void ModelRunner::DropGraphs() {
+  graphs_.reset();
+}
+
+bool ModelRunner::has_decode_graphs() const { return graphs_ != nullptr; }
+
+Status ModelRunner::CaptureDecodeGraphs(int64_t max_batch, int64_t context_length) {
+  graph_max_batch_ = max_batch;
+  graph_context_ = context_length;
+  DropGraphs();
+#ifdef SLIME_WITH_CUDA
+  if (max_batch <= 0 || !device().is_cuda() ||
+      model_->attention_impl() == model::AttentionImpl::kMath ||
+      !PagedDecodeKernelAvailable(config().head_dim, model_->local_heads(),
+                                  model_->local_kv_heads(), device())) {
+    return absl::OkStatus();
+  }
+  if (kv_->released() || weights_offloaded_) return absl::OkStatus();  // captured on resume
+  return Guard("capturing decode CUDA graphs", [&]() -> Status {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto g = std::make_unique<DecodeGraphs>();
+    for (int64_t b : {1, 2, 4, 8, 12, 16, 24, 32}) {
+      if (b <= max_batch) g->sizes.push_back(b);
+    }
+    for (int64_t b = 48; b <= std::min<int64_t>(max_batch, 256); b += 16) g->sizes.push_back(b);
+    for (int64_t b = 320; b <= max_batch; b += 64) g->sizes.push_back(b);
+    if (g->sizes.empty() || g->sizes.back() != max_batch) g->sizes.push_back(max_batch);
+    const int64_t n = g->sizes.back();
+    const int64_t page = kv_->page_size();
+    g->max_pages = (context_length + page - 1) / page;
+    auto lopts = torch::TensorOptions().dtype(torch::kLong).device(device());
+    auto iopts = torch::TensorOptions().dtype(torch::kInt).device(device());
+    g->ids = torch::zeros({n}, lopts);
+    g->positions = torch::zeros({n}, lopts);
+    g->slots = torch::zeros({n}, lopts);
+    g->page_table = torch::zeros({n, g->max_pages}, iopts);
+    g->seq_lens = torch::ones({n}, iopts);
+    g->decode_rows = torch::arange(n, lopts);
+    g->host_long = torch::zeros({3, n}, torch::TensorOptions().dtype(torch::kLong).pinned_memory(true));
+    g->host_int = torch::zeros({n * g->max_pages + n},
+                               torch::TensorOptions().dtype(torch::kInt).pinned_memory(true));
+
+    c10::InferenceMode inference;
+    DecodeGraphs* gp = g.get();
+    auto run = [&](int64_t b) -> torch::Tensor {
+      PagedLayout lay;
+      lay.num_tokens = b;
+      lay.positions = gp->positions.narrow(0, 0, b);
+      lay.write_slots = gp->slots.narrow(0, 0, b);
+      lay.decode_rows = gp->decode_rows.narrow(0, 0, b);
+      lay.decode_rows_are_prefix = true;
+      lay.decode_kernel = true;
+      lay.decode_page_table = gp->page_table.narrow(0, 0, b);
+      lay.decode_seq_lens = gp->seq_lens.narrow(0, 0, b);
+      PagedAttention attention(kv_.get(), &lay, model_->attention_impl());
+      torch::Tensor hidden =
+          model_->ForwardUnchecked(gp->ids.narrow(0, 0, b), lay.positions, attention);
+      return model_->Logits(hidden).value().to(torch::kFloat32);
+    };
+    c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
+    {
+      c10::cuda::CUDAStreamGuard guard(stream);
+      at::cuda::MempoolId_t pool{0, 0};
+      for (auto it = g->sizes.rbegin(); it != g->sizes.rend(); ++it) {
+        const int64_t b = *it;
+        run(b);  // warm-up outside the graph (cuBLAS workspaces, lazy initialisation)
+        stream.synchronize();
+        auto graph = std::make_unique<at::cuda::CUDAGraph>();
+        graph->capture_begin(pool);
+        torch::Tensor logits = run(b);
+        graph->capture_end();
+        pool = graph->pool();
+        g->logits[b] = logits;
+        g->graphs[b] = std::move(graph);
+      }
+      stream.synchronize();
+    }
+    graphs_ = std::move(g);
+    spdlog::info("engine: captured {} decode CUDA graphs (batch 1..{}) in {:.1f}s",
+                 graphs_->sizes.size(), n,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return absl::OkStatus();
+  });
+#else
+  return absl::OkStatus();
+#endif
+}
+
+StatusOr<torch::Tensor> ModelRunner::DecodeLogits(const std::vector<int32_t>& input_ids,
+                                                  const std::vector<PagedItem>& items) {
+#ifdef SLIME_WITH_CUDA
+  if (!graphs_) return absl::NotFoundError("no decode graphs");
+  const int64_t b = static_cast<int64_t>(items.size());
+  auto size_it = std::lower_bound(graphs_->sizes.begin(), graphs_->sizes.end(), b);
+  if (size_it == graphs_->sizes.end()) return absl::NotFoundError("batch larger than captured");
+  const int64_t bg = *size_it;
+  DecodeGraphs& g = *graphs_;
+  const int64_t page = kv_->page_size();
+  for (const PagedItem& item : items) {
+    if (item.num_new != 1 || (item.context_len + page - 1) / page > g.max_pages) {
+      return absl::NotFoundError("not a decode step the graphs cover");
+    }
+  }
+  return Guard("engine graph decode", [&]() -> StatusOr<torch::Tensor> {
+    const int64_t n = g.ids.size(0);
+    int64_t* hl = g.host_long.data_ptr<int64_t>();
+    int32_t* hi = g.host_int.data_ptr<int32_t>();
+    int32_t* lens = hi + n * g.max_pages;
+    for (int64_t i = 0; i < bg; ++i) {
+      if (i < b) {
+        const PagedItem& item = items[i];
+        const int64_t pos = item.context_len - 1;
+        const std::vector<int32_t>& pages = *item.pages;
+        const int64_t np = (item.context_len + page - 1) / page;
+        hl[i] = input_ids[i];
+        hl[n + i] = pos;
+        hl[2 * n + i] = static_cast<int64_t>(pages[pos / page]) * page + pos % page;
+        std::copy(pages.begin(), pages.begin() + np, hi + i * g.max_pages);
+        lens[i] = static_cast<int32_t>(item.context_len);
+      } else {  // padding: token 0 at position 0, written to the reserved slot 0
+        hl[i] = 0;
+        hl[n + i] = 0;
+        hl[2 * n + i] = 0;
+        hi[i * g.max_pages] = 0;
+        lens[i] = 1;
+      }
+    }
+    c10::InferenceMode inference;
+    g.ids.narrow(0, 0, bg).copy_(g.host_long[0].narrow(0, 0, bg), /*non_blocking=*/true);
+    g.positions.narrow(0, 0, bg).copy_(g.host_long[1].narrow(0, 0, bg), true);
+    g.slots.narrow(0, 0, bg).copy_(g.host_long[2].narrow(0, 0, bg), true);
+    g.page_table.view({-1}).narrow(0, 0, bg * g.max_pages)
+        .copy_(g.host_int.narrow(0, 0, bg * g.max_pages), true);
+    g.seq_lens.narrow(0, 0, bg).copy_(g.host_int.narrow(0, n * g.max_pages, bg), true);
+    g.graphs.at(bg)->replay();
+    return g.logits.at(bg).narrow(0, 0, b);
+  });
+#else
+  return absl::NotFoundError("built without CUDA");
+#endif
 }
 
 }  // namespace slime::engine

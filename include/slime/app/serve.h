@@ -34,6 +34,8 @@ struct ServeOptions {
   bool disable_radix_cache = false;
   int64_t random_seed = 0;
   int64_t stream_interval = 1;
+  int64_t cuda_graph_max_bs = 256;
+  bool disable_cuda_graph = false;
   std::string weight_version = "default";
   bool enable_memory_saver = false;
   int http_threads = 2;

@@ -64,8 +64,28 @@ class ModelRunner {
   // shapes; the error names the first mismatch). Copies in place, so views stay valid.
   Status LoadWeightsFromDisk(const std::string& model_path);
 
+  // CUDA graphs for decode-only steps (CUDA builds with the paged decode kernel; elsewhere a
+  // no-op): one graph per batch size up to max_batch (padded up to the next captured size),
+  // covering the whole forward and the LM head, over static input buffers whose page tables
+  // cover `context_length` tokens. Released/offloaded memory drops the graphs; resuming
+  // captures them again.
+  Status CaptureDecodeGraphs(int64_t max_batch, int64_t context_length);
+  bool has_decode_graphs() const;
+  // A decode-only step (every item has one new token; rows in item order) through a graph:
+  // logits [items.size(), vocab] float32, valid until the next call. NotFound when no captured
+  // graph fits (the caller runs Forward + Logits instead).
+  StatusOr<torch::Tensor> DecodeLogits(const std::vector<int32_t>& input_ids,
+                                       const std::vector<PagedItem>& items);
+
+  ~ModelRunner();
+
  private:
+  struct DecodeGraphs;
   ModelRunner() = default;
+  void DropGraphs();
+  std::unique_ptr<DecodeGraphs> graphs_;
+  int64_t graph_max_batch_ = 0;
+  int64_t graph_context_ = 0;
   std::unique_ptr<model::DecoderModel> model_;
   std::unique_ptr<PagedKvCache> kv_;
   bool weights_offloaded_ = false;
