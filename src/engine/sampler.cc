@@ -16,23 +16,6 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Logical right shift of int64 tensors (>> sign-extends).
-torch::Tensor Lshr(const torch::Tensor& x, int s) {
-  return torch::bitwise_and(x.__rshift__(s), (int64_t{1} << (64 - s)) - 1);
-}
-
-// Row keys [B, 1] int64 -> uniforms [B, V] float64 in (0, 1): a counter-based hash of
-// (key, token id). int64 multiplication wraps on every backend we use.
-torch::Tensor Uniforms(const torch::Tensor& keys, int64_t vocab) {
-  auto opts = torch::TensorOptions().dtype(torch::kLong).device(keys.device());
-  torch::Tensor x = keys + torch::arange(vocab, opts).unsqueeze(0) *
-                               static_cast<int64_t>(0x9E3779B97F4A7C15ULL);
-  x = torch::bitwise_xor(x, Lshr(x, 30)) * static_cast<int64_t>(0xBF58476D1CE4E5B9ULL);
-  x = torch::bitwise_xor(x, Lshr(x, 27)) * static_cast<int64_t>(0x94D049BB133111EBULL);
-  x = torch::bitwise_xor(x, Lshr(x, 31));
-  return (Lshr(x, 11).to(torch::kFloat64) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
 int64_t RowKey(uint64_t seed, int64_t position) {
   return static_cast<int64_t>(SplitMix64(SplitMix64(seed) ^ static_cast<uint64_t>(position)));
 }
@@ -75,11 +58,9 @@ void AdjustRow(torch::Tensor& logits, int64_t b, const SamplerRow& row) {
 
 }  // namespace
 
-torch::Tensor SamplerUniforms(uint64_t seed, int64_t position, int64_t vocab,
-                              torch::Device device) {
-  torch::Tensor keys = torch::full({1, 1}, RowKey(seed, position),
-                                   torch::TensorOptions().dtype(torch::kLong).device(device));
-  return Uniforms(keys, vocab)[0];
+double SamplerUniform(uint64_t seed, int64_t position) {
+  const uint64_t x = static_cast<uint64_t>(RowKey(seed, position));
+  return (static_cast<double>(x >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
 torch::Tensor TokenLogprobs(const torch::Tensor& logits, const torch::Tensor& targets,
@@ -111,7 +92,7 @@ SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRo
   if (any_adjust && logits.data_ptr() == logits_in.data_ptr()) logits = logits.clone();
 
   std::vector<float> temps(batch), top_ps(batch), min_ps(batch);
-  std::vector<int64_t> top_ks(batch), keys(batch);
+  std::vector<int64_t> top_ks(batch);
   std::vector<uint8_t> greedy(batch);
   bool any_filter = false, any_sampled = false;
   int64_t max_top = 0;
@@ -124,7 +105,6 @@ SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRo
     top_ps[b] = static_cast<float>(p.top_p);
     top_ks[b] = p.top_k < 0 ? vocab : std::min<int64_t>(p.top_k, vocab);
     min_ps[b] = static_cast<float>(p.min_p);
-    keys[b] = RowKey(row.seed, row.num_output);
     if (!greedy[b]) {
       any_sampled = true;
       any_filter = any_filter || p.top_p < 1.0 || top_ks[b] < vocab || p.min_p > 0.0;
@@ -144,7 +124,7 @@ SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRo
   torch::Tensor chosen = logits.argmax(1);  // greedy rows
   if (any_sampled) {
     // Only the sampled rows pay for truncation and noise.
-    std::vector<int64_t> sel, sel_top_k, sel_keys;
+    std::vector<int64_t> sel, sel_top_k;
     std::vector<float> sel_top_p, sel_min_p;
     for (int64_t b = 0; b < batch; ++b) {
       if (greedy[b]) continue;
@@ -152,7 +132,6 @@ SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRo
       sel_top_k.push_back(top_ks[b]);
       sel_top_p.push_back(top_ps[b]);
       sel_min_p.push_back(min_ps[b]);
-      sel_keys.push_back(keys[b]);
     }
     const bool all_sampled = static_cast<int64_t>(sel.size()) == batch;
     torch::Tensor sel_t = torch::tensor(sel, lopts).to(device);
@@ -169,8 +148,19 @@ SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRo
       keep.narrow(1, 0, 1).fill_(true);  // the most likely token always survives
       probs = torch::zeros_like(probs).scatter_(1, si, sp * keep.to(torch::kFloat32));
     }
-    torch::Tensor u = Uniforms(torch::tensor(sel_keys, lopts).to(device).unsqueeze(1), vocab);
-    torch::Tensor sampled = (probs / (-u.log()).to(torch::kFloat32)).argmax(1);
+    // Inverse-CDF sampling with one uniform per row: the first token whose cumulative
+    // (unnormalised, truncated) mass exceeds u * total.
+    std::vector<double> us;
+    us.reserve(sel.size());
+    for (int64_t b : sel) us.push_back(SamplerUniform(rows[b].seed, rows[b].num_output));
+    torch::Tensor cdf = probs.cumsum(1);  // [S, V]
+    torch::Tensor target =
+        torch::tensor(us, torch::TensorOptions().dtype(torch::kFloat64)).to(device).to(torch::kFloat32) *
+        cdf.narrow(1, vocab - 1, 1).squeeze(1);
+    torch::Tensor sampled =
+        at::searchsorted(cdf, target.unsqueeze(1), /*out_int32=*/false, /*right=*/true)
+            .squeeze(1)
+            .clamp_max(vocab - 1);
     if (all_sampled) {
       chosen = sampled;
     } else {

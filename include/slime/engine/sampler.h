@@ -12,10 +12,10 @@
 //   5. greedy rows (T < 1e-6 or top_k == 1) take argmax; others sample from softmax(logits / T)
 //      truncated by top_k, top_p (keep the smallest prefix of the sorted distribution whose mass
 //      before a token is <= top_p) and min_p (keep p >= min_p * p_max).
-// Sampling is an exponential race, argmax(p / E) with E ~ Exp(1), whose noise is a hash of
-// (row seed, output index, token id): a request's tokens depend only on its seed, its prompt and
-// the logits — not on the batch it shares or the device — so the same sampling_seed and prompt
-// give the same output.
+// Sampling inverts the row's cumulative distribution at one uniform u = hash(row seed, output
+// index): the first token whose cumulative (truncated) mass exceeds u * total. A request's
+// tokens depend only on its seed, its prompt and the logits — not on the batch it shares — so
+// the same sampling_seed and prompt give the same output.
 //
 // One device-to-host copy per call (token ids and their log-probs; top log-probs when asked).
 // Thread-safety: stateless apart from its options; the engine thread calls it.
@@ -52,8 +52,9 @@ struct SamplerOutput {
 // logits [B, V] in any floating dtype on any device; rows.size() == B.
 SamplerOutput Sample(const torch::Tensor& logits, const std::vector<SamplerRow>& rows);
 
-// The uniform noise the sampler uses for one row: u in (0, 1), [V] float64 on `device`.
-torch::Tensor SamplerUniforms(uint64_t seed, int64_t position, int64_t vocab, torch::Device device);
+// The uniform the sampler uses for the token at output index `position` of a request seeded
+// with `seed`: u in (0, 1).
+double SamplerUniform(uint64_t seed, int64_t position);
 
 // log_softmax(logits / temperature) [T, V] -> the log-prob of target[i] at row i, [T] float32.
 // (Prompt log-probs for input_token_logprobs and prefill-only scoring.)
