@@ -11,7 +11,6 @@ namespace slime::engine::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kMaxGroup = 8;
 
 __device__ __forceinline__ float ToFloat(float x) { return x; }
 __device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
@@ -26,8 +25,12 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-// VEC = head_dim / 32 elements per lane.
-template <typename T, int VEC>
+// VEC = head_dim / 32 elements per lane; G query heads share the KV head. Each warp takes
+// kUnroll positions at a time and issues all their K/V loads before using them, so enough
+// memory requests are in flight to stream the cache at bandwidth rather than latency.
+constexpr int kUnroll = 4;
+
+template <typename T, int VEC, int G>
 __global__ void __launch_bounds__(kWarps * 32)
     PagedDecodeKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
                       const T* __restrict__ v_cache, T* __restrict__ out,
@@ -38,73 +41,86 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int b = blockIdx.y;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int group = num_heads / num_kv_heads;
   const int len = seq_lens[b];
   const int32_t* pages = page_table + static_cast<int64_t>(b) * max_pages;
 
-  // This lane's slice of each query head of the group, pre-scaled.
-  float qv[kMaxGroup][VEC];
+  float qv[G][VEC];
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-    if (g < group) {
-      const T* qp = q + (static_cast<int64_t>(b) * num_heads + kvh * group + g) * D + lane * VEC;
+  for (int g = 0; g < G; ++g) {
+    const T* qp = q + (static_cast<int64_t>(b) * num_heads + kvh * G + g) * D + lane * VEC;
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) qv[g][i] = ToFloat(qp[i]) * scale;
-    }
+    for (int i = 0; i < VEC; ++i) qv[g][i] = ToFloat(qp[i]) * scale;
   }
-  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][VEC];
+  float m[G], l[G], acc[G][VEC];
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < G; ++g) {
     m[g] = -FLT_MAX;
     l[g] = 0.f;
 #pragma unroll
     for (int i = 0; i < VEC; ++i) acc[g][i] = 0.f;
   }
 
-  for (int p = warp; p < len; p += kWarps) {
-    const int64_t slot = static_cast<int64_t>(pages[p / page_size]) * page_size + p % page_size;
-    const int64_t base = (slot * num_kv_heads + kvh) * D + lane * VEC;
-    float kv[VEC], vv[VEC];
+  for (int p0 = warp * kUnroll; p0 < len; p0 += kWarps * kUnroll) {
+    float kv[kUnroll][VEC], vv[kUnroll][VEC];
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      kv[i] = ToFloat(k_cache[base + i]);
-      vv[i] = ToFloat(v_cache[base + i]);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int p = min(p0 + u, len - 1);  // clamped; masked below
+      const int64_t slot = static_cast<int64_t>(pages[p / page_size]) * page_size + p % page_size;
+      const int64_t base = (slot * num_kv_heads + kvh) * D + lane * VEC;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        kv[u][i] = ToFloat(k_cache[base + i]);
+        vv[u][i] = ToFloat(v_cache[base + i]);
+      }
     }
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g < group) {
+    for (int g = 0; g < G; ++g) {
+      float sc[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
         float s = 0.f;
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) s += qv[g][i] * kv[i];
-        s = WarpSum(s);
-        const float m_new = fmaxf(m[g], s);
-        const float corr = __expf(m[g] - m_new);
-        const float e = __expf(s - m_new);
-        l[g] = l[g] * corr + e;
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) acc[g][i] = acc[g][i] * corr + e * vv[i];
-        m[g] = m_new;
+        for (int i = 0; i < VEC; ++i) s += qv[g][i] * kv[u][i];
+        sc[u] = s;
       }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) sc[u] = WarpSum(sc[u]);
+      float m_new = m[g];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (p0 + u >= len) sc[u] = -FLT_MAX;
+        m_new = fmaxf(m_new, sc[u]);
+      }
+      const float corr = __expf(m[g] - m_new);
+      l[g] *= corr;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) acc[g][i] *= corr;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float e = p0 + u < len ? __expf(sc[u] - m_new) : 0.f;
+        l[g] += e;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc[g][i] += e * vv[u][i];
+      }
+      m[g] = m_new;
     }
   }
 
-  // Merge the warps' partials: shared [warp][group] (m, l) and [warp][group][D] acc.
-  __shared__ float sm_m[kWarps][kMaxGroup];
-  __shared__ float sm_l[kWarps][kMaxGroup];
-  extern __shared__ float sm_acc[];  // [kWarps][group][D]
+  // Merge the warps' partials.
+  __shared__ float sm_m[kWarps][G];
+  __shared__ float sm_l[kWarps][G];
+  __shared__ float sm_acc[kWarps][G][D];
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-    if (g < group) {
-      if (lane == 0) {
-        sm_m[warp][g] = m[g];
-        sm_l[warp][g] = l[g];
-      }
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) sm_acc[(warp * group + g) * D + lane * VEC + i] = acc[g][i];
+  for (int g = 0; g < G; ++g) {
+    if (lane == 0) {
+      sm_m[warp][g] = m[g];
+      sm_l[warp][g] = l[g];
     }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) sm_acc[warp][g][lane * VEC + i] = acc[g][i];
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < group * D; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
     const int g = idx / D;
     const int d = idx % D;
     float mx = -FLT_MAX;
@@ -113,44 +129,38 @@ __global__ void __launch_bounds__(kWarps * 32)
     float num = 0.f, den = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float f = sm_m[w][g] == -FLT_MAX ? 0.f : __expf(sm_m[w][g] - mx);
-      num += f * sm_acc[(w * group + g) * D + d];
+      const float f = sm_l[w][g] > 0.f ? __expf(sm_m[w][g] - mx) : 0.f;
+      num += f * sm_acc[w][g][d];
       den += f * sm_l[w][g];
     }
-    T* op = out + (static_cast<int64_t>(b) * num_heads + kvh * group + g) * D + d;
+    T* op = out + (static_cast<int64_t>(b) * num_heads + kvh * G + g) * D + d;
     FromFloat(den > 0.f ? num / den : 0.f, op);
   }
 }
 
-template <typename T>
-int Launch(const PagedDecodeArgs& a, cudaStream_t stream) {
+template <typename T, int VEC>
+int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
   const dim3 grid(a.num_kv_heads, a.batch);
   const dim3 block(kWarps * 32);
-  const int group = a.num_heads / a.num_kv_heads;
-  const size_t shared = sizeof(float) * kWarps * group * a.head_dim;
   const T* q = static_cast<const T*>(a.q);
   const T* k = static_cast<const T*>(a.k_cache);
   const T* v = static_cast<const T*>(a.v_cache);
   T* o = static_cast<T*>(a.out);
-#define SLIME_LAUNCH(VEC)                                                                  \
-  PagedDecodeKernel<T, VEC><<<grid, block, shared, stream>>>(                              \
+#define SLIME_LAUNCH(G)                                                                     \
+  PagedDecodeKernel<T, VEC, G><<<grid, block, 0, stream>>>(                                 \
       q, k, v, o, a.page_table, a.seq_lens, a.num_heads, a.num_kv_heads, a.page_size,      \
       a.max_pages, a.scale)
-  switch (a.head_dim) {
-    case 32:
+  switch (a.num_heads / a.num_kv_heads) {
+    case 1:
       SLIME_LAUNCH(1);
       break;
-    case 64:
+    case 2:
       SLIME_LAUNCH(2);
       break;
-    case 128:
+    case 4:
       SLIME_LAUNCH(4);
       break;
-    case 256:
-      if (shared > 48 * 1024) {
-        cudaFuncSetAttribute(PagedDecodeKernel<T, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(shared));
-      }
+    case 8:
       SLIME_LAUNCH(8);
       break;
     default:
@@ -160,12 +170,27 @@ int Launch(const PagedDecodeArgs& a, cudaStream_t stream) {
   return static_cast<int>(cudaGetLastError());
 }
 
+template <typename T>
+int Launch(const PagedDecodeArgs& a, cudaStream_t stream) {
+  switch (a.head_dim) {
+    case 32:
+      return LaunchVec<T, 1>(a, stream);
+    case 64:
+      return LaunchVec<T, 2>(a, stream);
+    case 128:
+      return LaunchVec<T, 4>(a, stream);
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+
 }  // namespace
 
 bool PagedDecodeSupported(int head_dim, int num_heads, int num_kv_heads) {
-  const bool dim_ok = head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+  const bool dim_ok = head_dim == 32 || head_dim == 64 || head_dim == 128;
+  const int group = num_kv_heads > 0 ? num_heads / num_kv_heads : 0;
   return dim_ok && num_kv_heads > 0 && num_heads % num_kv_heads == 0 &&
-         num_heads / num_kv_heads <= kMaxGroup;
+         (group == 1 || group == 2 || group == 4 || group == 8);
 }
 
 int LaunchPagedDecode(const PagedDecodeArgs& a, void* stream) {

@@ -9,7 +9,7 @@
 //
 // Layouts (all contiguous): q, out [B, num_heads, head_dim]; k_cache, v_cache [slots,
 // num_kv_heads, head_dim]; page_table [B, max_pages] int32; seq_lens [B] int32 (>= 1).
-// Supported: head_dim in {32, 64, 128, 256}, G <= 8, dtypes float32 / float16 / bfloat16.
+// Supported: head_dim in {32, 64, 128}, G in {1, 2, 4, 8}, dtypes float32 / float16 / bfloat16.
 // Reads its lengths from device memory, so it can be captured in a CUDA graph and replayed
 // with new lengths and page tables.
 #ifndef SLIME_SRC_ENGINE_CUDA_PAGED_DECODE_H_
