@@ -8,11 +8,44 @@
 
 #include "torch_util.h"
 
+#ifdef SLIME_MODEL_FUSED_KERNELS
+#include <ATen/cuda/CUDAContext.h>
+
+#include "cuda/fused_ops.h"
+#endif
+
 namespace slime::model {
 namespace {
 
+#ifdef SLIME_MODEL_FUSED_KERNELS
+// The fused kernels serve inference (the engine runs under InferenceMode); autograd keeps the
+// eager ops below.
+bool Fusable(const torch::Tensor& x) {
+  return x.is_cuda() && c10::InferenceMode::is_enabled() && x.is_contiguous() &&
+         (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat32 ||
+          x.scalar_type() == torch::kHalf);
+}
+cuda::DType FusedType(const torch::Tensor& x) {
+  return x.scalar_type() == torch::kBFloat16 ? cuda::DType::kBFloat16
+         : x.scalar_type() == torch::kHalf   ? cuda::DType::kFloat16
+                                             : cuda::DType::kFloat32;
+}
+void* Stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+#endif
+
 // x [..., n] -> weight * (x / rms(x)) with the normalisation in float32.
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+#ifdef SLIME_MODEL_FUSED_KERNELS
+  if (Fusable(x) && weight.is_contiguous() && weight.scalar_type() == x.scalar_type() &&
+      weight.numel() == x.size(-1)) {
+    torch::Tensor y = torch::empty_like(x);
+    const int err = cuda::LaunchRmsNorm(x.data_ptr(), weight.data_ptr(), y.data_ptr(),
+                                        x.numel() / x.size(-1), static_cast<int>(x.size(-1)),
+                                        static_cast<float>(eps), FusedType(x), Stream());
+    TORCH_CHECK(err == 0, "fused RMSNorm failed with CUDA error ", err);
+    return y;
+  }
+#endif
   torch::Tensor xf = x.to(torch::kFloat32);
   torch::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
   xf = xf * torch::rsqrt(var + eps);
@@ -23,6 +56,37 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, doubl
 torch::Tensor RotateHalf(const torch::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
   return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// x [T, heads, D] rotated by cos/sin [T, 1, D]: x * cos + rotate_half(x) * sin.
+torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+#ifdef SLIME_MODEL_FUSED_KERNELS
+  if (Fusable(x) && cos.is_contiguous() && sin.is_contiguous() &&
+      cos.scalar_type() == x.scalar_type() && cos.numel() == x.size(0) * x.size(2)) {
+    torch::Tensor y = torch::empty_like(x);
+    const int err = cuda::LaunchRope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr(),
+                                     x.size(0), static_cast<int>(x.size(1)),
+                                     static_cast<int>(x.size(2)), FusedType(x), Stream());
+    TORCH_CHECK(err == 0, "fused RoPE failed with CUDA error ", err);
+    return y;
+  }
+#endif
+  return x * cos + RotateHalf(x) * sin;
+}
+
+// silu(gate) * up.
+torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
+#ifdef SLIME_MODEL_FUSED_KERNELS
+  if (Fusable(gate) && up.is_contiguous() && up.sizes() == gate.sizes() &&
+      up.scalar_type() == gate.scalar_type()) {
+    torch::Tensor y = torch::empty_like(gate);
+    const int err = cuda::LaunchSiluMul(gate.data_ptr(), up.data_ptr(), y.data_ptr(),
+                                        gate.numel(), FusedType(gate), Stream());
+    TORCH_CHECK(err == 0, "fused SiLU*up failed with CUDA error ", err);
+    return y;
+  }
+#endif
+  return torch::silu(gate) * up;
 }
 
 }  // namespace
@@ -135,8 +199,8 @@ torch::Tensor DecoderModel::Layer(int index, const torch::Tensor& x, const torch
     q = RmsNorm(q, w.q_norm, eps);
     k = RmsNorm(k, w.k_norm, eps);
   }
-  q = q * cos + RotateHalf(q) * sin;
-  k = k * cos + RotateHalf(k) * sin;
+  q = ApplyRope(q, cos, sin);
+  k = ApplyRope(k, cos, sin);
   torch::Tensor a = attention.Attend(index, q, k, v);  // [T, heads/P, D]
   torch::Tensor out = x + RowParallelLinear(a.reshape({t, -1}), w.o_proj, w.o_bias, tp);
 
@@ -144,7 +208,7 @@ torch::Tensor DecoderModel::Layer(int index, const torch::Tensor& x, const torch
   h = RmsNorm(out, w.post_attention_norm, eps);
   torch::Tensor gate = ColumnParallelLinear(h, w.gate_proj, {}, tp, false);     // [T, I/P]
   torch::Tensor up = ColumnParallelLinear(h, w.up_proj, {}, tp, false);         // [T, I/P]
-  return out + RowParallelLinear(torch::silu(gate) * up, w.down_proj, {}, tp);  // [T, hidden]
+  return out + RowParallelLinear(SiluMul(gate, up), w.down_proj, {}, tp);  // [T, hidden]
 }
 
 torch::Tensor DecoderModel::ForwardImpl(const torch::Tensor& ids, const torch::Tensor& positions,
