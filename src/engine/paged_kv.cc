@@ -62,6 +62,60 @@ torch::Tensor ToDevice(std::vector<int64_t>& v, torch::Device device) {
   return device.is_cpu() ? t.clone() : t.to(device, /*non_blocking=*/false);
 }
 
+// Turns the layout's prefill items into one padded batch when that wastes at most half the work.
+void BuildBatchedPrefill(const std::vector<PagedItem>& items, int64_t page_size,
+                         torch::Device device, PagedLayout* layout) {
+  struct P {
+    int64_t row, n, l;
+    const std::vector<int32_t>* pages;
+  };
+  std::vector<P> ps;
+  int64_t row = 0, useful = 0, n_max = 0, l_max = 0;
+  for (const PagedItem& item : items) {
+    if (item.num_new > 1) {
+      ps.push_back({row, item.num_new, item.context_len, item.pages});
+      useful += item.num_new * item.context_len;
+      n_max = std::max(n_max, item.num_new);
+      l_max = std::max(l_max, item.context_len);
+    }
+    row += item.num_new;
+  }
+  const int64_t np = static_cast<int64_t>(ps.size());
+  const int64_t padded = np * n_max * l_max;
+  if (np < 2 || 2 * useful < padded || padded > (int64_t{1} << 26)) return;
+  std::vector<int64_t> q_index(np * n_max), slots(np * l_max, 0), out_index, out_rows;
+  std::vector<uint8_t> mask(padded, 0);
+  for (int64_t p = 0; p < np; ++p) {
+    const P& it = ps[p];
+    for (int64_t i = 0; i < n_max; ++i) {
+      q_index[p * n_max + i] = it.row + std::min(i, it.n - 1);
+      uint8_t* m = mask.data() + (p * n_max + i) * l_max;
+      if (i < it.n) {
+        const int64_t last = it.l - it.n + i;  // query i sees keys 0..last
+        std::fill(m, m + last + 1, 1);
+        out_index.push_back(p * n_max + i);
+        out_rows.push_back(it.row + i);
+      } else {
+        m[0] = 1;  // padding query: one visible key keeps the softmax finite; discarded
+      }
+    }
+    for (int64_t j = 0; j < it.l; ++j) {
+      slots[p * l_max + j] = static_cast<int64_t>((*it.pages)[j / page_size]) * page_size +
+                             j % page_size;
+    }
+  }
+  layout->prefill_batched = true;
+  layout->prefill_p = np;
+  layout->prefill_n_max = n_max;
+  layout->prefill_l_max = l_max;
+  layout->prefill_q_index = ToDevice(q_index, device);
+  layout->prefill_slots = ToDevice(slots, device);
+  layout->prefill_out_index = ToDevice(out_index, device);
+  layout->prefill_out_rows = ToDevice(out_rows, device);
+  torch::Tensor m = torch::from_blob(mask.data(), {np, 1, n_max, l_max}, torch::kUInt8);
+  layout->prefill_mask = m.to(device, torch::kBool);
+}
+
 }  // namespace
 
 bool PagedDecodeKernelAvailable(int64_t head_dim, int64_t heads, int64_t kv_heads,
@@ -79,6 +133,7 @@ PagedLayout PagedLayout::Build(const std::vector<PagedItem>& items, int64_t page
                                torch::Device device, bool decode_kernel) {
   PagedLayout layout;
   layout.decode_kernel = decode_kernel;
+  BuildBatchedPrefill(items, page_size, device, &layout);
   std::vector<int64_t> positions, write_slots, decode_rows, decode_ctx;
   int64_t row = 0;
   int64_t max_ctx = 0;
@@ -92,7 +147,7 @@ PagedLayout PagedLayout::Build(const std::vector<PagedItem>& items, int64_t page
       decode_ctx.push_back(item.context_len);
       decodes.push_back(&item);
       max_ctx = std::max(max_ctx, item.context_len);
-    } else if (item.num_new > 1) {
+    } else if (item.num_new > 1 && !layout.prefill_batched) {
       std::vector<int64_t> slots;
       slots.reserve(item.context_len);
       AppendSlots(*item.pages, page_size, 0, item.context_len, &slots);
@@ -147,8 +202,25 @@ PagedLayout PagedLayout::Build(const std::vector<PagedItem>& items, int64_t page
 
 namespace {
 
-// Single-query attention of a batch of sequences over padded contexts, grouped-query aware
-// without repeating K/V: the g query heads sharing one KV head ride along the query dim.
+// Masked attention with grouped queries: qg [B, Hkv, M, D] (the g query heads of one KV head
+// and their positions share the M dim), kt/vt [B, Hkv, L, D], mask [B, 1, M, L] (true =
+// visible) -> [B, Hkv, M, D]. K/V are never repeated per query head.
+torch::Tensor GroupedAttention(const torch::Tensor& qg, const torch::Tensor& kt,
+                               const torch::Tensor& vt, const torch::Tensor& mask,
+                               model::AttentionImpl impl) {
+#if TORCH_VERSION_MAJOR >= 2
+  if (impl != model::AttentionImpl::kMath) {
+    return at::scaled_dot_product_attention(qg, kt, vt, mask, 0.0, false);
+  }
+#endif
+  const double scale = 1.0 / std::sqrt(static_cast<double>(qg.size(3)));
+  torch::Tensor scores = torch::matmul(qg, kt.transpose(-2, -1)) * scale;  // [B, Hkv, M, L]
+  scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+  torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32).to(qg.scalar_type());
+  return torch::matmul(probs, vt);
+}
+
+// Single-query attention of a batch of sequences over padded contexts.
 //   q [B, H, D], k/v [B, L, Hkv, D], mask [B, 1, 1, L] -> [B, H, D]
 torch::Tensor DecodeAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask,
@@ -156,22 +228,22 @@ torch::Tensor DecodeAttention(const torch::Tensor& q, const torch::Tensor& k,
   const int64_t b = q.size(0), h = q.size(1), d = q.size(2);
   const int64_t hkv = k.size(2);
   torch::Tensor qg = q.view({b, hkv, h / hkv, d});  // [B, Hkv, g, D]
-  torch::Tensor kt = k.transpose(1, 2);              // [B, Hkv, L, D]
-  torch::Tensor vt = v.transpose(1, 2);
-  torch::Tensor out;
-#if TORCH_VERSION_MAJOR >= 2
-  if (impl != model::AttentionImpl::kMath) {
-    out = at::scaled_dot_product_attention(qg, kt, vt, mask, 0.0, false);
-  }
-#endif
-  if (!out.defined()) {
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    torch::Tensor scores = torch::matmul(qg, kt.transpose(-2, -1)) * scale;  // [B, Hkv, g, L]
-    scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
-    torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
-    out = torch::matmul(probs, vt);
-  }
-  return out.reshape({b, h, d});
+  return GroupedAttention(qg, k.transpose(1, 2), v.transpose(1, 2), mask, impl)
+      .reshape({b, h, d});
+}
+
+// Padded prefill batch: q [P * n, H, D] (padded queries), k/v [P, L, Hkv, D],
+// mask [P, 1, n, L] -> [P * n, H, D].
+torch::Tensor PrefillBatchAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v, const torch::Tensor& mask,
+                                    int64_t p, int64_t n, model::AttentionImpl impl) {
+  const int64_t h = q.size(1), d = q.size(2), hkv = k.size(2), g = h / hkv;
+  // [P, n, Hkv, g, D] -> [P, Hkv, g, n, D] -> [P, Hkv, g * n, D]
+  torch::Tensor qg = q.view({p, n, hkv, g, d}).permute({0, 2, 3, 1, 4}).reshape({p, hkv, g * n, d});
+  torch::Tensor mg = g == 1 ? mask : mask.repeat({1, 1, g, 1});  // [P, 1, g * n, L]
+  torch::Tensor o = GroupedAttention(qg, k.transpose(1, 2), v.transpose(1, 2), mg, impl);
+  // [P, Hkv, g * n, D] -> [P, Hkv, g, n, D] -> [P, n, Hkv, g, D] -> [P * n, H, D]
+  return o.view({p, hkv, g, n, d}).permute({0, 3, 1, 2, 4}).reshape({p * n, h, d});
 }
 
 }  // namespace
@@ -184,7 +256,8 @@ torch::Tensor PagedAttention::Attend(int layer, const torch::Tensor& q, const to
   vp.index_copy_(0, layout_->write_slots, v);
 
   const PagedLayout& lay = *layout_;
-  const bool only_decodes = lay.prefills.empty() && lay.decode_rows.defined() &&
+  const bool only_decodes = lay.prefills.empty() && !lay.prefill_batched &&
+                            lay.decode_rows.defined() &&
                             lay.decode_rows_are_prefix &&
                             lay.decode_rows.size(0) == lay.num_tokens;
   torch::Tensor out;
@@ -228,6 +301,15 @@ torch::Tensor PagedAttention::Attend(int layer, const torch::Tensor& q, const to
     out.index_copy_(0, lay.decode_rows, od);
   }
   if (!out.defined()) out = torch::empty_like(q);
+  if (lay.prefill_batched) {
+    const int64_t p = lay.prefill_p, n = lay.prefill_n_max, l = lay.prefill_l_max;
+    torch::Tensor qb = q.index_select(0, lay.prefill_q_index);  // [P * n, H, D]
+    torch::Tensor kb = kp.index_select(0, lay.prefill_slots).view({p, l, kp.size(1), kp.size(2)});
+    torch::Tensor vb = vp.index_select(0, lay.prefill_slots).view({p, l, vp.size(1), vp.size(2)});
+    torch::Tensor ob = PrefillBatchAttention(qb, kb, vb, lay.prefill_mask, p, n, impl_);
+    out.index_copy_(0, lay.prefill_out_rows, ob.index_select(0, lay.prefill_out_index));
+    return out;
+  }
   for (const PagedLayout::Prefill& p : lay.prefills) {
     torch::Tensor kc = kp.index_select(0, p.slots);  // [L, Hkv, D]
     torch::Tensor vc = vp.index_select(0, p.slots);

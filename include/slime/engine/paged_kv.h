@@ -83,6 +83,16 @@ struct PagedLayout {
     torch::Tensor slots;
   };
   std::vector<Prefill> prefills;
+  // Several prefill items of similar shape run as one padded batch (when padding at most doubles
+  // the work): queries [P, n_max] gathered from rows, contexts [P, L_max] gathered from slots,
+  // a causal-with-offset mask, and the valid queries scattered back.
+  bool prefill_batched = false;
+  int64_t prefill_p = 0, prefill_n_max = 0, prefill_l_max = 0;
+  torch::Tensor prefill_q_index;    // [P * n_max] int64: batch row of each padded query
+  torch::Tensor prefill_slots;      // [P * L_max] int64: context slots, padded with slot 0
+  torch::Tensor prefill_mask;       // [P, 1, n_max, L_max] bool
+  torch::Tensor prefill_out_index;  // [sum n] int64: padded query index of each valid query
+  torch::Tensor prefill_out_rows;   // [sum n] int64: its batch row
   // With the CUDA decode kernel (decode_kernel): page tables and lengths instead of gathered
   // slots; decode_slots/decode_mask stay undefined.
   bool decode_kernel = false;
