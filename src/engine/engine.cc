@@ -654,6 +654,10 @@ void Engine::ThreadMain() {
       commands.swap(commands_);
     }
     for (auto& c : commands) c(impl);
+    if (!commands.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      load_ = impl.Load();
+    }
     if (impl.HasWork()) impl.Step();
     std::lock_guard<std::mutex> lock(mu_);
     load_ = impl.Load();

@@ -84,8 +84,10 @@ class EngineServerTest : public ::testing::Test {
     delete registry_;
   }
   void SetUp() override {
-    // Every test starts from a clean, running engine.
+    // Every test starts from a clean, running engine (the load snapshot lags a request's answer
+    // by one engine-loop iteration, so wait for it to settle).
     engine_->Continue();
+    WaitForRunning(0);
     client_ = std::make_unique<http::Client>("127.0.0.1", server_->port());
   }
 
@@ -329,7 +331,8 @@ TEST_F(EngineServerTest, AbortMidGenerationReturnsPartialOutput) {
   EXPECT_GT(out["output_ids"].size(), 0u);
   EXPECT_LT(out["output_ids"].size(), 400u);
   EXPECT_EQ(out["meta_info"]["output_token_logprobs"].size(), out["output_ids"].size());
-  // /v1/loads drains to 0.
+  // /v1/loads drains to 0 (slime polls it after abort_all).
+  WaitForRunning(0);
   auto [ls, loads] = Get("/v1/loads?include=core");
   EXPECT_EQ(ls, 200);
   EXPECT_EQ(loads["loads"][0]["num_running_reqs"], 0);
