@@ -1,8 +1,14 @@
 // `slime_train serve` (see include/slime/app/serve.h).
 #include "slime/app/serve.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 
 #include "CLI/CLI.hpp"
@@ -16,6 +22,37 @@
 #include "spdlog/spdlog.h"
 
 namespace slime::app {
+namespace {
+
+// Fails early (before a model load that can take minutes) when host:port cannot be bound.
+// The server binds again for real after loading; this only catches the common mistakes.
+Status CheckPortFree(const std::string& host, int port) {
+  if (port == 0) return absl::OkStatus();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string port_s = std::to_string(port);
+  if (getaddrinfo(host.c_str(), port_s.c_str(), &hints, &res) != 0 || res == nullptr) {
+    return absl::InvalidArgumentError(fmt::format("cannot resolve --host '{}'", host));
+  }
+  Status status = absl::OkStatus();
+  const int fd = socket(res->ai_family, res->ai_socktype, res->ai_protocol);
+  if (fd >= 0) {
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0) {
+      status = absl::UnavailableError(fmt::format("cannot listen on {}:{} (bind): {}", host, port,
+                                                  std::string(strerror(errno))));
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return status;
+}
+
+}  // namespace
 
 void AddServeOptions(CLI::App* cmd, ServeOptions* o) {
   cmd->add_option("--model,--model-path", o->model_path,
@@ -88,6 +125,10 @@ int RunServe(const ServeOptions& o) {
     spdlog::debug("serve: file descriptor limit {}", *fds);
   }
 
+  if (Status s = CheckPortFree(o.host, o.port); !s.ok()) {
+    std::cerr << "slime_train serve: error: " << s.message() << "\n";
+    return kExitUsage;
+  }
   metrics::Registry registry;
   engine::EngineOptions eo;
   eo.model_path = o.model_path;
