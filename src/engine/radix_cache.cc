@@ -12,22 +12,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "slime/common/check.h"
 
 namespace slime::engine {
 namespace {
 
-[[noreturn]] void CheckFailed(const char* file, int line, const char* cond,
-                              const std::string& message) {
-  std::fprintf(stderr, "%s:%d: CHECK failed: %s: %s\n", file, line, cond, message.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
-
-#define RADIX_CHECK(cond, ...)                                          \
-  do {                                                                  \
-    if (!(cond)) [[unlikely]]                                           \
-      CheckFailed(__FILE__, __LINE__, #cond, fmt::format(__VA_ARGS__)); \
-  } while (0)
 
 // The key of a child in its parent: its first page of tokens.
 using PageKey = std::vector<int32_t>;
@@ -93,7 +82,7 @@ RadixCache::Match RadixCache::MatchPrefix(std::span<const int32_t> tokens, int64
 }
 
 void RadixCache::Lock(NodeHandle node) {
-  RADIX_CHECK(node != nullptr, "RadixCache::Lock of a null handle");
+  SLIME_CHECK(node != nullptr, "RadixCache::Lock of a null handle");
   for (Node* n = node; n != root_.get(); n = n->parent) {
     if (n->lock_ref == 0) evictable_pages_ -= static_cast<int64_t>(n->pages.size());
     ++n->lock_ref;
@@ -101,9 +90,9 @@ void RadixCache::Lock(NodeHandle node) {
 }
 
 void RadixCache::Unlock(NodeHandle node) {
-  RADIX_CHECK(node != nullptr, "RadixCache::Unlock of a null handle");
+  SLIME_CHECK(node != nullptr, "RadixCache::Unlock of a null handle");
   for (Node* n = node; n != root_.get(); n = n->parent) {
-    RADIX_CHECK(n->lock_ref > 0, "RadixCache::Unlock of node {} that is not locked", n->id);
+    SLIME_CHECK(n->lock_ref > 0, "RadixCache::Unlock of node {} that is not locked", n->id);
     --n->lock_ref;
     if (n->lock_ref == 0) evictable_pages_ += static_cast<int64_t>(n->pages.size());
   }
@@ -111,7 +100,7 @@ void RadixCache::Unlock(NodeHandle node) {
 
 RadixCache::NodeHandle RadixCache::Insert(std::span<const int32_t> tokens,
                                           std::span<const int32_t> pages) {
-  RADIX_CHECK(static_cast<int64_t>(tokens.size()) ==
+  SLIME_CHECK(static_cast<int64_t>(tokens.size()) ==
                   static_cast<int64_t>(pages.size()) * page_size_,
               "RadixCache::Insert: {} tokens but {} pages of {} tokens", tokens.size(),
               pages.size(), page_size_);
@@ -168,7 +157,7 @@ RadixCache::NodeHandle RadixCache::Insert(std::span<const int32_t> tokens,
 RadixCache::Node* RadixCache::Split(Node* node, int64_t num_pages) {
   Node* parent = node->parent;
   auto it = parent->children.find(KeyAt(node->key, 0, page_size_));
-  RADIX_CHECK(it != parent->children.end() && it->second.get() == node,
+  SLIME_CHECK(it != parent->children.end() && it->second.get() == node,
               "radix node {} missing from its parent", node->id);
   std::unique_ptr<Node> lower = std::move(it->second);
 
@@ -223,7 +212,7 @@ int64_t RadixCache::Evict(int64_t num_pages) {
 }
 
 void RadixCache::Reset() {
-  RADIX_CHECK(locked_pages() == 0,
+  SLIME_CHECK(locked_pages() == 0,
               "RadixCache::Reset with {} locked pages (running requests hold prefixes)",
               locked_pages());
   std::vector<int32_t> pages = AllPages();
@@ -235,7 +224,7 @@ void RadixCache::Reset() {
 }
 
 std::vector<int32_t> RadixCache::PathPages(NodeHandle node) const {
-  RADIX_CHECK(node != nullptr, "RadixCache::PathPages of a null handle");
+  SLIME_CHECK(node != nullptr, "RadixCache::PathPages of a null handle");
   std::vector<const Node*> path;
   for (const Node* n = node; n != root_.get(); n = n->parent) path.push_back(n);
   std::vector<int32_t> pages;
@@ -266,13 +255,13 @@ void RadixCache::RecordLookup(int64_t queried, int64_t matched) {
 void RadixCache::CheckInvariants(std::span<const NodeHandle> held_locks) const {
   absl::flat_hash_map<const Node*, int64_t> expected;
   for (NodeHandle h : held_locks) {
-    RADIX_CHECK(h != nullptr, "a held lock is a null handle");
+    SLIME_CHECK(h != nullptr, "a held lock is a null handle");
     for (const Node* n = h; n != root_.get(); n = n->parent) {
-      RADIX_CHECK(n != nullptr, "a held lock is not in this tree");
+      SLIME_CHECK(n != nullptr, "a held lock is not in this tree");
       ++expected[n];
     }
   }
-  RADIX_CHECK(root_->pages.empty() && root_->key.empty() && root_->lock_ref == 0,
+  SLIME_CHECK(root_->pages.empty() && root_->key.empty() && root_->lock_ref == 0,
               "the root holds pages or locks");
   absl::flat_hash_set<int32_t> seen;
   int64_t pages = 0, evictable = 0, nodes = 0;
@@ -282,37 +271,37 @@ void RadixCache::CheckInvariants(std::span<const NodeHandle> held_locks) const {
     stack.pop_back();
     if (n != root_.get()) {
       ++nodes;
-      RADIX_CHECK(!n->pages.empty(), "radix node {} holds no pages", n->id);
-      RADIX_CHECK(static_cast<int64_t>(n->key.size()) ==
+      SLIME_CHECK(!n->pages.empty(), "radix node {} holds no pages", n->id);
+      SLIME_CHECK(static_cast<int64_t>(n->key.size()) ==
                       static_cast<int64_t>(n->pages.size()) * page_size_,
                   "radix node {}: {} tokens for {} pages", n->id, n->key.size(),
                   n->pages.size());
       auto it = expected.find(n);
       const int64_t want = it == expected.end() ? 0 : it->second;
-      RADIX_CHECK(n->lock_ref == want, "radix node {}: lock_ref {} but {} locks held below it",
+      SLIME_CHECK(n->lock_ref == want, "radix node {}: lock_ref {} but {} locks held below it",
                   n->id, n->lock_ref, want);
       pages += static_cast<int64_t>(n->pages.size());
       if (n->lock_ref == 0) evictable += static_cast<int64_t>(n->pages.size());
       for (int32_t p : n->pages) {
-        RADIX_CHECK(p > 0 && p < pool_->num_pages(), "radix node {} holds page {} out of range",
+        SLIME_CHECK(p > 0 && p < pool_->num_pages(), "radix node {} holds page {} out of range",
                     n->id, p);
-        RADIX_CHECK(!pool_->IsFree(p), "radix node {} holds page {} which is free", n->id, p);
-        RADIX_CHECK(seen.insert(p).second, "page {} appears twice in the radix tree", p);
+        SLIME_CHECK(!pool_->IsFree(p), "radix node {} holds page {} which is free", n->id, p);
+        SLIME_CHECK(seen.insert(p).second, "page {} appears twice in the radix tree", p);
       }
     }
     for (const auto& [key, child] : n->children) {
-      RADIX_CHECK(child->parent == n, "radix node {} has a wrong parent", child->id);
-      RADIX_CHECK(static_cast<int64_t>(key.size()) == page_size_ &&
+      SLIME_CHECK(child->parent == n, "radix node {} has a wrong parent", child->id);
+      SLIME_CHECK(static_cast<int64_t>(key.size()) == page_size_ &&
                       std::equal(key.begin(), key.end(), child->key.begin()),
                   "radix node {} is filed under a key that is not its first page", child->id);
       stack.push_back(child.get());
     }
   }
-  RADIX_CHECK(pages == cached_pages_, "cached_pages {} but the tree holds {}", cached_pages_,
+  SLIME_CHECK(pages == cached_pages_, "cached_pages {} but the tree holds {}", cached_pages_,
               pages);
-  RADIX_CHECK(evictable == evictable_pages_, "evictable_pages {} but {} pages are unlocked",
+  SLIME_CHECK(evictable == evictable_pages_, "evictable_pages {} but {} pages are unlocked",
               evictable_pages_, evictable);
-  RADIX_CHECK(nodes == num_nodes_, "num_nodes {} but the tree has {}", num_nodes_, nodes);
+  SLIME_CHECK(nodes == num_nodes_, "num_nodes {} but the tree has {}", num_nodes_, nodes);
 }
 
 }  // namespace slime::engine

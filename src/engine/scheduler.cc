@@ -1,5 +1,6 @@
 #include "slime/engine/scheduler.h"
 
+
 #include "absl/container/flat_hash_set.h"
 
 #include <fmt/format.h>
@@ -11,21 +12,11 @@
 #include <string>
 #include <utility>
 
+#include "slime/common/check.h"
+
 namespace slime::engine {
 namespace {
 
-[[noreturn]] void CheckFailed(const char* file, int line, const char* cond,
-                              const std::string& message) {
-  std::fprintf(stderr, "%s:%d: CHECK failed: %s: %s\n", file, line, cond, message.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
-
-#define SCHED_CHECK(cond, ...)                                          \
-  do {                                                                  \
-    if (!(cond)) [[unlikely]]                                           \
-      CheckFailed(__FILE__, __LINE__, #cond, fmt::format(__VA_ARGS__)); \
-  } while (0)
 
 template <typename T>
 int64_t Size(const std::vector<T>& v) {
@@ -71,8 +62,8 @@ Status ValidateSchedulerOptions(const SchedulerOptions& options) {
 Scheduler::Scheduler(const SchedulerOptions& options, KvPagePool* pool, RadixCache* cache)
     : options_(options), pool_(pool), cache_(cache), page_size_(pool->page_size()) {
   Status valid = ValidateSchedulerOptions(options);
-  SCHED_CHECK(valid.ok(), "{}", std::string(valid.message()));
-  SCHED_CHECK(cache->pool() == pool, "the radix cache is built on another page pool");
+  SLIME_CHECK(valid.ok(), "{}", std::string(valid.message()));
+  SLIME_CHECK(cache->pool() == pool, "the radix cache is built on another page pool");
 }
 
 Scheduler::~Scheduler() {
@@ -146,7 +137,7 @@ Batch Scheduler::Schedule() {
     if (seq->state != Sequence::State::kRunning || seq->out_of_memory || !seq->prefilled) continue;
     const int64_t pending = Size(seq->tokens) - seq->num_computed;
     if (pending == 0) continue;  // sampled nothing (prefill only): the engine finishes it
-    SCHED_CHECK(pending == 1, "sequence {} has {} tokens without K/V after its prefill",
+    SLIME_CHECK(pending == 1, "sequence {} has {} tokens without K/V after its prefill",
                 seq->id, pending);
     if (batch_left < 1) break;
     if (!ReservePages(seq, 1, &plans, &batch, &prefill_left, &batch_left)) continue;
@@ -230,7 +221,7 @@ Batch Scheduler::Schedule() {
     item.num_tokens = plan.num_tokens;
     seq->num_computed += plan.num_tokens;
     item.completes = seq->num_computed == Size(seq->tokens);
-    SCHED_CHECK(Size(seq->pages) == pool_->PagesFor(seq->num_computed),
+    SLIME_CHECK(Size(seq->pages) == pool_->PagesFor(seq->num_computed),
                 "sequence {}: {} pages for {} tokens", seq->id, seq->pages.size(),
                 seq->num_computed);
     if (item.completes && !seq->prefilled) {
@@ -238,7 +229,7 @@ Batch Scheduler::Schedule() {
       seq->cache_on_append = true;
     }
     if (plan.decode) {
-      SCHED_CHECK(batch.num_decodes == Size(batch.items), "a decode planned after a prefill");
+      SLIME_CHECK(batch.num_decodes == Size(batch.items), "a decode planned after a prefill");
       ++batch.num_decodes;
     }
     batch.num_tokens += plan.num_tokens;
@@ -270,7 +261,7 @@ bool Scheduler::ReservePages(Sequence* seq, int64_t num_tokens, std::vector<Plan
   }
   if (needed > 0) {
     std::optional<std::vector<int32_t>> fresh = pool_->Allocate(needed);
-    SCHED_CHECK(fresh.has_value(), "allocation of {} pages failed after they were free", needed);
+    SLIME_CHECK(fresh.has_value(), "allocation of {} pages failed after they were free", needed);
     seq->pages.insert(seq->pages.end(), fresh->begin(), fresh->end());
   }
   return true;
@@ -333,7 +324,7 @@ Scheduler::Admission Scheduler::TryAdmit(Sequence* seq, int64_t reserve,
   }
   FreeAfterEviction(needed);
   std::optional<std::vector<int32_t>> fresh = pool_->Allocate(needed);
-  SCHED_CHECK(fresh.has_value(), "allocation of {} pages failed after eviction", needed);
+  SLIME_CHECK(fresh.has_value(), "allocation of {} pages failed after eviction", needed);
   seq->num_cached_pages = Size(match.pages);
   seq->pages = std::move(match.pages);
   seq->pages.insert(seq->pages.end(), fresh->begin(), fresh->end());
@@ -365,7 +356,7 @@ void Scheduler::CacheComputedPages(Sequence* seq) {
   // Where the tree already had pages for these tokens it kept its own and freed ours: switch
   // the page table to the tree's pages (same tokens, same K/V).
   RadixCache::Match match = cache_->MatchPrefix(tokens, full * page_size_);
-  SCHED_CHECK(match.node == node && Size(match.pages) == full,
+  SLIME_CHECK(match.node == node && Size(match.pages) == full,
               "sequence {}: {} inserted pages do not match back ({} matched)", seq->id, full,
               match.pages.size());
   std::copy(match.pages.begin(), match.pages.end(), seq->pages.begin());
@@ -392,7 +383,7 @@ void Scheduler::ReleasePages(Sequence* seq) {
 
 void Scheduler::RemoveRunning(Sequence* seq) {
   auto it = std::find(running_.begin(), running_.end(), seq);
-  SCHED_CHECK(it != running_.end(), "sequence {} is not running", seq->id);
+  SLIME_CHECK(it != running_.end(), "sequence {} is not running", seq->id);
   running_.erase(it);
 }
 
@@ -401,13 +392,13 @@ void Scheduler::RemoveRunning(Sequence* seq) {
 
 Sequence& Scheduler::Get(uint64_t id) {
   auto it = seqs_.find(id);
-  SCHED_CHECK(it != seqs_.end(), "unknown sequence {}", id);
+  SLIME_CHECK(it != seqs_.end(), "unknown sequence {}", id);
   return *it->second;
 }
 
 void Scheduler::AppendToken(uint64_t id, int32_t token) {
   Sequence& seq = Get(id);
-  SCHED_CHECK(seq.state == Sequence::State::kRunning && seq.num_computed == Size(seq.tokens),
+  SLIME_CHECK(seq.state == Sequence::State::kRunning && seq.num_computed == Size(seq.tokens),
               "AppendToken({}): the sequence has no completed item to sample from "
               "(running: {}, {} of {} tokens computed)",
               id, seq.state == Sequence::State::kRunning, seq.num_computed, seq.tokens.size());
@@ -422,13 +413,13 @@ void Scheduler::Rollback(const Batch& batch) {
   for (size_t i = 0; i < batch.items.size(); ++i) {
     const BatchItem& item = batch.items[i];
     Sequence& seq = Get(item.seq_id);
-    SCHED_CHECK(seq.state == Sequence::State::kRunning &&
+    SLIME_CHECK(seq.state == Sequence::State::kRunning &&
                     seq.num_computed == item.start + item.num_tokens &&
                     Size(seq.tokens) >= seq.num_computed,
                 "Rollback: sequence {} is not as the batch left it ({} computed, item [{}, {}))",
                 item.seq_id, seq.num_computed, item.start, item.start + item.num_tokens);
     const int64_t keep = pool_->PagesFor(item.start);
-    SCHED_CHECK(keep >= seq.num_cached_pages, "Rollback: sequence {} would drop cached pages",
+    SLIME_CHECK(keep >= seq.num_cached_pages, "Rollback: sequence {} would drop cached pages",
                 item.seq_id);
     pool_->Free(std::span<const int32_t>(seq.pages).subspan(keep));
     seq.pages.resize(keep);
@@ -449,7 +440,7 @@ bool Scheduler::Finish(uint64_t id) {
     RemoveRunning(seq);
   } else {
     auto w = std::find(waiting_.begin(), waiting_.end(), seq);
-    SCHED_CHECK(w != waiting_.end(), "sequence {} is neither running nor waiting", id);
+    SLIME_CHECK(w != waiting_.end(), "sequence {} is neither running nor waiting", id);
     waiting_.erase(w);
   }
   seqs_.erase(it);
@@ -477,7 +468,7 @@ std::vector<uint64_t> Scheduler::WaitingIds() const {
 }
 
 int64_t Scheduler::SlotOf(const Sequence& seq, int64_t position) const {
-  SCHED_CHECK(position >= 0 && position < Size(seq.pages) * page_size_,
+  SLIME_CHECK(position >= 0 && position < Size(seq.pages) * page_size_,
               "sequence {}: position {} is outside its {} pages", seq.id, position,
               seq.pages.size());
   return static_cast<int64_t>(seq.pages[position / page_size_]) * page_size_ +
@@ -488,57 +479,57 @@ void Scheduler::CheckInvariants() const {
   std::vector<int> owners(pool_->num_pages(), 0);
   for (int32_t p : cache_->AllPages()) ++owners[p];
   std::vector<RadixCache::NodeHandle> locks;
-  SCHED_CHECK(Size(running_) + static_cast<int64_t>(waiting_.size()) ==
+  SLIME_CHECK(Size(running_) + static_cast<int64_t>(waiting_.size()) ==
                   static_cast<int64_t>(seqs_.size()),
               "{} running + {} waiting != {} sequences", running_.size(), waiting_.size(),
               seqs_.size());
-  SCHED_CHECK(num_running() <= options_.max_running_requests, "{} running > max {}",
+  SLIME_CHECK(num_running() <= options_.max_running_requests, "{} running > max {}",
               num_running(), options_.max_running_requests);
   for (const Sequence* seq : waiting_) {
-    SCHED_CHECK(seq->state == Sequence::State::kWaiting, "sequence {} queued but not waiting",
+    SLIME_CHECK(seq->state == Sequence::State::kWaiting, "sequence {} queued but not waiting",
                 seq->id);
-    SCHED_CHECK(seq->pages.empty() && seq->prefix_node == nullptr && seq->num_computed == 0 &&
+    SLIME_CHECK(seq->pages.empty() && seq->prefix_node == nullptr && seq->num_computed == 0 &&
                     seq->num_cached_pages == 0 && !seq->prefilled,
                 "waiting sequence {} holds pages, a lock or computed tokens", seq->id);
   }
   for (const Sequence* seq : running_) {
-    SCHED_CHECK(seq->state == Sequence::State::kRunning, "sequence {} listed as running",
+    SLIME_CHECK(seq->state == Sequence::State::kRunning, "sequence {} listed as running",
                 seq->id);
-    SCHED_CHECK(seq->prefix_node != nullptr, "running sequence {} holds no lock", seq->id);
-    SCHED_CHECK(seq->num_computed <= Size(seq->tokens), "sequence {}: {} computed of {} tokens",
+    SLIME_CHECK(seq->prefix_node != nullptr, "running sequence {} holds no lock", seq->id);
+    SLIME_CHECK(seq->num_computed <= Size(seq->tokens), "sequence {}: {} computed of {} tokens",
                 seq->id, seq->num_computed, seq->tokens.size());
-    SCHED_CHECK(Size(seq->pages) == pool_->PagesFor(seq->num_computed),
+    SLIME_CHECK(Size(seq->pages) == pool_->PagesFor(seq->num_computed),
                 "sequence {}: {} pages for {} computed tokens", seq->id, seq->pages.size(),
                 seq->num_computed);
-    SCHED_CHECK(seq->num_cached_pages * page_size_ <= seq->num_computed,
+    SLIME_CHECK(seq->num_cached_pages * page_size_ <= seq->num_computed,
                 "sequence {}: {} cached pages beyond {} computed tokens", seq->id,
                 seq->num_cached_pages, seq->num_computed);
-    SCHED_CHECK(cache_->enabled() || seq->num_cached_pages == 0,
+    SLIME_CHECK(cache_->enabled() || seq->num_cached_pages == 0,
                 "sequence {} holds cached pages with the cache disabled", seq->id);
     std::vector<int32_t> path = cache_->PathPages(seq->prefix_node);
-    SCHED_CHECK(Size(path) == seq->num_cached_pages &&
+    SLIME_CHECK(Size(path) == seq->num_cached_pages &&
                     std::equal(path.begin(), path.end(), seq->pages.begin()),
                 "sequence {}: its first {} pages are not the locked tree path ({} pages)",
                 seq->id, seq->num_cached_pages, path.size());
     for (size_t i = seq->num_cached_pages; i < seq->pages.size(); ++i) {
       const int32_t p = seq->pages[i];
-      SCHED_CHECK(p > 0 && p < pool_->num_pages(), "sequence {} holds page {} out of range",
+      SLIME_CHECK(p > 0 && p < pool_->num_pages(), "sequence {} holds page {} out of range",
                   seq->id, p);
       ++owners[p];
     }
     locks.push_back(seq->prefix_node);
   }
   cache_->CheckInvariants(locks);
-  SCHED_CHECK(owners[0] == 0 && !pool_->IsFree(0), "page 0 is handed out or free");
+  SLIME_CHECK(owners[0] == 0 && !pool_->IsFree(0), "page 0 is handed out or free");
   int64_t free = 0;
   for (int32_t p = 1; p < pool_->num_pages(); ++p) {
     const bool is_free = pool_->IsFree(p);
     free += is_free;
-    SCHED_CHECK(owners[p] + (is_free ? 1 : 0) == 1,
+    SLIME_CHECK(owners[p] + (is_free ? 1 : 0) == 1,
                 "page {} has {} owners besides {} the free list", p, owners[p],
                 is_free ? "" : "not");
   }
-  SCHED_CHECK(free == pool_->num_free(), "{} pages marked free but the free list holds {}", free,
+  SLIME_CHECK(free == pool_->num_free(), "{} pages marked free but the free list holds {}", free,
               pool_->num_free());
 }
 
