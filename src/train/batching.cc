@@ -189,8 +189,7 @@ Status ValidateBatchingOptions(const BatchingOptions& o) {
 }
 
 double SampleCost(const BatchingOptions& o, int64_t tokens) {
-  return o.flops_model ? EstimateForwardFlops(*o.flops_model, tokens)
-                       : static_cast<double>(tokens);
+  return o.flops_model ? EstimateForwardFlops(*o.flops_model, tokens) : static_cast<double>(tokens);
 }
 
 int64_t PaddedTokens(int64_t tokens, int64_t tp_size, int64_t pad_multiplier) {
@@ -254,8 +253,8 @@ StatusOr<std::vector<MicroBatch>> PackMicroBatches(std::span<const int64_t> samp
     std::vector<MicroBatch> out;
     for (size_t i = 0; i < samples.size(); i += options.micro_batch_size) {
       const size_t end = std::min(samples.size(), i + options.micro_batch_size);
-      out.push_back(MakeMicroBatch({samples.begin() + i, samples.begin() + end}, token_counts,
-                                   options));
+      out.push_back(
+          MakeMicroBatch({samples.begin() + i, samples.begin() + end}, token_counts, options));
     }
     return out;
   }
@@ -323,8 +322,8 @@ StatusOr<std::vector<std::vector<MicroBatch>>> DistributeMicroBatches(
   const int64_t dp = options.data_parallel_size;
   const auto n = static_cast<int64_t>(micro_batches.size());
   if (dp < 1 || n == 0 || n % dp != 0) {
-    return absl::InvalidArgumentError(fmt::format(
-        "{} micro-batches cannot be split evenly over {} data-parallel ranks", n, dp));
+    return absl::InvalidArgumentError(
+        fmt::format("{} micro-batches cannot be split evenly over {} data-parallel ranks", n, dp));
   }
   std::vector<std::vector<MicroBatch>> ranks(dp);
   if (!BalanceAcrossRanks(options) || dp == 1) {
@@ -350,8 +349,8 @@ StatusOr<std::vector<std::vector<int64_t>>> KarmarkarKarpPartition(std::span<con
   if (k < 1) return absl::InvalidArgumentError(fmt::format("k must be >= 1, got {}", k));
   if (equal_size && n % k != 0) {
     return absl::InvalidArgumentError(fmt::format(
-        "an equal-size partition of {} items into {} subsets needs a multiple of {} items", n,
-        k, k));
+        "an equal-size partition of {} items into {} subsets needs a multiple of {} items", n, k,
+        k));
   }
   for (int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(costs[i]) || costs[i] < 0) {
@@ -404,8 +403,10 @@ StatusOr<std::vector<std::vector<int64_t>>> KarmarkarKarpPartition(std::span<con
     std::vector<int64_t> ia(k), ib(k);
     std::iota(ia.begin(), ia.end(), 0);
     std::iota(ib.begin(), ib.end(), 0);
-    std::stable_sort(ia.begin(), ia.end(), [&](int64_t x, int64_t y) { return a.sums[x] > a.sums[y]; });
-    std::stable_sort(ib.begin(), ib.end(), [&](int64_t x, int64_t y) { return b.sums[x] < b.sums[y]; });
+    std::stable_sort(ia.begin(), ia.end(),
+                     [&](int64_t x, int64_t y) { return a.sums[x] > a.sums[y]; });
+    std::stable_sort(ib.begin(), ib.end(),
+                     [&](int64_t x, int64_t y) { return b.sums[x] < b.sums[y]; });
     PartialPartition merged;
     merged.sets.resize(k);
     merged.sums.resize(k);
@@ -457,8 +458,8 @@ StatusOr<RolloutSchedule> ScheduleRollout(std::span<const int64_t> token_counts,
   for (size_t i = 0; i < split.steps.size(); ++i) {
     auto step = ScheduleStep(split.steps[i], token_counts, options);
     if (!step.ok()) {
-      return Status(step.status().code(),
-                    fmt::format("step {} of the rollout: {}", i, std::string(step.status().message())));
+      return Status(step.status().code(), fmt::format("step {} of the rollout: {}", i,
+                                                      std::string(step.status().message())));
     }
     out.steps.push_back(*std::move(step));
   }
@@ -469,8 +470,8 @@ Status CheckStepSchedule(const StepSchedule& schedule, std::span<const int64_t> 
                          const BatchingOptions& options) {
   auto fail = [](const std::string& msg) { return absl::InternalError(msg); };
   if (static_cast<int64_t>(schedule.ranks.size()) != options.data_parallel_size) {
-    return fail(fmt::format("{} ranks, expected {}", schedule.ranks.size(),
-                            options.data_parallel_size));
+    return fail(
+        fmt::format("{} ranks, expected {}", schedule.ranks.size(), options.data_parallel_size));
   }
   const int64_t per_rank = schedule.num_micro_batches_per_rank();
   if (per_rank < 1) return fail("a rank has no micro-batch");
@@ -505,12 +506,12 @@ Status CheckStepSchedule(const StepSchedule& schedule, std::span<const int64_t> 
       }
       if (options.use_dynamic_batch_size) {
         if (mb.samples.size() > 1 && mb.tokens > TokenCap(options)) {
-          return fail(fmt::format("{}: {} tokens over the cap {}", where, mb.tokens,
-                                  TokenCap(options)));
+          return fail(
+              fmt::format("{}: {} tokens over the cap {}", where, mb.tokens, TokenCap(options)));
         }
       } else if (static_cast<int64_t>(mb.samples.size()) > options.micro_batch_size) {
-        return fail(fmt::format("{}: {} samples over micro_batch_size {}", where,
-                                mb.samples.size(), options.micro_batch_size));
+        return fail(fmt::format("{}: {} samples over micro_batch_size {}", where, mb.samples.size(),
+                                options.micro_batch_size));
       }
     }
   }

@@ -15,8 +15,8 @@ StatusOr<LrDecayStyle> ParseLrDecayStyle(std::string_view name) {
   if (name == "constant") return LrDecayStyle::kConstant;
   if (name == "linear") return LrDecayStyle::kLinear;
   if (name == "cosine") return LrDecayStyle::kCosine;
-  return absl::InvalidArgumentError(fmt::format(
-      "lr_decay_style '{}' is not supported; valid: constant, linear, cosine", name));
+  return absl::InvalidArgumentError(
+      fmt::format("lr_decay_style '{}' is not supported; valid: constant, linear, cosine", name));
 }
 
 std::string_view LrDecayStyleName(LrDecayStyle style) {
@@ -48,16 +48,16 @@ Status ValidateLrSchedule(const LrSchedule& s) {
     return bad(fmt::format("lr decay steps must be > 0, got {} samples", s.decay_steps));
   }
   if (s.warmup_steps < 0 || s.warmup_steps >= static_cast<double>(s.decay_steps)) {
-    return bad(fmt::format(
-        "lr warmup ({} samples) must be shorter than the decay ({} samples); lower "
-        "lr_warmup_iters / lr_warmup_fraction or raise lr_decay_iters",
-        s.warmup_steps, s.decay_steps));
+    return bad(
+        fmt::format("lr warmup ({} samples) must be shorter than the decay ({} samples); lower "
+                    "lr_warmup_iters / lr_warmup_fraction or raise lr_decay_iters",
+                    s.warmup_steps, s.decay_steps));
   }
   return absl::OkStatus();
 }
 
-int64_t TrainIters(int64_t num_rollout, int64_t rollout_batch_size,
-                   int64_t n_samples_per_prompt, int64_t global_batch_size) {
+int64_t TrainIters(int64_t num_rollout, int64_t rollout_batch_size, int64_t n_samples_per_prompt,
+                   int64_t global_batch_size) {
   SLIME_CHECK(global_batch_size >= 1, "global_batch_size {}", global_batch_size);
   return num_rollout * rollout_batch_size * n_samples_per_prompt / global_batch_size;
 }
@@ -97,7 +97,8 @@ double LearningRate(const LrSchedule& s, int64_t num_steps) {
   }
   if (s.decay_style == LrDecayStyle::kConstant) return s.max_lr;
   if (num_steps > s.decay_steps) return s.min_lr;
-  const double ratio = (steps - s.warmup_steps) / (static_cast<double>(s.decay_steps) - s.warmup_steps);
+  const double ratio =
+      (steps - s.warmup_steps) / (static_cast<double>(s.decay_steps) - s.warmup_steps);
   SLIME_CHECK(ratio >= 0.0 && ratio <= 1.0, "decay ratio {} at step {}", ratio, num_steps);
   double coeff = 0.0;
   switch (s.decay_style) {
@@ -154,12 +155,14 @@ Status LrScheduler::LoadState(const LrSchedulerState& st, LrStateMismatch on_mis
   }
   saved.decay_style = *style;
   if (Status valid = ValidateLrSchedule(saved); !valid.ok()) {
-    return absl::InvalidArgumentError(fmt::format("lr scheduler state: {}", std::string(valid.message())));
+    return absl::InvalidArgumentError(
+        fmt::format("lr scheduler state: {}", std::string(valid.message())));
   }
   std::vector<std::string> diffs;
   auto compare = [&](const char* name, auto configured, auto checkpoint) {
     if (configured != checkpoint) {
-      diffs.push_back(fmt::format("{}: configured {}, checkpoint {}", name, configured, checkpoint));
+      diffs.push_back(
+          fmt::format("{}: configured {}, checkpoint {}", name, configured, checkpoint));
     }
   };
   compare("max_lr", schedule_.max_lr, saved.max_lr);
@@ -167,7 +170,8 @@ Status LrScheduler::LoadState(const LrSchedulerState& st, LrStateMismatch on_mis
   compare("init_lr", schedule_.init_lr, saved.init_lr);
   compare("warmup_steps", schedule_.warmup_steps, saved.warmup_steps);
   compare("decay_steps", schedule_.decay_steps, saved.decay_steps);
-  compare("decay_style", LrDecayStyleName(schedule_.decay_style), LrDecayStyleName(saved.decay_style));
+  compare("decay_style", LrDecayStyleName(schedule_.decay_style),
+          LrDecayStyleName(saved.decay_style));
   if (!diffs.empty()) {
     switch (on_mismatch) {
       case LrStateMismatch::kError: {

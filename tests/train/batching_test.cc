@@ -46,7 +46,8 @@ double Spread(const std::vector<double>& costs, const std::vector<Ids>& sets) {
 std::vector<Ids> Greedy(const std::vector<double>& costs, int k) {
   Ids order(costs.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
   std::vector<Ids> sets(k);
   std::vector<double> sums(k, 0);
   for (int64_t i : order) {
@@ -60,8 +61,12 @@ std::vector<Ids> Greedy(const std::vector<double>& costs, int k) {
 TEST(FlopsTest, HandComputedFormula) {
   // layers 1, H 2, q = kv = 1 × 2, F 3, V 5:
   //   linear 2·2·(2 + 4) + 2·2·2 + 6·2·3 + 2·2·5 = 24 + 8 + 36 + 20 = 88; quadratic 2·2 = 4.
-  FlopsModel m{.num_layers = 1, .hidden_size = 2, .num_attention_heads = 1,
-               .num_key_value_heads = 1, .head_dim = 2, .intermediate_size = 3,
+  FlopsModel m{.num_layers = 1,
+               .hidden_size = 2,
+               .num_attention_heads = 1,
+               .num_key_value_heads = 1,
+               .head_dim = 2,
+               .intermediate_size = 3,
                .vocab_size = 5};
   EXPECT_DOUBLE_EQ(EstimateForwardFlops(m, 1), 92.0);
   EXPECT_DOUBLE_EQ(EstimateForwardFlops(m, 3), 88.0 * 3 + 4.0 * 9);
@@ -176,8 +181,12 @@ TEST(PackTest, BalanceByFlopsEvensCostWithinTheCap) {
   Ids samples(tokens.size());
   std::iota(samples.begin(), samples.end(), 0);
   BatchingOptions o = Dynamic(10);
-  o.flops_model = FlopsModel{.num_layers = 2, .hidden_size = 8, .num_attention_heads = 2,
-                             .num_key_value_heads = 1, .head_dim = 4, .intermediate_size = 16,
+  o.flops_model = FlopsModel{.num_layers = 2,
+                             .hidden_size = 8,
+                             .num_attention_heads = 2,
+                             .num_key_value_heads = 1,
+                             .head_dim = 4,
+                             .intermediate_size = 16,
                              .vocab_size = 32};
   auto first_fit = PackMicroBatches(samples, tokens, o);
   ASSERT_TRUE(first_fit.ok());
@@ -205,8 +214,12 @@ TEST(PackTest, BalanceByFlopsAddsMicroBatchesUntilTheCapHolds) {
   Ids samples(tokens.size());
   std::iota(samples.begin(), samples.end(), 0);
   BatchingOptions o = Dynamic(1000);
-  o.flops_model = FlopsModel{.num_layers = 1, .hidden_size = 1, .num_attention_heads = 1,
-                             .num_key_value_heads = 1, .head_dim = 1, .intermediate_size = 1,
+  o.flops_model = FlopsModel{.num_layers = 1,
+                             .hidden_size = 1,
+                             .num_attention_heads = 1,
+                             .num_key_value_heads = 1,
+                             .head_dim = 1,
+                             .intermediate_size = 1,
                              .vocab_size = 1};
   ASSERT_DOUBLE_EQ(SampleCost(o, 600), 729600.0);
   auto first_fit = PackMicroBatches(samples, tokens, o);
@@ -361,9 +374,13 @@ TEST(ScheduleRolloutTest, InvariantsOnRandomRollouts) {
     o.use_dynamic_batch_size = uniform(0, 1) == 1;
     o.balance_data = uniform(0, 1) == 1;
     if (uniform(0, 1) == 1) {
-      o.flops_model = FlopsModel{.num_layers = 4, .hidden_size = 64, .num_attention_heads = 4,
-                                 .num_key_value_heads = 2, .head_dim = 16,
-                                 .intermediate_size = 128, .vocab_size = 1000};
+      o.flops_model = FlopsModel{.num_layers = 4,
+                                 .hidden_size = 64,
+                                 .num_attention_heads = 4,
+                                 .num_key_value_heads = 2,
+                                 .head_dim = 16,
+                                 .intermediate_size = 128,
+                                 .vocab_size = 1000};
     }
     int64_t num_rollouts = 0;
     Ids rollout_ids;  // empty: one sample per rollout

@@ -41,9 +41,9 @@ TEST(LrScheduleTest, UnitsAreSamples) {
 
 TEST(LrScheduleTest, LinearWarmupThenDecay) {
   LrSchedule s = Make(BaseConfig("linear"));
-  EXPECT_DOUBLE_EQ(LearningRate(s, 0), 0.0);   // step 0: init
-  EXPECT_DOUBLE_EQ(LearningRate(s, 4), 0.5);   // half the warmup
-  EXPECT_DOUBLE_EQ(LearningRate(s, 8), 1.0);   // end of warmup: max
+  EXPECT_DOUBLE_EQ(LearningRate(s, 0), 0.0);  // step 0: init
+  EXPECT_DOUBLE_EQ(LearningRate(s, 4), 0.5);  // half the warmup
+  EXPECT_DOUBLE_EQ(LearningRate(s, 8), 1.0);  // end of warmup: max
   // r = (16 - 8) / (40 - 8) = 0.25: 0.1 + 0.9 * 0.75
   EXPECT_NEAR(LearningRate(s, 16), 0.775, 1e-15);
   // r = 0.5: 0.1 + 0.9 * 0.5

@@ -109,8 +109,7 @@ struct StepSplit {
 // rollout_ids[i] is the rollout (group) sample i belongs to; rollouts are taken in order of
 // their first sample. steps = #rollouts / global_batch_size (integer division).
 // InvalidArgument when global_batch_size < 1 or there are fewer rollouts than one step.
-StatusOr<StepSplit> SplitIntoSteps(std::span<const int64_t> rollout_ids,
-                                   int64_t global_batch_size);
+StatusOr<StepSplit> SplitIntoSteps(std::span<const int64_t> rollout_ids, int64_t global_batch_size);
 // The usual case: every sample is its own rollout.
 StatusOr<StepSplit> SplitIntoSteps(int64_t num_samples, int64_t global_batch_size);
 

@@ -73,8 +73,8 @@ struct LrScheduleConfig {
 
 // slime's train_iters: num_rollout × rollout_batch_size × n_samples_per_prompt /
 // global_batch_size (integer division).
-int64_t TrainIters(int64_t num_rollout, int64_t rollout_batch_size,
-                   int64_t n_samples_per_prompt, int64_t global_batch_size);
+int64_t TrainIters(int64_t num_rollout, int64_t rollout_batch_size, int64_t n_samples_per_prompt,
+                   int64_t global_batch_size);
 
 // Resolves and validates a schedule (units in the file comment).
 StatusOr<LrSchedule> MakeLrSchedule(const LrScheduleConfig& config);
