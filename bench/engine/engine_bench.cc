@@ -79,6 +79,7 @@ struct Options {
   double mem_fraction_static = 0.85;
   int64_t max_running_requests = 256;
   int64_t cuda_graph_max_bs = 256;
+  bool unfused = false;
   int64_t chunked_prefill_size = 8192;
   int64_t max_batch_tokens = 16384;
   int64_t prompt_len = 128;
@@ -110,6 +111,8 @@ Options ParseArgs(int argc, char** argv) {
   app.add_option("--mem-fraction-static", o.mem_fraction_static,
                  "CUDA: fraction of GPU memory for weights + K/V cache")
       ->check(CLI::Range(0.05, 0.99));
+  app.add_flag("--unfused", o.unfused,
+               "separate q/k/v and gate/up GEMMs and unfused kernels (the previous path, to compare)");
   app.add_option("--cuda-graph-max-bs", o.cuda_graph_max_bs,
                  "CUDA: decode batches up to this size replay captured graphs (0 = off)");
   app.add_option("--max-running-requests", o.max_running_requests,
@@ -299,6 +302,7 @@ class EngineHolder {
     eo.mem_fraction_static = o_.mem_fraction_static;
     eo.max_running_requests = o_.max_running_requests;
     eo.cuda_graph_max_bs = o_.cuda_graph_max_bs;
+    eo.fuse_projections = !o_.unfused;
     eo.chunked_prefill_size = o_.chunked_prefill_size;
     eo.max_batch_tokens = o_.max_batch_tokens;
     eo.enable_prefix_cache = prefix_cache;

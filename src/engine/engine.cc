@@ -589,6 +589,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   ro.page_size = options.page_size;
   ro.max_total_tokens = options.max_total_tokens;
   ro.mem_fraction_static = options.mem_fraction_static;
+  ro.fuse_projections = options.fuse_projections;
   SLIME_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::Create(ro));
   const model::ModelConfig& mc = runner->config();
   engine->context_length_ =

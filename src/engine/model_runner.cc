@@ -70,6 +70,8 @@ StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelRunnerOpti
   }
   std::unique_ptr<ModelRunner> runner(new ModelRunner());
   SLIME_ASSIGN_OR_RETURN(runner->model_, model::DecoderModel::Load(options.model_path, dtype, device));
+  runner->fuse_projections_ = options.fuse_projections;
+  if (options.fuse_projections) runner->model_->FuseProjections();  // CUDA only; else a no-op
   const model::ModelConfig& c = runner->model_->config();
   const int64_t per_token =
       PagedKvCache::BytesPerToken(c.num_hidden_layers, runner->model_->local_kv_heads(),
@@ -168,6 +170,7 @@ Status ModelRunner::ResumeKv() {
 namespace {
 
 Status MoveWeights(model::DecoderModel& m, torch::Device to) {
+  m.UnfuseProjections();  // views would be moved one by one; OnloadWeights fuses again
   for (const model::ParamSpec& spec : model::ParameterSpecs(m.config())) {
     torch::Tensor& t = model::ParamSlot(m.mutable_weights(), spec);
     if (t.defined()) t = t.to(to);
@@ -200,6 +203,7 @@ Status ModelRunner::OnloadWeights() {
   if (!weights_offloaded_) return absl::OkStatus();
   return Guard("onloading weights", [&]() -> Status {
     if (!device().is_cpu()) SLIME_RETURN_IF_ERROR(MoveWeights(*model_, device()));
+    if (fuse_projections_) model_->FuseProjections();
     weights_offloaded_ = false;
     if (graph_max_batch_ > 0 && !kv_->released() && !graphs_) {
       return CaptureDecodeGraphs(graph_max_batch_, graph_context_);

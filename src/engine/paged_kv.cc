@@ -248,12 +248,22 @@ torch::Tensor PrefillBatchAttention(const torch::Tensor& q, const torch::Tensor&
 
 }  // namespace
 
+std::optional<model::AttentionBackend::KvWriteTarget> PagedAttention::DirectKvWrite(int layer) {
+  const torch::Tensor& slots = layout_->write_slots;
+  if (!slots.defined() || slots.scalar_type() != torch::kLong || !slots.is_contiguous()) {
+    return std::nullopt;
+  }
+  return KvWriteTarget{cache_->keys(layer), cache_->values(layer), slots};
+}
+
 torch::Tensor PagedAttention::Attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                      const torch::Tensor& v) {
   torch::Tensor& kp = cache_->keys(layer);
   torch::Tensor& vp = cache_->values(layer);
-  kp.index_copy_(0, layout_->write_slots, k);
-  vp.index_copy_(0, layout_->write_slots, v);
+  if (k.defined()) {
+    kp.index_copy_(0, layout_->write_slots, k);
+    vp.index_copy_(0, layout_->write_slots, v);
+  }
 
   const PagedLayout& lay = *layout_;
   const bool only_decodes = lay.prefills.empty() && !lay.prefill_batched &&
@@ -263,10 +273,14 @@ torch::Tensor PagedAttention::Attend(int layer, const torch::Tensor& q, const to
   torch::Tensor out;
 #ifdef SLIME_ENGINE_PAGED_KERNEL
   if (lay.decode_rows.defined() && lay.decode_kernel) {
-    torch::Tensor qd = (only_decodes ? q : q.index_select(0, lay.decode_rows)).contiguous();
-    torch::Tensor od = torch::empty_like(qd);
+    // The kernel takes q rows with any stride (the fused projection's q|k|v rows) as long as
+    // each row's heads are packed.
+    torch::Tensor qd = only_decodes ? q : q.index_select(0, lay.decode_rows);
+    if (qd.stride(2) != 1 || qd.stride(1) != qd.size(2)) qd = qd.contiguous();
+    torch::Tensor od = torch::empty({qd.size(0), qd.size(1), qd.size(2)}, qd.options());
     cuda::PagedDecodeArgs a;
     a.q = qd.data_ptr();
+    a.q_row_stride = qd.stride(0);
     a.k_cache = kp.data_ptr();
     a.v_cache = vp.data_ptr();
     a.out = od.data_ptr();

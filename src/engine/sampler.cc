@@ -6,6 +6,12 @@
 #include <algorithm>
 #include <limits>
 
+#ifdef SLIME_ENGINE_PAGED_KERNEL
+#include <ATen/cuda/CUDAContext.h>
+
+#include "cuda/sample.h"
+#endif
+
 namespace slime::engine {
 namespace {
 
@@ -72,7 +78,52 @@ torch::Tensor TokenLogprobs(const torch::Tensor& logits, const torch::Tensor& ta
       .squeeze(1);
 }
 
-SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRow>& rows) {
+#ifdef SLIME_ENGINE_PAGED_KERNEL
+// The fused kernel: logits float32 [B, V] on CUDA with contiguous rows, no truncation.
+SamplerOutput SampleFused(const torch::Tensor& logits, const std::vector<SamplerRow>& rows) {
+  const int64_t batch = logits.size(0);
+  torch::Tensor host =
+      torch::empty({batch, 2}, torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
+  float* hp = host.data_ptr<float>();
+  for (int64_t b = 0; b < batch; ++b) {
+    const SamplingParams& p = *rows[b].params;
+    hp[2 * b] = p.greedy() ? 0.f : static_cast<float>(p.temperature);
+    hp[2 * b + 1] = static_cast<float>(SamplerUniform(rows[b].seed, rows[b].num_output));
+  }
+  torch::Tensor params = torch::empty(
+      {batch, 2}, torch::TensorOptions().dtype(torch::kFloat32).device(logits.device()));
+  params.copy_(host, /*non_blocking=*/true);
+  torch::Tensor out =
+      torch::empty({2, batch}, torch::TensorOptions().dtype(torch::kFloat64).device(logits.device()));
+  torch::Tensor scratch =
+      torch::empty({cuda::FusedSampleScratchBytes(static_cast<int>(batch))},
+                   torch::TensorOptions().dtype(torch::kUInt8).device(logits.device()));
+  cuda::FusedSampleArgs a;
+  a.logits = logits.data_ptr<float>();
+  a.row_stride = logits.stride(0);
+  a.batch = static_cast<int>(batch);
+  a.vocab = static_cast<int>(logits.size(1));
+  a.params = params.data_ptr<float>();
+  a.out = out.data_ptr<double>();
+  a.scratch = scratch.data_ptr();
+  const int err = cuda::LaunchFusedSample(a, at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == 0, "fused sampling kernel failed with CUDA error ", err);
+  torch::Tensor packed = out.cpu();
+  SamplerOutput res;
+  res.tokens.resize(batch);
+  res.logprobs.resize(batch);
+  res.top.resize(batch);
+  const double* pk = packed.data_ptr<double>();
+  for (int64_t b = 0; b < batch; ++b) {
+    res.tokens[b] = static_cast<int32_t>(pk[b]);
+    res.logprobs[b] = static_cast<float>(pk[batch + b]);
+  }
+  return res;
+}
+#endif
+
+SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRow>& rows,
+                     SamplerPath path) {
   torch::NoGradGuard no_grad;
   const int64_t batch = logits_in.size(0);
   const int64_t vocab = logits_in.size(1);
@@ -111,6 +162,12 @@ SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRo
     }
     max_top = std::max(max_top, row.top_logprobs_num);
   }
+#ifdef SLIME_ENGINE_PAGED_KERNEL
+  if (path == SamplerPath::kAuto && device.is_cuda() && !any_filter && max_top == 0 &&
+      logits.stride(1) == 1 && vocab <= std::numeric_limits<int>::max()) {
+    return SampleFused(logits, rows);
+  }
+#endif
   auto fopts = torch::TensorOptions().dtype(torch::kFloat32);
   auto lopts = torch::TensorOptions().dtype(torch::kLong);
   // log_softmax(logits / T) [B, V]: the returned log-probs, and the sampled rows' distribution.

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
 
 #include "torch_util.h"
 
@@ -219,6 +220,11 @@ torch::Tensor DecoderModel::ForwardImpl(const torch::Tensor& ids, const torch::T
   torch::Tensor emb = torch::cat({freqs, freqs}, -1);
   torch::Tensor cos = emb.cos().to(dtype_).unsqueeze(1);
   torch::Tensor sin = emb.sin().to(dtype_).unsqueeze(1);
+#ifdef SLIME_MODEL_FUSED_KERNELS
+  if (projections_fused() && Fusable(x) && c10::InferenceMode::is_enabled()) {
+    return FusedForward(x, cos, sin, attention);
+  }
+#endif
   for (int l = 0; l < static_cast<int>(config_.num_hidden_layers); ++l) {
     x = Layer(l, x, cos, sin, attention);
   }
@@ -292,6 +298,141 @@ StatusOr<torch::Tensor> DecoderModel::Logits(const torch::Tensor& hidden, bool g
     }
     return VocabParallelLmHead(hidden, weights_.lm_head, *tp_, gather);  // [T, vocab(/P)]
   });
+}
+
+// ---- fused inference path
+
+bool DecoderModel::projections_fused() const {
+  return !weights_.layers.empty() && weights_.layers.front().qkv_proj.defined();
+}
+
+void DecoderModel::FuseProjections() {
+#ifdef SLIME_MODEL_FUSED_KERNELS
+  if (projections_fused() || weights_.layers.empty() || !weights_.layers.front().q_proj.is_cuda() ||
+      !cuda::QkNormRopeSupported(config_.head_dim)) {
+    return;
+  }
+  torch::NoGradGuard no_grad;  // not InferenceMode: the weights must stay updatable in place
+  for (LayerWeights& w : weights_.layers) {
+    const int64_t nq = w.q_proj.size(0), nk = w.k_proj.size(0), nv = w.v_proj.size(0);
+    w.qkv_proj = torch::cat({w.q_proj, w.k_proj, w.v_proj}, 0);
+    w.q_proj = w.qkv_proj.narrow(0, 0, nq);
+    w.k_proj = w.qkv_proj.narrow(0, nq, nk);
+    w.v_proj = w.qkv_proj.narrow(0, nq + nk, nv);
+    if (w.q_bias.defined()) {
+      w.qkv_bias = torch::cat({w.q_bias, w.k_bias, w.v_bias}, 0);
+      w.q_bias = w.qkv_bias.narrow(0, 0, nq);
+      w.k_bias = w.qkv_bias.narrow(0, nq, nk);
+      w.v_bias = w.qkv_bias.narrow(0, nq + nk, nv);
+    }
+    const int64_t ni = w.gate_proj.size(0);
+    w.gate_up_proj = torch::cat({w.gate_proj, w.up_proj}, 0);
+    w.gate_proj = w.gate_up_proj.narrow(0, 0, ni);
+    w.up_proj = w.gate_up_proj.narrow(0, ni, ni);
+  }
+#endif
+}
+
+void DecoderModel::UnfuseProjections() {
+  if (!projections_fused()) return;
+  torch::NoGradGuard no_grad;
+  for (LayerWeights& w : weights_.layers) {
+    for (torch::Tensor* t : {&w.q_proj, &w.k_proj, &w.v_proj, &w.q_bias, &w.k_bias, &w.v_bias,
+                             &w.gate_proj, &w.up_proj}) {
+      if (t->defined()) *t = t->clone();
+    }
+    w.qkv_proj = torch::Tensor();
+    w.qkv_bias = torch::Tensor();
+    w.gate_up_proj = torch::Tensor();
+  }
+}
+
+torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch::Tensor& cos,
+                                         const torch::Tensor& sin, AttentionBackend& attention) {
+#ifdef SLIME_MODEL_FUSED_KERNELS
+  const double eps = config_.rms_norm_eps;
+  const int64_t t = x_in.size(0);
+  const int64_t n = config_.hidden_size;
+  const int64_t d = config_.head_dim;
+  const int64_t heads = local_heads(), kv_heads = local_kv_heads();
+  TensorParallelGroup& tp = *tp_;
+  const cuda::DType dt = FusedType(x_in);
+  // `residual` is the running x of the eager Layer: each block's output is added into it by the
+  // next AddRmsNorm (one kernel for "out = x + block; h = norm(out)").
+  torch::Tensor residual = x_in.contiguous();  // the embedding output, owned by the caller's frame
+  torch::Tensor h = RmsNorm(residual, weights_.layers[0].input_norm, eps);
+  torch::Tensor delta;
+  auto add_norm = [&](const torch::Tensor& w) {
+    torch::Tensor y = torch::empty_like(residual);
+    const int err = cuda::LaunchAddRmsNorm(residual.data_ptr(), delta.data_ptr(), w.data_ptr(),
+                                           y.data_ptr(), t, static_cast<int>(n),
+                                           static_cast<float>(eps), dt, Stream());
+    TORCH_CHECK(err == 0, "fused add+RMSNorm failed with CUDA error ", err);
+    return y;
+  };
+  // Decode steps (a few rows, one rank): our small-m GEMM streams the weights near HBM bandwidth;
+  // otherwise the Megatron-style layers (cuBLAS, and the all-reduce of row-parallel outputs).
+  const bool small_gemm = tp.size() == 1 && cuda::SmallGemmSupported(t, n, dt);
+  auto linear = [&](const torch::Tensor& in, const torch::Tensor& weight, const torch::Tensor& b,
+                    bool row_parallel) {
+    if (small_gemm && in.is_contiguous() && weight.is_contiguous() &&
+        cuda::SmallGemmSupported(t, in.size(1), dt)) {
+      torch::Tensor y = torch::empty({t, weight.size(0)}, in.options());
+      const int err = cuda::LaunchSmallGemm(in.data_ptr(), weight.data_ptr(),
+                                            b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), t,
+                                            weight.size(0), in.size(1), dt, Stream());
+      TORCH_CHECK(err == 0, "small-m GEMM failed with CUDA error ", err);
+      return y;
+    }
+    return row_parallel ? RowParallelLinear(in, weight, b, tp)
+                        : ColumnParallelLinear(in, weight, b, tp, false);
+  };
+  for (int l = 0; l < static_cast<int>(config_.num_hidden_layers); ++l) {
+    const LayerWeights& w = weights_.layers[l];
+    if (l > 0) h = add_norm(w.input_norm);
+    torch::Tensor qkv = linear(h, w.qkv_proj, w.qkv_bias, false);
+    std::optional<AttentionBackend::KvWriteTarget> kv = attention.DirectKvWrite(l);
+    cuda::QkNormRopeArgs a;
+    a.qkv = qkv.data_ptr();
+    a.tokens = t;
+    a.row_stride = qkv.size(1);
+    a.heads = static_cast<int>(heads);
+    a.kv_heads = static_cast<int>(kv_heads);
+    a.d = static_cast<int>(d);
+    a.q_norm = config_.qk_norm ? w.q_norm.data_ptr() : nullptr;
+    a.k_norm = config_.qk_norm ? w.k_norm.data_ptr() : nullptr;
+    a.eps = static_cast<float>(eps);
+    a.cos = cos.data_ptr();
+    a.sin = sin.data_ptr();
+    if (kv) {
+      a.k_cache = kv->k_cache.data_ptr();
+      a.v_cache = kv->v_cache.data_ptr();
+      a.slots = kv->slots.data_ptr<int64_t>();
+    }
+    a.dtype = dt;
+    const int err = cuda::LaunchQkNormRope(a, Stream());
+    TORCH_CHECK(err == 0, "fused q/k norm + RoPE failed with CUDA error ", err);
+    torch::Tensor q = qkv.narrow(1, 0, heads * d).view({t, heads, d});
+    torch::Tensor k, v;
+    if (!kv) {
+      k = qkv.narrow(1, heads * d, kv_heads * d).view({t, kv_heads, d});
+      v = qkv.narrow(1, (heads + kv_heads) * d, kv_heads * d).view({t, kv_heads, d});
+    }
+    torch::Tensor o = attention.Attend(l, q, k, v);  // [T, heads, D]
+    delta = linear(o.reshape({t, -1}), w.o_proj, w.o_bias, true);
+    h = add_norm(w.post_attention_norm);
+    torch::Tensor gu = linear(h, w.gate_up_proj, {}, false);  // [T, 2 I/P]
+    const int64_t inter = gu.size(1) / 2;
+    torch::Tensor act = torch::empty({t, inter}, gu.options());
+    const int err2 = cuda::LaunchSiluMulPacked(gu.data_ptr(), act.data_ptr(), t, inter, dt, Stream());
+    TORCH_CHECK(err2 == 0, "fused SiLU*up failed with CUDA error ", err2);
+    delta = linear(act, w.down_proj, {}, true);
+  }
+  return add_norm(weights_.final_norm);
+#else
+  TORCH_CHECK(false, "fused forward without the fused kernels");
+  return {};
+#endif
 }
 
 KvCache DecoderModel::NewKvCache(int64_t capacity) const {

@@ -62,6 +62,7 @@ struct EngineOptions {
   uint64_t random_seed = 0;              // seeds of requests without sampling_seed
   int64_t stream_interval = 1;
   int64_t cuda_graph_max_bs = 256;       // decode steps up to this batch replay CUDA graphs; 0 = off
+  bool fuse_projections = true;          // CUDA: fused q|k|v and gate|up GEMMs + fused kernels
   std::string weight_version = "default";
   metrics::Registry* metrics = nullptr;  // not owned; null = no metrics
 };

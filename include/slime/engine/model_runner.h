@@ -33,6 +33,9 @@ struct ModelRunnerOptions {
   int64_t page_size = 16;
   int64_t max_total_tokens = 0;    // K/V slots; 0 = from mem_fraction_static (CUDA) or 65,536 (CPU)
   double mem_fraction_static = 0.85;  // CUDA: fraction of device memory for weights + K/V
+  // CUDA: stack q|k|v and gate|up into one GEMM each and run the fused norm/RoPE/K-V-store
+  // kernels (DecoderModel::FuseProjections). Off only to measure or test the unfused path.
+  bool fuse_projections = true;
 };
 
 class ModelRunner {
@@ -89,6 +92,7 @@ class ModelRunner {
   std::unique_ptr<model::DecoderModel> model_;
   std::unique_ptr<PagedKvCache> kv_;
   bool weights_offloaded_ = false;
+  bool fuse_projections_ = true;
 };
 
 }  // namespace slime::engine

@@ -112,8 +112,10 @@ class PagedAttention final : public model::AttentionBackend {
   PagedAttention(PagedKvCache* cache, const PagedLayout* layout,
                  model::AttentionImpl impl = model::AttentionImpl::kAuto)
       : cache_(cache), layout_(layout), impl_(impl) {}
+  // k/v undefined: the caller already stored them at the layout's write slots (DirectKvWrite).
   torch::Tensor Attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                        const torch::Tensor& v) override;
+  std::optional<KvWriteTarget> DirectKvWrite(int layer) override;
 
  private:
   PagedKvCache* cache_;        // not owned

@@ -49,8 +49,14 @@ struct SamplerOutput {
   std::vector<TopLogprobs> top;         // per row; empty where not asked
 };
 
+// How Sample computes. kAuto: on CUDA, batches without top-k/top-p/min-p truncation and without
+// top log-probs go through one fused kernel (src/engine/cuda/sample.h); everything else through
+// LibTorch ops. kTorch forces the LibTorch ops (the reference the kernel is tested against).
+enum class SamplerPath { kAuto, kTorch };
+
 // logits [B, V] in any floating dtype on any device; rows.size() == B.
-SamplerOutput Sample(const torch::Tensor& logits, const std::vector<SamplerRow>& rows);
+SamplerOutput Sample(const torch::Tensor& logits, const std::vector<SamplerRow>& rows,
+                     SamplerPath path = SamplerPath::kAuto);
 
 // The uniform the sampler uses for the token at output index `position` of a request seeded
 // with `seed`: u in (0, 1).

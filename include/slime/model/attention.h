@@ -21,6 +21,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "slime/common/status.h"
@@ -47,6 +48,15 @@ class AttentionBackend {
   // the packed order of the batch. Returns [T, heads, head_dim].
   virtual torch::Tensor Attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v) = 0;
+
+  // Where a fused inference kernel may store this layer's K/V itself: the cache tensors
+  // [slots, kv_heads, head_dim] and the int64 slot of each token of the forward. A caller that
+  // stored them then calls Attend with undefined k and v. Backends that keep their own K/V
+  // layout return nullopt (the default).
+  struct KvWriteTarget {
+    torch::Tensor k_cache, v_cache, slots;
+  };
+  virtual std::optional<KvWriteTarget> DirectKvWrite(int layer) { return std::nullopt; }
 };
 
 // Packed variable-length sequences. cu_seqlens [B+1]: cu[0] = 0, non-decreasing, cu[B] = T.

@@ -92,6 +92,15 @@ class DecoderModel {
   // model dtype.
   StatusOr<torch::Tensor> Logits(const torch::Tensor& hidden, bool gather = true);
 
+  // Inference on CUDA: stacks q|k|v and gate|up of every layer into one weight each (the
+  // separate projections become views into them, so memory does not grow), which lets the
+  // forward under c10::InferenceMode run one GEMM for each and the fused norm/RoPE/K-V-store
+  // kernels (9 kernels per layer at decode). A no-op where the fused kernels are not built or
+  // the model is not on CUDA. Unfuse before moving weights between devices.
+  void FuseProjections();
+  void UnfuseProjections();
+  bool projections_fused() const;
+
   // An empty cache for one sequence of up to `capacity` tokens, on the model's device and dtype.
   KvCache NewKvCache(int64_t capacity) const;
 
@@ -99,6 +108,9 @@ class DecoderModel {
   DecoderModel(ModelConfig config, ModelWeights weights, std::shared_ptr<TensorParallelGroup> tp);
   torch::Tensor ForwardImpl(const torch::Tensor& ids, const torch::Tensor& positions,
                             AttentionBackend& attention);
+  // The fused inference forward (FuseProjections done, CUDA, InferenceMode); -> [T, hidden].
+  torch::Tensor FusedForward(const torch::Tensor& x, const torch::Tensor& cos,
+                             const torch::Tensor& sin, AttentionBackend& attention);
   torch::Tensor Layer(int index, const torch::Tensor& x, const torch::Tensor& cos,
                       const torch::Tensor& sin, AttentionBackend& attention);
   Status CheckIds(const torch::Tensor& ids) const;

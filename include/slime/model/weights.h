@@ -44,6 +44,12 @@ struct LayerWeights {
   torch::Tensor gate_proj;            // [intermediate/P, hidden]           column-parallel
   torch::Tensor up_proj;              // [intermediate/P, hidden]           column-parallel
   torch::Tensor down_proj;            // [hidden, intermediate/P]           row-parallel
+  // Inference only (DecoderModel::FuseProjections): q|k|v and gate|up stacked along the output
+  // rows in one buffer; q_proj..v_proj, gate_proj and up_proj (and the q/k/v biases) are then
+  // views into these, so in-place weight updates reach both. Undefined otherwise.
+  torch::Tensor qkv_proj;             // [(heads + 2 kv_heads)/P * head_dim, hidden]
+  torch::Tensor qkv_bias;             // [(heads + 2 kv_heads)/P * head_dim] or undefined
+  torch::Tensor gate_up_proj;         // [2 intermediate/P, hidden]
 };
 
 struct ModelWeights {

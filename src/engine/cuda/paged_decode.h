@@ -22,7 +22,8 @@ namespace slime::engine::cuda {
 enum class DType { kFloat32, kFloat16, kBFloat16 };
 
 struct PagedDecodeArgs {
-  const void* q = nullptr;
+  const void* q = nullptr;       // [batch, num_heads, head_dim], rows q_row_stride apart
+  int64_t q_row_stride = 0;      // elements between batch rows (0: num_heads * head_dim)
   const void* k_cache = nullptr;
   const void* v_cache = nullptr;
   void* out = nullptr;

@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace slime::model::cuda {
 namespace {
 
@@ -77,6 +79,191 @@ __global__ void SiluMulKernel(const T* __restrict__ g, const T* __restrict__ u, 
   y[idx] = To<T>(R<T>(s) * F(u[idx]));
 }
 
+// residual += delta (rounded as the eager add), then the RmsNorm of RmsNormKernel. Each thread
+// re-reads only the elements it wrote itself.
+template <typename T>
+__global__ void AddRmsNormKernel(T* __restrict__ res, const T* __restrict__ delta,
+                                 const T* __restrict__ w, T* __restrict__ y, int n, float eps) {
+  const int64_t row = blockIdx.x;
+  T* rr = res + row * n;
+  const T* dr = delta + row * n;
+  T* yr = y + row * n;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < n; i += kNormThreads) {
+    const T s = To<T>(F(rr[i]) + F(dr[i]));
+    rr[i] = s;
+    const float v = F(s);
+    ss += v * v;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  __shared__ float warp_sums[kNormThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int k = 0; k < kNormThreads / 32; ++k) total += warp_sums[k];
+  const float r = rsqrtf(total / static_cast<float>(n) + eps);
+  for (int i = threadIdx.x; i < n; i += kNormThreads) {
+    yr[i] = To<T>(F(w[i]) * R<T>(F(rr[i]) * r));
+  }
+}
+
+// One block per token, one warp per head. Lane l holds elements [l*VEC, (l+1)*VEC) of the head;
+// the rotate-half partner of element i (i +- d/2) sits in lane l ^ 16 at the same offset.
+constexpr int kQkvWarps = 8;
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kQkvWarps * 32)
+    QkNormRopeKernel(T* __restrict__ qkv, int64_t row_stride, int heads, int kv_heads,
+                     const T* __restrict__ q_norm, const T* __restrict__ k_norm, float eps,
+                     const T* __restrict__ cos_t, const T* __restrict__ sin_t,
+                     T* __restrict__ k_cache, T* __restrict__ v_cache,
+                     const int64_t* __restrict__ slots) {
+  constexpr int D = VEC * 32;
+  const int64_t t = blockIdx.x;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  T* row = qkv + t * row_stride;
+  const int64_t slot = k_cache != nullptr ? slots[t] : 0;
+  float c[VEC], s[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    c[j] = F(cos_t[t * D + lane * VEC + j]);
+    s[j] = F(sin_t[t * D + lane * VEC + j]);
+  }
+  const int total = heads + 2 * kv_heads;
+  for (int h = warp; h < total; h += kQkvWarps) {
+    T* hp = row + static_cast<int64_t>(h) * D + lane * VEC;
+    if (h >= heads + kv_heads) {  // v: copied, not transformed
+      if (k_cache != nullptr) {
+        T* dst = v_cache + (slot * kv_heads + (h - heads - kv_heads)) * D + lane * VEC;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) dst[j] = hp[j];
+      }
+      continue;
+    }
+    const bool is_q = h < heads;
+    const T* nw = is_q ? q_norm : k_norm;
+    float x[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) x[j] = F(hp[j]);
+    if (nw != nullptr) {
+      float ss = 0.f;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) ss += x[j] * x[j];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      const float r = rsqrtf(ss / static_cast<float>(D) + eps);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) x[j] = R<T>(F(nw[lane * VEC + j]) * R<T>(x[j] * r));
+    }
+    T out[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float partner = __shfl_xor_sync(0xffffffffu, x[j], 16);
+      const float rot = lane < 16 ? -partner : partner;
+      out[j] = To<T>(R<T>(x[j] * c[j]) + R<T>(rot * s[j]));
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) hp[j] = out[j];
+    if (!is_q && k_cache != nullptr) {
+      T* dst = k_cache + (slot * kv_heads + (h - heads)) * D + lane * VEC;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) dst[j] = out[j];
+    }
+  }
+}
+
+template <typename T>
+__global__ void SiluMulPackedKernel(const T* __restrict__ gu, T* __restrict__ y, int64_t rows,
+                                    int64_t n) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= rows * n) return;
+  const int64_t t = idx / n;
+  const int64_t i = idx % n;
+  const float gv = F(gu[t * 2 * n + i]);
+  const float sv = gv / (1.0f + expf(-gv));
+  y[idx] = To<T>(R<T>(sv) * F(gu[t * 2 * n + n + i]));
+}
+
+// ---- small-m GEMM (decode)
+
+template <typename T>
+struct alignas(16) Vec16 {
+  T v[16 / sizeof(T)];
+};
+
+constexpr int kGemmWarps = 8;
+
+template <typename T, int M>
+__global__ void __launch_bounds__(kGemmWarps * 32)
+    SmallGemmKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                    T* __restrict__ y, int n, int k) {
+  constexpr int V = 16 / sizeof(T);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kGemmWarps + warp;
+  if (row >= n) return;
+  const T* wr = w + static_cast<int64_t>(row) * k;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.f;
+#pragma unroll 4
+  for (int base = lane * V; base < k; base += 32 * V) {
+    const Vec16<T> wv = *reinterpret_cast<const Vec16<T>*>(wr + base);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const Vec16<T> xv = *reinterpret_cast<const Vec16<T>*>(x + static_cast<int64_t>(m) * k + base);
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[m] += F(wv.v[j]) * F(xv.v[j]);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+  }
+  if (lane == 0) {
+    const float b = bias != nullptr ? F(bias[row]) : 0.f;
+#pragma unroll
+    for (int m = 0; m < M; ++m) y[static_cast<int64_t>(m) * n + row] = To<T>(acc[m] + b);
+  }
+}
+
+// AddRmsNorm with one 16-byte vector per thread held in registers (n / V threads, a multiple of
+// 32, at most 1024): one read of residual, delta and w, one write of residual and y.
+template <typename T>
+__global__ void AddRmsNormVecKernel(T* __restrict__ res, const T* __restrict__ delta,
+                                    const T* __restrict__ w, T* __restrict__ y, int n, float eps) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t off = static_cast<int64_t>(blockIdx.x) * n + threadIdx.x * V;
+  Vec16<T> rv = *reinterpret_cast<const Vec16<T>*>(res + off);
+  const Vec16<T> dv = *reinterpret_cast<const Vec16<T>*>(delta + off);
+  const Vec16<T> wv = *reinterpret_cast<const Vec16<T>*>(w + threadIdx.x * V);
+  float v[V];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    rv.v[j] = To<T>(F(rv.v[j]) + F(dv.v[j]));
+    v[j] = F(rv.v[j]);
+    ss += v[j] * v[j];
+  }
+  *reinterpret_cast<Vec16<T>*>(res + off) = rv;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  __shared__ float warp_sums[32];
+  const int warps = blockDim.x / 32;
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.f;
+  for (int i = 0; i < warps; ++i) total += warp_sums[i];
+  const float r = rsqrtf(total / static_cast<float>(n) + eps);
+  Vec16<T> out;
+#pragma unroll
+  for (int j = 0; j < V; ++j) out.v[j] = To<T>(F(wv.v[j]) * R<T>(v[j] * r));
+  *reinterpret_cast<Vec16<T>*>(y + off) = out;
+}
+
 template <template <typename> class Launcher, typename... Args>
 int Dispatch(DType dtype, Args... args) {
   switch (dtype) {
@@ -126,6 +313,96 @@ struct SiluMulLauncher {
   }
 };
 
+template <typename T>
+struct AddRmsNormLauncher {
+  static int Run(void* res, const void* delta, const void* w, void* y, int64_t rows, int n,
+                 float eps, cudaStream_t s) {
+    if (rows == 0) return 0;
+    constexpr int V = 16 / static_cast<int>(sizeof(T));
+    const int threads = n / V;
+    const bool aligned = (reinterpret_cast<uintptr_t>(res) | reinterpret_cast<uintptr_t>(delta) |
+                          reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(y)) % 16 == 0;
+    if (aligned && n % V == 0 && threads % 32 == 0 && threads <= 1024) {
+      AddRmsNormVecKernel<T><<<static_cast<unsigned>(rows), threads, 0, s>>>(
+          static_cast<T*>(res), static_cast<const T*>(delta), static_cast<const T*>(w),
+          static_cast<T*>(y), n, eps);
+      return static_cast<int>(cudaGetLastError());
+    }
+    AddRmsNormKernel<T><<<static_cast<unsigned>(rows), kNormThreads, 0, s>>>(
+        static_cast<T*>(res), static_cast<const T*>(delta), static_cast<const T*>(w),
+        static_cast<T*>(y), n, eps);
+    return static_cast<int>(cudaGetLastError());
+  }
+};
+
+template <typename T>
+struct QkNormRopeLauncher {
+  template <int VEC>
+  static void Go(const QkNormRopeArgs& a, cudaStream_t s) {
+    QkNormRopeKernel<T, VEC><<<static_cast<unsigned>(a.tokens), kQkvWarps * 32, 0, s>>>(
+        static_cast<T*>(a.qkv), a.row_stride, a.heads, a.kv_heads,
+        static_cast<const T*>(a.q_norm), static_cast<const T*>(a.k_norm), a.eps,
+        static_cast<const T*>(a.cos), static_cast<const T*>(a.sin), static_cast<T*>(a.k_cache),
+        static_cast<T*>(a.v_cache), a.slots);
+  }
+  static int Run(const QkNormRopeArgs& a, cudaStream_t s) {
+    if (a.tokens == 0) return 0;
+    switch (a.d) {
+      case 32: Go<1>(a, s); break;
+      case 64: Go<2>(a, s); break;
+      case 128: Go<4>(a, s); break;
+      case 256: Go<8>(a, s); break;
+      default: return static_cast<int>(cudaErrorInvalidValue);
+    }
+    return static_cast<int>(cudaGetLastError());
+  }
+};
+
+template <typename T>
+struct SiluMulPackedLauncher {
+  static int Run(const void* gu, void* y, int64_t rows, int64_t n, cudaStream_t s) {
+    const int64_t total = rows * n;
+    if (total == 0) return 0;
+    const int threads = 256;
+    SiluMulPackedKernel<T><<<static_cast<unsigned>((total + threads - 1) / threads), threads, 0,
+                             s>>>(static_cast<const T*>(gu), static_cast<T*>(y), rows, n);
+    return static_cast<int>(cudaGetLastError());
+  }
+};
+
+template <typename T>
+struct SmallGemmLauncher {
+  template <int M>
+  static void Go(const T* x, const T* w, const T* b, T* y, int n, int k, cudaStream_t s) {
+    SmallGemmKernel<T, M><<<static_cast<unsigned>((n + kGemmWarps - 1) / kGemmWarps),
+                            kGemmWarps * 32, 0, s>>>(x, w, b, y, n, k);
+  }
+  static int Run(const void* xv, const void* wv, const void* bv, void* yv, int64_t m, int64_t n,
+                 int64_t k, cudaStream_t s) {
+    constexpr int V = 16 / static_cast<int>(sizeof(T));
+    if (m < 1 || m > 8 || k % V != 0 || n <= 0 ||
+        (reinterpret_cast<uintptr_t>(xv) | reinterpret_cast<uintptr_t>(wv)) % 16 != 0) {
+      return static_cast<int>(cudaErrorInvalidValue);
+    }
+    const T* x = static_cast<const T*>(xv);
+    const T* w = static_cast<const T*>(wv);
+    const T* b = static_cast<const T*>(bv);
+    T* y = static_cast<T*>(yv);
+    const int ni = static_cast<int>(n), ki = static_cast<int>(k);
+    switch (m) {
+      case 1: Go<1>(x, w, b, y, ni, ki, s); break;
+      case 2: Go<2>(x, w, b, y, ni, ki, s); break;
+      case 3: Go<3>(x, w, b, y, ni, ki, s); break;
+      case 4: Go<4>(x, w, b, y, ni, ki, s); break;
+      case 5: Go<5>(x, w, b, y, ni, ki, s); break;
+      case 6: Go<6>(x, w, b, y, ni, ki, s); break;
+      case 7: Go<7>(x, w, b, y, ni, ki, s); break;
+      default: Go<8>(x, w, b, y, ni, ki, s); break;
+    }
+    return static_cast<int>(cudaGetLastError());
+  }
+};
+
 }  // namespace
 
 int LaunchRmsNorm(const void* x, const void* w, void* y, int64_t rows, int n, float eps,
@@ -142,6 +419,34 @@ int LaunchRope(const void* x, const void* c, const void* s, void* y, int64_t tok
 
 int LaunchSiluMul(const void* g, const void* u, void* y, int64_t n, DType dtype, void* stream) {
   return Dispatch<SiluMulLauncher>(dtype, g, u, y, n, static_cast<cudaStream_t>(stream));
+}
+
+int LaunchAddRmsNorm(void* residual, const void* delta, const void* w, void* y, int64_t rows,
+                     int n, float eps, DType dtype, void* stream) {
+  return Dispatch<AddRmsNormLauncher>(dtype, residual, delta, w, y, rows, n, eps,
+                                      static_cast<cudaStream_t>(stream));
+}
+
+bool SmallGemmSupported(int64_t m, int64_t k, DType dtype) {
+  const int64_t v = dtype == DType::kFloat32 ? 4 : 8;
+  return m >= 1 && m <= 8 && k % v == 0;
+}
+
+int LaunchSmallGemm(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
+                    int64_t k, DType dtype, void* stream) {
+  return Dispatch<SmallGemmLauncher>(dtype, x, w, bias, y, m, n, k,
+                                     static_cast<cudaStream_t>(stream));
+}
+
+bool QkNormRopeSupported(int d) { return d == 32 || d == 64 || d == 128 || d == 256; }
+
+int LaunchQkNormRope(const QkNormRopeArgs& args, void* stream) {
+  return Dispatch<QkNormRopeLauncher>(args.dtype, args, static_cast<cudaStream_t>(stream));
+}
+
+int LaunchSiluMulPacked(const void* gu, void* y, int64_t rows, int64_t n, DType dtype,
+                        void* stream) {
+  return Dispatch<SiluMulPackedLauncher>(dtype, gu, y, rows, n, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace slime::model::cuda

@@ -3,6 +3,9 @@
 //   RmsNorm:  y = w * T(x_f * rsqrt(mean(x_f^2) + eps))      (HF: normalise in float32, cast, scale)
 //   Rope:     y = T(T(x * cos) + T(rotate_half(x) * sin))    (same three roundings as eager)
 //   SiluMul:  y = T(T(silu(g)) * u)
+//   AddRmsNorm: residual = T(residual + delta), then RmsNorm of it (the eager add, then the norm)
+//   QkNormRope: RmsNorm of each q/k head by q_norm/k_norm, then Rope, in place on the packed
+//               q|k|v rows of the fused projection; optionally k and v copied into a paged cache
 // where T() rounds to the storage dtype. RmsNorm's float reduction order differs from
 // torch's mean, so it can differ from eager by one rounding step; Rope and SiluMul are exact.
 // Used only under inference mode (no autograd); the trainer keeps the eager ops.
@@ -23,6 +26,45 @@ int LaunchRope(const void* x, const void* cos, const void* sin, void* y, int64_t
                int heads, int d, DType dtype, void* stream);
 // g, u, y [n].
 int LaunchSiluMul(const void* g, const void* u, void* y, int64_t n, DType dtype, void* stream);
+
+// residual [rows, n] in place (+= delta [rows, n]); y [rows, n] = RmsNorm(residual) with w [n].
+int LaunchAddRmsNorm(void* residual, const void* delta, const void* w, void* y, int64_t rows,
+                     int n, float eps, DType dtype, void* stream);
+
+// The q/k/v rows of the fused projection, transformed in place.
+struct QkNormRopeArgs {
+  void* qkv = nullptr;           // [tokens, row_stride]: q heads | k heads | v heads, each d wide
+  int64_t tokens = 0;
+  int64_t row_stride = 0;        // elements between tokens (>= (heads + 2 kv_heads) d)
+  int heads = 0;
+  int kv_heads = 0;
+  int d = 0;                     // 32, 64, 128 or 256
+  const void* q_norm = nullptr;  // [d] or null (no q/k norm)
+  const void* k_norm = nullptr;  // [d] or null
+  float eps = 1e-6f;
+  const void* cos = nullptr;     // [tokens, d]
+  const void* sin = nullptr;     // [tokens, d]
+  // Optional paged K/V destination: rotated k and v of token t go to slot slots[t] of
+  // k_cache / v_cache [num_slots, kv_heads, d]. Null k_cache: nothing is copied.
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  const int64_t* slots = nullptr;
+  DType dtype = DType::kBFloat16;
+};
+bool QkNormRopeSupported(int d);
+int LaunchQkNormRope(const QkNormRopeArgs& args, void* stream);
+
+// y [m, n] = x [m, k] W^T (+ bias [n]) for small m (1..8, decode steps): one warp per output
+// feature streams its weight row with 16-byte loads (cuBLAS reaches ~1 TB/s on these shapes; this
+// streams near HBM bandwidth). fp32 accumulation, one rounding to T. Returns
+// cudaErrorInvalidValue (as int) for shapes it does not take: m > 8, k % (16 / sizeof(T)) != 0.
+bool SmallGemmSupported(int64_t m, int64_t k, DType dtype);
+int LaunchSmallGemm(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
+                    int64_t k, DType dtype, void* stream);
+
+// gu [rows, 2n] = gate | up (the fused gate/up projection) -> y [rows, n] = SiluMul(gate, up).
+int LaunchSiluMulPacked(const void* gu, void* y, int64_t rows, int64_t n, DType dtype,
+                        void* stream);
 
 }  // namespace slime::model::cuda
 
