@@ -1,0 +1,128 @@
+// Trainer checkpoints: model weights, optimizer state, RNG states and trainer progress in one
+// directory per iteration, laid out like Megatron/slime (iteration = rollout id in slime):
+//
+//   <save>/latest_checkpointed_iteration.txt   the newest complete iteration, e.g. "10"
+//   <save>/iter_0000010/
+//     config.json                 HF config of the model (with torch_dtype = the weights' dtype)
+//     model.safetensors           HF names and the model's dtype (or model-0000i-of-0000N +
+//                                 model.safetensors.index.json): the directory is an HF model
+//                                 directory the engine and transformers load as it is
+//     optimizer.safetensors       AdamW::ExportState() (float32
+//     "<name>.master|exp_avg|exp_avg_sq"),
+//                                 metadata {"step": N}; absent with save_optimizer = false
+//     rng_state.safetensors       uint8 generator states: "cpu", and "cuda:<i>" per visible GPU;
+//                                 absent with save_rng = false
+//     trainer_state.json          format + format_version, iteration, step, rollout_id,
+//                                 lr_scheduler and data_source (opaque JSON objects of their
+//                                 owners), model_config (the HF config), model_dtype, and which
+//                                 optional files are present; written last
+//
+// Save is atomic: everything goes into <save>/.tmp-iter_0000010/ (each file fsynced), the
+// directory is fsynced and renamed to iter_0000010 (an existing directory of that iteration is
+// first moved aside and removed afterwards), then the tracker is replaced atomically (temporary
+// file + rename), then older iterations beyond keep_last are removed. A save interrupted at any
+// point leaves the previous checkpoint and tracker intact; its leftover .tmp-iter_* / .trash-*
+// entries are ignored by loads and removed by the next save. One process saves into a <save>
+// directory at a time.
+//
+// Load verifies everything before touching the model or the optimizer: format_version, the
+// model config (architecture, sizes, heads, vocab, norms, RoPE; the saved trainer_state.json and
+// config.json both), every weight present with the right shape and a floating dtype (converted
+// to the model's dtype), the optimizer state matching the trainable parameters, the RNG state
+// sizes. Each error names the file and what is wrong; on error nothing was changed. Weights are
+// read into CPU temporaries first and copied in place into the model's tensors afterwards.
+//
+// Only tensor-parallel size 1 is supported for now (model::SaveWeights writes full tensors).
+// Thread-safety: none; call from the trainer's thread while no forward/backward runs.
+#ifndef SLIME_TRAIN_CHECKPOINT_H_
+#define SLIME_TRAIN_CHECKPOINT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "slime/common/status.h"
+
+namespace slime::model {
+struct ModelWeights;
+struct ModelConfig;
+}  // namespace slime::model
+
+namespace slime::train {
+
+class AdamW;
+
+inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr char kCheckpointTrackerFile[] = "latest_checkpointed_iteration.txt";
+inline constexpr char kTrainerStateFile[] = "trainer_state.json";
+inline constexpr char kOptimizerStateFile[] = "optimizer.safetensors";
+inline constexpr char kRngStateFile[] = "rng_state.safetensors";
+
+// "iter_0000010" (Megatron's 7-digit name).
+std::string IterationDirName(int64_t iteration);
+
+// The caller's progress, stored in trainer_state.json.
+struct TrainerProgress {
+  int64_t step = 0;        // optimizer steps taken in the run (what the LR schedule counts)
+  int64_t rollout_id = 0;  // the last completed rollout
+  // Opaque JSON objects owned by the LR schedule and the data source ("{}" when unused).
+  std::string lr_scheduler_json = "{}";
+  std::string data_source_json = "{}";
+};
+
+struct SaveCheckpointOptions {
+  std::string save_dir;        // <save>; created when missing
+  int64_t iteration = 0;       // directory number (slime: the rollout id), >= 0
+  int keep_last = 0;           // keep the newest keep_last iterations (the one just saved always
+                               // survives, older ones go first); 0 keeps all
+  bool save_optimizer = true;  // false = checkpoint.no_save_optim
+  bool save_rng = true;
+  int64_t max_shard_bytes = int64_t{4} << 30;  // model weights per safetensors file
+};
+
+// Saves a checkpoint as described above; returns the iteration directory. `optimizer` may be null
+// (no optimizer state then). Errors: bad options (empty save_dir, negative iteration or
+// keep_last), progress JSON that is not an object, invalid weights, TP size > 1, I/O errors
+// (naming the path). On error the previous checkpoints and the tracker are as they were.
+StatusOr<std::string> SaveTrainerCheckpoint(const SaveCheckpointOptions& options,
+                                            const model::ModelWeights& weights,
+                                            const model::ModelConfig& config,
+                                            const AdamW* optimizer,
+                                            const TrainerProgress& progress);
+
+struct LoadCheckpointOptions {
+  // A <save> directory (the tracker picks the iteration) or one iteration directory.
+  std::string load_dir;
+  // With a <save> directory: load iter_<ckpt_step> instead of the tracker's (slime's ckpt_step).
+  std::optional<int64_t> ckpt_step;
+  bool load_optimizer = true;  // false = checkpoint.no_load_optim
+  bool load_rng = true;
+};
+
+struct LoadedCheckpoint {
+  std::string dir;  // the iteration directory read
+  int64_t iteration = 0;
+  TrainerProgress progress;
+  bool optimizer_loaded = false;
+  bool rng_loaded = false;
+};
+
+// The iteration directory a load of `load_dir` would read: the tracker's (or ckpt_step's)
+// iteration under a <save> directory, or `load_dir` itself when it holds trainer_state.json.
+// NotFound when it is neither (e.g. an HF model directory, which callers load as weights only).
+StatusOr<std::string> ResolveCheckpointDir(const std::string& load_dir,
+                                           std::optional<int64_t> ckpt_step = std::nullopt);
+
+// Loads a checkpoint into `weights` (in place) and, with load_optimizer and a non-null
+// `optimizer`, into the optimizer; restores the RNG states with load_rng. Without the optimizer
+// state, a non-null optimizer's masters are reloaded from the new weights (its moments are kept).
+// Errors (nothing changed): see the header comment; a checkpoint saved without optimizer state
+// while load_optimizer is set is an error that suggests no_load_optim.
+StatusOr<LoadedCheckpoint> LoadTrainerCheckpoint(const LoadCheckpointOptions& options,
+                                                 model::ModelWeights& weights,
+                                                 const model::ModelConfig& config,
+                                                 AdamW* optimizer);
+
+}  // namespace slime::train
+
+#endif  // SLIME_TRAIN_CHECKPOINT_H_
