@@ -293,6 +293,14 @@ torch::Tensor PagedAttention::Attend(int layer, const torch::Tensor& q, const to
     a.page_size = static_cast<int>(cache_->page_size());
     a.max_pages = static_cast<int>(lay.decode_page_table.size(1));
     a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(qd.size(2))));
+    a.num_splits = cuda::PagedDecodeSplits(a.batch, a.num_kv_heads);
+    torch::Tensor partials;
+    if (a.num_splits > 1) {
+      partials = torch::empty({cuda::PagedDecodePartialFloats(a.batch, a.num_heads, a.head_dim,
+                                                              a.num_splits)},
+                              qd.options().dtype(torch::kFloat32));
+      a.partials = partials.data_ptr<float>();
+    }
     a.dtype = qd.scalar_type() == torch::kBFloat16 ? cuda::DType::kBFloat16
               : qd.scalar_type() == torch::kHalf   ? cuda::DType::kFloat16
                                                    : cuda::DType::kFloat32;

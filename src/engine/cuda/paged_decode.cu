@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 
 namespace slime::engine::cuda {
@@ -42,14 +43,20 @@ __global__ void __launch_bounds__(kWarps * 32)
                       const T* __restrict__ v_cache, T* __restrict__ out,
                       const int32_t* __restrict__ page_table, const int32_t* __restrict__ seq_lens,
                       int64_t q_row_stride, int num_heads, int num_kv_heads, int page_size,
-                      int max_pages, float scale) {
+                      int max_pages, float scale, float* __restrict__ part) {
   using P = Pack<T, VEC>;
   constexpr int D = VEC * 32;
   const int kvh = blockIdx.x;
   const int b = blockIdx.y;
+  const int split = blockIdx.z;
+  const int splits = gridDim.z;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int len = seq_lens[b];
+  const int seq_len = seq_lens[b];
+  // Split-K (small batches): block `split` takes positions [start, len) of its share.
+  const int share = (seq_len + splits - 1) / splits;
+  const int start = min(seq_len, split * share);
+  const int len = min(seq_len, start + share);
   const int32_t* pages = page_table + static_cast<int64_t>(b) * max_pages;
 
   float qv[G][VEC];
@@ -69,7 +76,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int i = 0; i < VEC; ++i) acc[g][i] = 0.f;
   }
 
-  for (int p0 = warp * kUnroll; p0 < len; p0 += kWarps * kUnroll) {
+  for (int p0 = start + warp * kUnroll; p0 < len; p0 += kWarps * kUnroll) {
     float kv[kUnroll][VEC], vv[kUnroll][VEC];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -144,14 +151,42 @@ __global__ void __launch_bounds__(kWarps * 32)
       num += f * sm_acc[w][g][d];
       den += f * sm_l[w][g];
     }
-    T* op = out + (static_cast<int64_t>(b) * num_heads + kvh * G + g) * D + d;
-    FromFloat(den > 0.f ? num / den : 0.f, op);
+    const int64_t head = static_cast<int64_t>(b) * num_heads + kvh * G + g;
+    if (splits == 1) {
+      FromFloat(den > 0.f ? num / den : 0.f, out + head * D + d);
+    } else {  // partial [head][split]: D accumulators, then max and sum
+      float* pp = part + (head * splits + split) * (D + 2);
+      pp[d] = num;
+      if (d == 0) {
+        pp[D] = den > 0.f ? mx : -FLT_MAX;
+        pp[D + 1] = den;
+      }
+    }
   }
+}
+
+// Merges the splits' partials of one (sequence, head): one thread per element of the head.
+template <typename T>
+__global__ void CombineSplitsKernel(const float* __restrict__ part, T* __restrict__ out, int d,
+                                    int splits) {
+  const int64_t head = blockIdx.x;
+  const float* pp = part + head * splits * (d + 2);
+  float mx = -FLT_MAX;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, pp[s * (d + 2) + d]);
+  float num = 0.f, den = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const float* ps = pp + s * (d + 2);
+    const float f = ps[d + 1] > 0.f ? __expf(ps[d] - mx) : 0.f;
+    num += f * ps[threadIdx.x];
+    den += f * ps[d + 1];
+  }
+  FromFloat(den > 0.f ? num / den : 0.f, out + head * d + threadIdx.x);
 }
 
 template <typename T, int VEC>
 int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
-  const dim3 grid(a.num_kv_heads, a.batch);
+  const int splits = a.num_splits > 1 && a.partials != nullptr ? a.num_splits : 1;
+  const dim3 grid(a.num_kv_heads, a.batch, splits);
   const dim3 block(kWarps * 32);
   const T* q = static_cast<const T*>(a.q);
   const T* k = static_cast<const T*>(a.k_cache);
@@ -161,7 +196,7 @@ int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
   PagedDecodeKernel<T, VEC, G><<<grid, block, 0, stream>>>(                                 \
       q, k, v, o, a.page_table, a.seq_lens,                                                 \
       a.q_row_stride > 0 ? a.q_row_stride : static_cast<int64_t>(a.num_heads) * a.head_dim, \
-      a.num_heads, a.num_kv_heads, a.page_size, a.max_pages, a.scale)
+      a.num_heads, a.num_kv_heads, a.page_size, a.max_pages, a.scale, a.partials)
   switch (a.num_heads / a.num_kv_heads) {
     case 1:
       SLIME_LAUNCH(1);
@@ -179,6 +214,10 @@ int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
       return static_cast<int>(cudaErrorInvalidValue);
   }
 #undef SLIME_LAUNCH
+  if (splits > 1) {
+    CombineSplitsKernel<T><<<a.batch * a.num_heads, a.head_dim, 0, stream>>>(a.partials, o,
+                                                                            a.head_dim, splits);
+  }
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -197,6 +236,12 @@ int Launch(const PagedDecodeArgs& a, cudaStream_t stream) {
 }
 
 }  // namespace
+
+int PagedDecodeSplits(int batch, int num_kv_heads) {
+  const int blocks = batch * num_kv_heads;
+  if (blocks >= 128) return 1;
+  return std::min(16, (256 + blocks - 1) / blocks);
+}
 
 bool PagedDecodeSupported(int head_dim, int num_heads, int num_kv_heads) {
   const bool dim_ok = head_dim == 32 || head_dim == 64 || head_dim == 128;

@@ -37,7 +37,19 @@ struct PagedDecodeArgs {
   int max_pages = 0;
   float scale = 1.0f;
   DType dtype = DType::kBFloat16;
+  // Split-K for small batches (batch * kv_heads blocks would leave most of the GPU idle): each
+  // sequence's positions are cut into num_splits shares computed by separate blocks, whose
+  // partials (float, PagedDecodePartialFloats) are merged by a second kernel. 1 = no split.
+  int num_splits = 1;
+  float* partials = nullptr;
 };
+
+// The split count the engine uses for a decode batch (fixed per batch size, so CUDA graphs
+// captured per size keep it): 1 once batch * kv_heads fills the GPU.
+int PagedDecodeSplits(int batch, int num_kv_heads);
+inline int64_t PagedDecodePartialFloats(int batch, int num_heads, int head_dim, int splits) {
+  return static_cast<int64_t>(batch) * num_heads * splits * (head_dim + 2);
+}
 
 // True when the kernel handles this shape.
 bool PagedDecodeSupported(int head_dim, int num_heads, int num_kv_heads);

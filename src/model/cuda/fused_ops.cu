@@ -374,8 +374,8 @@ template <typename T>
 struct SmallGemmLauncher {
   template <int M>
   static void Go(const T* x, const T* w, const T* b, T* y, int n, int k, cudaStream_t s) {
-    SmallGemmKernel<T, M><<<static_cast<unsigned>((n + kGemmWarps - 1) / kGemmWarps),
-                            kGemmWarps * 32, 0, s>>>(x, w, b, y, n, k);
+    const unsigned blocks = static_cast<unsigned>((n + kGemmWarps - 1) / kGemmWarps);
+    SmallGemmKernel<T, M><<<blocks, kGemmWarps * 32, 0, s>>>(x, w, b, y, n, k);
   }
   static int Run(const void* xv, const void* wv, const void* bv, void* yv, int64_t m, int64_t n,
                  int64_t k, cudaStream_t s) {
