@@ -143,7 +143,6 @@ class Engine::Impl {
 
   void Admit(LiveRequest& r) {
     const bool want_input_lp = r.in.return_logprob && r.in.logprob_start_len >= 0;
-    const int64_t prompt_len = static_cast<int64_t>(r.in.input_ids.size());
     const int64_t limit =
         want_input_lp ? std::max<int64_t>(r.in.logprob_start_len, 1) - 1 : kNoPrefixMatchLimit;
     Status s = scheduler_.Add(r.id, r.in.input_ids, r.max_new, limit);
