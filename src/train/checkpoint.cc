@@ -5,7 +5,9 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <ftw.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -109,6 +111,24 @@ Status FsyncPath(const std::string& path) {
   ::close(fd);
   if (rc != 0) {
     return absl::InternalError(fmt::format("{}: fsync failed: {}", path, std::strerror(err)));
+  }
+  return absl::OkStatus();
+}
+
+// Removes a file or a directory tree (like rm -rf; a missing path is fine). POSIX nftw rather
+// than std::filesystem's remove_all: with a PyTorch-wheel LibTorch, std::filesystem symbols can
+// bind to the copy libtorch exports, whose remove_all crashed on the GPU machine.
+Status RemoveTree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::InternalError(fmt::format("{}: cannot stat: {}", path, std::strerror(errno)));
+  }
+  auto remove_one = [](const char* p, const struct stat*, int, struct FTW*) {
+    return ::remove(p) == 0 ? 0 : -1;
+  };
+  if (::nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+    return absl::InternalError(fmt::format("{}: cannot remove: {}", path, std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -392,9 +412,8 @@ void RemoveStaleEntries(const fs::path& save_dir) {
     const std::string name = e.path().filename().string();
     if (StartsWith(name, kTmpPrefix) || StartsWith(name, kTrashPrefix)) {
       spdlog::warn("checkpoint: removing {} (left by an interrupted save)", e.path().string());
-      std::error_code rm;
-      fs::remove_all(e.path(), rm);
-      if (rm) spdlog::warn("checkpoint: cannot remove {}: {}", e.path().string(), rm.message());
+      Status rm = RemoveTree(e.path().string());
+      if (!rm.ok()) spdlog::warn("checkpoint: {}", std::string(rm.message()));
     }
   }
 }
@@ -411,10 +430,9 @@ void RotateCheckpoints(const fs::path& save_dir, int64_t just_saved, int keep_la
   const size_t keep_others = static_cast<size_t>(keep_last - 1);
   for (size_t i = 0; i + keep_others < others.size(); ++i) {
     const fs::path dir = save_dir / IterationDirName(others[i]);
-    std::error_code rm;
-    fs::remove_all(dir, rm);
-    if (rm) {
-      spdlog::warn("checkpoint: cannot remove old checkpoint {}: {}", dir.string(), rm.message());
+    Status rm = RemoveTree(dir.string());
+    if (!rm.ok()) {
+      spdlog::warn("checkpoint: old checkpoint not removed: {}", std::string(rm.message()));
     } else {
       spdlog::info("checkpoint: removed {} (keep_last = {})", dir.string(), keep_last);
     }
@@ -692,7 +710,7 @@ StatusOr<std::string> SaveTrainerCheckpoint(const SaveCheckpointOptions& options
                                 dtype_name);
   });
   if (!st.ok()) {
-    fs::remove_all(tmp, ec);
+    (void)RemoveTree(tmp.string());
     return st;
   }
 
@@ -702,7 +720,7 @@ StatusOr<std::string> SaveTrainerCheckpoint(const SaveCheckpointOptions& options
   if (replace) {
     fs::rename(final_dir, trash, ec);
     if (ec) {
-      fs::remove_all(tmp, ec);
+      (void)RemoveTree(tmp.string());
       return absl::InternalError(
           fmt::format("cannot move {} aside to replace it: {}", final_dir.string(), ec.message()));
     }
@@ -711,12 +729,12 @@ StatusOr<std::string> SaveTrainerCheckpoint(const SaveCheckpointOptions& options
   if (ec) {
     const std::string msg = ec.message();
     if (replace) fs::rename(trash, final_dir, ec);
-    fs::remove_all(tmp, ec);
+    (void)RemoveTree(tmp.string());
     return absl::InternalError(
         fmt::format("cannot rename {} to {}: {}", tmp.string(), final_dir.string(), msg));
   }
   SLIME_RETURN_IF_ERROR(FsyncPath(save_dir.string()));
-  if (replace) fs::remove_all(trash, ec);
+  if (replace) (void)RemoveTree(trash.string());
 
   SLIME_RETURN_IF_ERROR(WriteFileDurably((save_dir / kCheckpointTrackerFile).string(),
                                          std::to_string(options.iteration)));

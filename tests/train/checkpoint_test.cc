@@ -3,11 +3,16 @@
 // fail with the file named and the model untouched.
 #include "slime/train/checkpoint.h"
 
+#include <dirent.h>
+#include <ftw.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
+#include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -27,12 +32,62 @@
 namespace slime::train {
 namespace {
 
-namespace fs = std::filesystem;
 using model::testing::ReadFile;
-using model::testing::TempDir;
 using model::testing::WriteFile;
 
 std::string Msg(const Status& s) { return std::string(s.message()); }
+
+// A scratch directory, removed with nftw: std::filesystem::remove_all (test_util.h's TempDir)
+// crashes in GPU-machine builds where std::filesystem binds to the copy libtorch exports.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+                       "/slime_train_ckpt_test_XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) ADD_FAILURE() << "mkdtemp failed for " << tmpl;
+    path_ = tmpl;
+  }
+  ~ScratchDir() {
+    auto remove_one = [](const char* p, const struct stat*, int, struct FTW*) {
+      return ::remove(p);
+    };
+    ::nftw(path_.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string Join(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Sorted entry names of `dir` (without "." and "..").
+std::vector<std::string> ListDir(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") out.push_back(name);
+    }
+    ::closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+void Truncate(const std::string& path, int64_t remove_bytes) {
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0) << path;
+  ASSERT_EQ(::truncate(path.c_str(), st.st_size - remove_bytes), 0) << path;
+}
 
 model::ModelConfig TinyConfig() {
   return *model::ParseModelConfigJson(model::testing::TinyQwen3ConfigJson(), "tiny-qwen3");
@@ -135,7 +190,7 @@ class RoundTripTest : public ::testing::TestWithParam<torch::ScalarType> {};
 // Save after two steps; a different model loads it and then matches bit for bit: weights,
 // masters, moments, step, progress, the next torch::rand, and the next optimizer step.
 TEST_P(RoundTripTest, SaveLoadIsBitwiseAndTheNextStepMatches) {
-  TempDir dir;
+  ScratchDir dir;
   Trainee a = MakeTrainee(1, GetParam());
   FakeStep(a, 0.0);
   FakeStep(a, 1.0);
@@ -177,7 +232,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, RoundTripTest,
                          });
 
 TEST(CheckpointTest, LayoutIsAnHfModelDirectoryPlusTrainerFiles) {
-  TempDir dir;
+  ScratchDir dir;
   Trainee a = MakeTrainee(1, torch::kBFloat16);
   FakeStep(a, 0.0);
   auto saved = Save(dir.path(), 10, a);
@@ -185,14 +240,10 @@ TEST(CheckpointTest, LayoutIsAnHfModelDirectoryPlusTrainerFiles) {
   EXPECT_EQ(ReadFile(dir.Join(kCheckpointTrackerFile)), "10");
   for (const char* f : {"config.json", "model.safetensors", "optimizer.safetensors",
                         "rng_state.safetensors", "trainer_state.json"}) {
-    EXPECT_TRUE(fs::exists(fs::path(*saved) / f)) << f;
+    EXPECT_TRUE(Exists(*saved + "/" + f)) << f;
   }
-  std::vector<std::string> entries;
-  for (const auto& e : fs::directory_iterator(dir.path())) {
-    entries.push_back(e.path().filename().string());
-  }
-  std::sort(entries.begin(), entries.end());
-  EXPECT_EQ(entries, (std::vector<std::string>{"iter_0000010", kCheckpointTrackerFile}));
+  EXPECT_EQ(ListDir(dir.path()),
+            (std::vector<std::string>{"iter_0000010", kCheckpointTrackerFile}));
 
   const auto state = nlohmann::json::parse(ReadFile(*saved + "/trainer_state.json"));
   EXPECT_EQ(state["format_version"], kCheckpointFormatVersion);
@@ -229,18 +280,14 @@ TEST(CheckpointTest, LayoutIsAnHfModelDirectoryPlusTrainerFiles) {
 }
 
 TEST(CheckpointTest, KeepLastRotatesAndCkptStepPicksAnIteration) {
-  TempDir dir;
+  ScratchDir dir;
   Trainee a = MakeTrainee(1, torch::kFloat32);
   for (int it = 1; it <= 5; ++it) {
     FakeStep(a, it);
     ASSERT_TRUE(Save(dir.path(), it, a, /*keep_last=*/2).ok());
   }
-  std::vector<std::string> iters;
-  for (const auto& e : fs::directory_iterator(dir.path())) {
-    if (e.is_directory()) iters.push_back(e.path().filename().string());
-  }
-  std::sort(iters.begin(), iters.end());
-  EXPECT_EQ(iters, (std::vector<std::string>{"iter_0000004", "iter_0000005"}));
+  EXPECT_EQ(ListDir(dir.path()),
+            (std::vector<std::string>{"iter_0000004", "iter_0000005", kCheckpointTrackerFile}));
   EXPECT_EQ(ReadFile(dir.Join(kCheckpointTrackerFile)), "5");
 
   Trainee b = MakeTrainee(2, torch::kFloat32);
@@ -266,7 +313,7 @@ TEST(CheckpointTest, KeepLastRotatesAndCkptStepPicksAnIteration) {
 }
 
 TEST(CheckpointTest, InterruptedSaveIsIgnoredAndCleanedByTheNextSave) {
-  TempDir dir;
+  ScratchDir dir;
   Trainee a = MakeTrainee(1, torch::kFloat32);
   FakeStep(a, 0.0);
   ASSERT_TRUE(Save(dir.path(), 1, a).ok());
@@ -283,8 +330,8 @@ TEST(CheckpointTest, InterruptedSaveIsIgnoredAndCleanedByTheNextSave) {
 
   FakeStep(a, 1.0);
   ASSERT_TRUE(Save(dir.path(), 2, a).ok());
-  EXPECT_FALSE(fs::exists(dir.Join(".tmp-iter_0000002")));
-  EXPECT_TRUE(fs::exists(dir.Join("iter_0000002/trainer_state.json")));
+  EXPECT_FALSE(Exists(dir.Join(".tmp-iter_0000002")));
+  EXPECT_TRUE(Exists(dir.Join("iter_0000002/trainer_state.json")));
   EXPECT_EQ(ReadFile(dir.Join(kCheckpointTrackerFile)), "2");
 }
 
@@ -323,40 +370,41 @@ class CorruptCheckpointTest : public ::testing::Test {
 
   std::string Path(const std::string& name) const { return iter_dir_ + "/" + name; }
 
-  TempDir dir_;
+  ScratchDir dir_;
   std::string iter_dir_;
   model::ModelConfig config_;
   std::vector<model::NamedTensor> names_;
 };
 
 TEST_F(CorruptCheckpointTest, TruncatedModelSafetensors) {
-  fs::resize_file(Path("model.safetensors"), fs::file_size(Path("model.safetensors")) / 2);
+  struct stat st;
+  ASSERT_EQ(::stat(Path("model.safetensors").c_str(), &st), 0);
+  Truncate(Path("model.safetensors"), st.st_size / 2);
   ExpectLoadFails(Path("model.safetensors"), "");
 }
 
 TEST_F(CorruptCheckpointTest, TruncatedOptimizerSafetensors) {
-  fs::resize_file(Path("optimizer.safetensors"),
-                  fs::file_size(Path("optimizer.safetensors")) - 100);
+  Truncate(Path("optimizer.safetensors"), 100);
   ExpectLoadFails(Path("optimizer.safetensors"), "");
 }
 
 TEST_F(CorruptCheckpointTest, MissingOptimizerFile) {
-  fs::remove(Path("optimizer.safetensors"));
+  ASSERT_EQ(std::remove(Path("optimizer.safetensors").c_str()), 0);
   ExpectLoadFails(Path("optimizer.safetensors"), "missing");
 }
 
 TEST_F(CorruptCheckpointTest, MissingRngFile) {
-  fs::remove(Path("rng_state.safetensors"));
+  ASSERT_EQ(std::remove(Path("rng_state.safetensors").c_str()), 0);
   ExpectLoadFails(Path("rng_state.safetensors"), "missing");
 }
 
 TEST_F(CorruptCheckpointTest, MissingConfigJson) {
-  fs::remove(Path("config.json"));
+  ASSERT_EQ(std::remove(Path("config.json").c_str()), 0);
   ExpectLoadFails(Path("config.json"), "missing");
 }
 
 TEST_F(CorruptCheckpointTest, MissingTrainerState) {
-  fs::remove(Path("trainer_state.json"));
+  ASSERT_EQ(std::remove(Path("trainer_state.json").c_str()), 0);
   ExpectLoadFails("iter_0000003", "trainer_state.json");
 }
 
@@ -429,11 +477,11 @@ TEST_F(CorruptCheckpointTest, BadTracker) {
 }
 
 TEST(CheckpointTest, NoSaveOptimAndNoLoadOptim) {
-  TempDir dir;
+  ScratchDir dir;
   Trainee a = MakeTrainee(1, torch::kBFloat16);
   FakeStep(a, 0.0);
   ASSERT_TRUE(Save(dir.path(), 1, a, 0, /*save_optimizer=*/false).ok());
-  EXPECT_FALSE(fs::exists(dir.Join("iter_0000001/optimizer.safetensors")));
+  EXPECT_FALSE(Exists(dir.Join("iter_0000001/optimizer.safetensors")));
 
   Trainee b = MakeTrainee(2, torch::kBFloat16);
   auto with_optim = Load(dir.path(), b);
@@ -459,7 +507,7 @@ TEST(CheckpointTest, NoSaveOptimAndNoLoadOptim) {
 
 // A float32 run's checkpoint resumed by a bf16 model: the float32 weights become the masters.
 TEST(CheckpointTest, Float32CheckpointIntoBf16ModelKeepsFullPrecisionMasters) {
-  TempDir dir;
+  ScratchDir dir;
   Trainee a = MakeTrainee(1, torch::kFloat32);
   FakeStep(a, 0.0);
   ASSERT_TRUE(Save(dir.path(), 1, a).ok());
@@ -481,7 +529,7 @@ TEST(CheckpointTest, Float32CheckpointIntoBf16ModelKeepsFullPrecisionMasters) {
 TEST(CheckpointTest, CudaRoundTripRestoresTheCudaGenerator) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Device cuda(torch::kCUDA, 0);
-  TempDir dir;
+  ScratchDir dir;
   Trainee a = MakeTrainee(1, torch::kBFloat16, TinyConfig(), cuda);
   FakeStep(a, 0.0);
   FakeStep(a, 1.0);
@@ -518,7 +566,7 @@ TEST(CheckpointTest, CudaRoundTripRestoresTheCudaGenerator) {
 }
 
 TEST(CheckpointTest, BadSaveArguments) {
-  TempDir dir;
+  ScratchDir dir;
   Trainee a = MakeTrainee(1, torch::kFloat32);
   SaveCheckpointOptions o;
   o.save_dir = dir.path();
@@ -537,7 +585,7 @@ TEST(CheckpointTest, BadSaveArguments) {
   EXPECT_EQ(SaveTrainerCheckpoint(o, a.weights, a.config, nullptr, p).status().code(),
             absl::StatusCode::kInvalidArgument);
   // Nothing was written by the failed saves.
-  EXPECT_TRUE(fs::is_empty(dir.path()));
+  EXPECT_TRUE(ListDir(dir.path()).empty());
 
   auto not_ckpt = ResolveCheckpointDir(dir.path());
   EXPECT_EQ(not_ckpt.status().code(), absl::StatusCode::kNotFound);
