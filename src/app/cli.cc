@@ -8,6 +8,7 @@
 #include "CLI/CLI.hpp"
 #include "fmt/format.h"
 #include "slime/app/job_plan.h"
+#include "slime/app/convert.h"
 #include "slime/app/serve.h"
 #include "slime/app/version.h"
 #include "slime/comm/accelerator.h"
@@ -111,7 +112,7 @@ int RunCli(int argc, char** argv) {
   train_cmd->add_option("--log-level", train.log_level,
                         "trace|debug|info|warn|error|critical|off (default: debug.log_level)");
 
-  std::string head, actor_id, from, to_hf, init_config, init_tokenizer, init_out,
+  std::string head, actor_id, init_config, init_tokenizer, init_out,
       init_dtype = "bf16";
   int64_t seed = 0;
   ServeOptions serve_options;
@@ -122,9 +123,9 @@ int RunCli(int argc, char** argv) {
   CLI::App* worker = cli.add_subcommand("worker", "Internal: one actor process");
   worker->add_option("--head", head, "Head address HOST:PORT")->required();
   worker->add_option("--actor", actor_id, "Actor id")->required();
+  train::HfExportOptions convert_options;
   CLI::App* convert = cli.add_subcommand("convert", "Convert a checkpoint to HF safetensors");
-  convert->add_option("--from", from, "Checkpoint directory")->required();
-  convert->add_option("--to-hf", to_hf, "Output HF directory")->required();
+  AddConvertOptions(convert, &convert_options);
   CLI::App* init_model =
       cli.add_subcommand("init-model", "Write a random-weight HF model directory");
   init_model->add_option("--config", init_config, "HF config.json")->required();
@@ -148,7 +149,7 @@ int RunCli(int argc, char** argv) {
   if (serve->parsed()) return RunServe(serve_options);
   if (agent->parsed()) return NotBuilt("agent", "the actor runtime");
   if (worker->parsed()) return NotBuilt("worker", "the actor runtime");
-  if (convert->parsed()) return NotBuilt("convert", "the trainer's checkpoints");
+  if (convert->parsed()) return RunConvert(convert_options);
   if (init_model->parsed()) {
     if (Status s = InitLogging({.role = "init-model"}); !s.ok()) return UsageError(std::string(s.message()));
     Status s = model::InitRandomModel(init_config, init_tokenizer, init_out,

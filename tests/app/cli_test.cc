@@ -211,7 +211,7 @@ TEST(CliTest, InitModelBadConfigIsNamed) {
 }
 
 TEST(CliTest, SubcommandsNotBuiltYetSaySo) {
-  RunResult r = RunSlime("convert --from /tmp/a --to-hf /tmp/b");
+  RunResult r = RunSlime("agent --head 127.0.0.1:1");
   EXPECT_EQ(r.exit_code, 3);
   EXPECT_NE(r.err.find("not built yet"), std::string::npos) << r.err;
 }
