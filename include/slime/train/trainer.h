@@ -1,0 +1,277 @@
+// Trainer: the training side of one model replica. It owns the model (DecoderModel), the AdamW
+// optimizer, the LR scheduler and the CPU copies of the other policies (reference, old actor,
+// teacher), and runs slime's train_actor order for one rollout at a time
+// (../shared/reference/slime-inventory.md §1.1, "Inside actor.train()"):
+//
+//   TrainRollout(rollout_id, batch)
+//     0. check the batch; schedule it (batching.h: steps of global_batch_size rollouts,
+//        micro-batches, this DP rank's share); reset_optimizer_states → AdamW::ResetStates
+//     1. reference log-probs   (use_kl_loss or kl_coef != 0)      ref weights swapped in
+//     2. teacher log-probs     (use_opd with opd_type "megatron") teacher weights swapped in
+//     3. old-actor log-probs   actor (or old_actor with keep_old_actor) weights — SKIPPED when
+//        slime skips them: one optimizer step per rollout, policy_loss, kl_coef == 0, no
+//        use_rollout_logprobs / get_mismatch_metrics / keep_old_actor / use_opd, not gspo or
+//        ppo. The loss then takes the detached current log-probs as π_old (ratio ≡ 1, ppo_kl ≡
+//        0). With use_rollout_logprobs the engine's log-probs are π_old and the pass is skipped
+//        too (slime recomputes it only for custom TIS functions, which we do not have).
+//     4. advantages and returns over all of the rank's samples (advantages.h; whitening
+//        all-reduced over the DP group)
+//     5. per optimizer step: per micro-batch forward with grad → response log-probs and entropy
+//        (logprobs.h) → PolicyLoss with the step's denominators (losses.h: D_i = loss-mask
+//        tokens of the step's samples sharing sample i's rollout id, G = rollouts of the step,
+//        N = loss-mask tokens of the step) → backward; then the gradients (and metrics) are
+//        summed over the DP group, AdamW::Step with the scheduler's lr, and on a successful
+//        step the scheduler advances by the step's sample count.
+//     6. ref_update_interval: every N rollouts the reference copy becomes the actor.
+//   The forward-only passes use exactly the micro-batches of the training steps, so on the
+//   first step the recomputed π_old equals the training log-probs bit for bit (ppo_kl == 0 and,
+//   with the reference equal to the actor, kl_loss == 0 — slime's CI gates).
+//
+// Weight swap (no second model on the device). The reference, old-actor and teacher weights
+// are CPU tensors (pinned when the model is on CUDA), one per model parameter, in
+// model::NamedParameters order and the model's dtype. A forward-only pass under another
+// policy (1) copies the live actor parameters into a CPU backup (only when they changed since
+// the last backup), (2) copy_()s the other policy's tensors into the live parameters under
+// NoGradGuard — the parameter tensor objects stay the same, so the optimizer's handles and
+// the autograd leaves are untouched, (3) runs the pass, (4) copy_()s the actor backup back.
+// Step 4 runs on every exit path, errors included, and restores the actor bit for bit; the
+// optimizer's float32 masters are never touched.
+//
+// Data parallelism (seam; size 1 today). Every DP rank receives the same RolloutBatch (the
+// whole rollout) and trains only its micro-batches of each step, picked by the deterministic
+// schedule; options.dp_all_reduce sums whitening statistics, metrics and gradients over the
+// group (losses.h's denominators already count all ranks, so a SUM gives slime's objective).
+//
+// What is not here yet: the PPO critic (value head, ValueLoss; advantage_estimator "ppo" is
+// rejected at Create), custom loss / advantage / TIS functions, routing replay (no MoE model),
+// padding micro-batches to TP × data_pad_size_multiplier (no tensor parallelism in training
+// yet), and tensor / pipeline / context parallelism.
+//
+// Thread-safety: a Trainer belongs to one thread (the replica's training thread); no method may
+// run concurrently with another. Errors (bad batch, bad config, LibTorch failures) come back as
+// Status; nothing throws out of this class.
+#ifndef SLIME_TRAIN_TRAINER_H_
+#define SLIME_TRAIN_TRAINER_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "slime/common/status.h"
+#include "slime/config/config.h"
+#include "slime/train/advantages.h"
+#include "slime/train/batching.h"
+#include "slime/train/lr_schedule.h"
+
+namespace slime::model {
+class DecoderModel;
+}  // namespace slime::model
+
+namespace slime::train {
+
+class AdamW;
+
+// ---- Data --------------------------------------------------------------------------------------
+
+// One sample of a rollout as the coordinator ships it (plain data, no LibTorch).
+struct TrainSample {
+  std::vector<int32_t> tokens;   // [P + R]: the prompt ids, then the response ids
+  int64_t prompt_length = 0;     // P; >= 1 when R > 0 (the first response token needs a context)
+  int64_t response_length = 0;   // R
+  std::vector<float> loss_mask;  // [R], 0 or 1 (tool / environment tokens are 0)
+  double reward = 0.0;           // post-processed r̃ (PostProcessRewards), drives the advantages
+  double raw_reward = 0.0;       // the reward model's value, logged only
+  // [R] the engine's log-probs of the response tokens, or empty. Required with use_tis,
+  // get_mismatch_metrics and use_rollout_logprobs; reported as
+  // train_rollout_logprob_abs_diff whenever given.
+  std::vector<float> rollout_log_probs;
+  // [R] the teacher's log-probs (use_opd with opd_type "sglang"), else empty.
+  std::vector<float> teacher_log_probs;
+  // Samples of one trajectory (e.g. the turns of a multi-turn episode stored as separate
+  // samples) share an id: they land in one optimizer step and share one loss denominator. -1:
+  // the sample is a rollout of its own (the usual case). This is not the prompt group.
+  int64_t rollout_id = -1;
+  bool truncated = false;  // stopped at max_response_len (logged)
+};
+
+struct RolloutBatch {
+  std::vector<TrainSample> samples;
+  double temperature = 1.0;  // the rollout temperature; logits are divided by it (> 0)
+};
+
+// Which weights a forward-only pass runs with.
+enum class PolicyWeights { kActor, kRef, kOldActor, kTeacher };
+std::string_view PolicyWeightsName(PolicyWeights which);  // "actor", "ref", "old_actor", "teacher"
+
+// ---- Results -----------------------------------------------------------------------------------
+
+// One optimizer step. `values` holds slime's names: loss, pg_loss, pg_clipfrac, ppo_kl,
+// entropy_loss, and when they apply kl_loss, tis, ois, tis_clipfrac, tis_abs, opsm_clipfrac,
+// opd_reverse_kl, train_rollout_logprob_abs_diff (policy loss; the SFT loss has loss only);
+// plus grad_norm and lr. Loss-side values are the step's reduced values (losses.h: the sum
+// over micro-batches and DP ranks of the scaled micro-batch values).
+struct TrainStepMetrics {
+  int64_t rollout_id = 0;
+  int64_t step = 0;             // the trainer's optimizer step counter before this step
+  int64_t step_in_rollout = 0;  // 0-based
+  int64_t num_samples = 0;      // samples of the step over all DP ranks
+  bool skipped = false;         // non-finite gradient norm: no update, LR schedule not advanced
+  std::map<std::string, double> values;
+};
+
+struct TrainRolloutResult {
+  std::vector<TrainStepMetrics> steps;
+  // Samples in no step (trailing rollouts that do not fill global_batch_size), rollout order.
+  std::vector<int64_t> dropped_samples;
+  // Rollout-side means over this rank's samples (slime's rollout/* from the trainer): reward,
+  // raw_reward, response_length, truncated, and over loss-mask tokens advantages, log_probs,
+  // ref_log_probs, rollout_log_probs, teacher_log_probs when they were computed or given.
+  std::map<std::string, double> rollout_values;
+};
+
+// Per-sample results of a forward-only pass, in the batch's sample order.
+struct SampleLogProbs {
+  std::vector<torch::Tensor> log_probs;  // [R_i] float32 on the model's device, detached
+  std::vector<torch::Tensor> entropy;    // [R_i]; empty unless requested
+};
+
+// What Load restored.
+struct LoadedTrainerState {
+  std::string dir;                      // the iteration directory read
+  int64_t rollout_id = 0;               // the rollout the checkpoint was saved after (iteration)
+  int64_t step = 0;                     // the optimizer step counter
+  std::string extra_state_json = "{}";  // as passed to Save (e.g. the data source's state)
+  bool optimizer_loaded = false;
+};
+
+// ---- Trainer -----------------------------------------------------------------------------------
+
+struct TrainerOptions {
+  // HF model directory (config.json + safetensors) of the initial actor.
+  std::string model_dir;
+  torch::Device device = torch::kCPU;
+  // Unset: bfloat16 on CUDA, float32 on the CPU.
+  std::optional<torch::ScalarType> dtype;
+  // The resolved configuration. Read: algorithm, train, data (num_rollout, rollout_batch_size,
+  // n_samples_per_prompt for the LR schedule length), checkpoint (ref_load, ref_ckpt_step,
+  // keep_last, no_save_optim, no_load_optim), weight_sync.interval (keep_old_actor).
+  config::Config config;
+  // Where the reference weights come from when a reference is needed (use_kl_loss or
+  // kl_coef != 0): a trainer checkpoint (its <save> dir or an iteration dir) or an HF
+  // directory. Unset: config.checkpoint.ref_load, else model_dir (the initial actor).
+  std::optional<std::string> ref_model_dir;
+  // Optimizer steps of the whole run for the LR schedule. Unset: slime's TrainIters from
+  // data.num_rollout, data.rollout_batch_size, data.n_samples_per_prompt and
+  // train.global_batch_size (an error names data.num_rollout when it is unset).
+  std::optional<int64_t> train_iters;
+  // What Load does when the checkpoint's LR schedule differs from the configured one.
+  LrStateMismatch lr_state_mismatch = LrStateMismatch::kError;
+  // Data-parallel seam. dp_all_reduce sums a tensor element-wise over the DP group, in place
+  // (gradients on the model's device, small float64 tensors for statistics and metrics);
+  // required when dp_size > 1.
+  int dp_size = 1;
+  int dp_rank = 0;
+  AllReduceSumFn dp_all_reduce;
+};
+
+class Trainer {
+ public:
+  // Loads the model (DecoderModel::Load) in the chosen dtype on the device, makes the trainable
+  // parameters require grad, builds AdamW (AdamWOptions::FromTrainConfig) and the LR schedule,
+  // and loads the CPU copies the configuration needs: ref (see ref_model_dir), teacher
+  // (algorithm.opd_teacher_load, opd_teacher_ckpt_step), old_actor (= the initial actor, with
+  // keep_old_actor). Errors name the option or file: unsupported settings (ppo, custom_loss,
+  // routing replay, policy_loss without compute_advantages_and_returns), invalid loss or
+  // batching options, a teacher or reference whose parameters differ from the actor's.
+  static StatusOr<std::unique_ptr<Trainer>> Create(TrainerOptions options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // OK, or InvalidArgument naming the sample and field: empty batch, temperature not finite
+  // and > 0, tokens.size() != prompt_length + response_length, loss_mask /
+  // rollout_log_probs / teacher_log_probs of the wrong length or missing where the config
+  // needs them, a token id outside [0, vocab_size), a loss mask value other than 0/1, a
+  // non-finite reward, a response without a prompt token.
+  Status CheckBatch(const RolloutBatch& batch) const;
+
+  // Forward-only log-probs (and entropy) of every sample's response tokens under `which`
+  // (FailedPrecondition when this trainer keeps no such copy), micro-batched as one training
+  // step over the whole batch would be.
+  StatusOr<SampleLogProbs> ComputeLogProbs(const RolloutBatch& batch,
+                                           PolicyWeights which = PolicyWeights::kActor,
+                                           bool with_entropy = false);
+
+  // Trains on one rollout (the order in the header comment). With loss_type "sft_loss" the
+  // steps use the SFT loss and steps 1–4 are skipped.
+  StatusOr<TrainRolloutResult> TrainRollout(int64_t rollout_id, const RolloutBatch& batch);
+
+  // One optimizer step of the SFT loss (−Reduce(log p) over the loss-masked tokens; per-token
+  // or per-rollout reduction as train.calculate_per_token_loss says) over every sample of the
+  // batch, micro-batched like a training step. global_batch_size does not apply: the batch is
+  // the step.
+  StatusOr<TrainStepMetrics> SftStep(const RolloutBatch& batch);
+
+  // The keep_old_actor queue, to call after the actor's weights were pushed to the engines:
+  // with weight_sync.interval == 1, old_actor ← rollout_actor and rollout_actor ← actor (the
+  // data of the next rollout comes from the weights pushed one sync earlier); otherwise
+  // old_actor ← actor. No-op without keep_old_actor.
+  Status OnWeightsSynced();
+
+  // Saves a checkpoint (checkpoint.h) at iteration `rollout_id` under `save_dir`: model,
+  // optimizer (unless checkpoint.no_save_optim), RNG, the step counter, the LR scheduler state
+  // and `extra_state_json` (a JSON object, e.g. the data source's state); keeps the newest
+  // checkpoint.keep_last. Returns the iteration directory.
+  StatusOr<std::string> Save(const std::string& save_dir, int64_t rollout_id,
+                             const std::string& extra_state_json = "{}");
+  // Loads a checkpoint (a <save> dir — the tracker's iteration or ckpt_step — or an iteration
+  // dir) into the model, optimizer (unless checkpoint.no_load_optim) and RNG, and restores the
+  // step counter and the LR scheduler. With keep_old_actor the old-actor copies become the
+  // loaded weights (slime loads old_actor from --load). On error nothing was changed, except
+  // when the LR state alone is rejected after the weights were loaded (then the error says so).
+  StatusOr<LoadedTrainerState> Load(const std::string& load_dir,
+                                    std::optional<int64_t> ckpt_step = std::nullopt);
+
+  // Mutable access marks the CPU backup of the actor stale (the caller may change the weights in
+  // place, e.g. a weight load); the next swap backs the actor up again.
+  model::DecoderModel& model();
+  const model::DecoderModel& model() const { return *model_; }
+  const AdamW& optimizer() const { return *optimizer_; }
+  const LrScheduler& lr_scheduler() const { return lr_scheduler_; }
+  int64_t step() const { return step_; }
+  bool has_weights(PolicyWeights which) const;
+  // True when TrainRollout skips the old-actor pass for a rollout of `num_steps` optimizer
+  // steps (slime's can_reuse_log_probs_in_loss; header comment, step 3).
+  bool SkipsOldLogProbs(int64_t num_steps) const;
+
+ private:
+  struct Impl;
+  struct SampleTensors;
+  Trainer(TrainerOptions options, std::unique_ptr<model::DecoderModel> model,
+          std::unique_ptr<AdamW> optimizer, LrScheduler lr_scheduler);
+  // Runs `fn` with `which`'s weights swapped into the model, then restores the actor.
+  Status WithPolicyWeights(PolicyWeights which, const std::function<Status()>& fn);
+  // One optimizer step over this rank's micro-batches of `step`.
+  StatusOr<TrainStepMetrics> RunStep(int64_t rollout_id, int64_t step_in_rollout, int64_t num_steps,
+                                     bool sft, const RolloutBatch& batch,
+                                     const std::vector<int64_t>& rollout_ids,
+                                     const StepSchedule& step, const SampleTensors& tensors);
+
+  TrainerOptions options_;
+  std::unique_ptr<model::DecoderModel> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  LrScheduler lr_scheduler_;
+  std::unique_ptr<Impl> impl_;  // weight copies, parsed options, schedules
+  int64_t step_ = 0;
+};
+
+}  // namespace slime::train
+
+#endif  // SLIME_TRAIN_TRAINER_H_

@@ -1,0 +1,664 @@
+// The Trainer on a real tiny Qwen3 model on the CPU in float32: slime's first-step CI gates
+// (ppo_kl == 0, pg_clipfrac == 0, kl_loss == 0, actor == ref log-probs), GRPO improving its
+// objective on an overfit batch, micro-batch split invariance, the reference/teacher/old-actor
+// weight swaps restoring the actor bit for bit, save → load → next rollout bitwise equal to an
+// uninterrupted run, SFT steps, and bad input reported with the field named.
+#include "slime/train/trainer.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <barrier>
+#include <cmath>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "slime/config/config.h"
+#include "slime/model/checkpoint.h"
+#include "slime/model/config.h"
+#include "slime/model/decoder.h"
+#include "slime/model/weights.h"
+#include "slime/train/optimizer.h"
+
+#ifndef SLIME_MODEL_TEST_DATA_DIR
+#define SLIME_MODEL_TEST_DATA_DIR ""  // test_util.h's data dir is not used here
+#endif
+#include "../model/test_util.h"
+
+namespace slime::train {
+namespace {
+
+using model::testing::TempDir;
+
+std::string Msg(const Status& s) { return std::string(s.message()); }
+
+// An HF model directory with the tiny Qwen3 config and random float32 weights.
+std::string MakeModelDir(const TempDir& dir, const std::string& name, uint64_t seed) {
+  const std::string path = dir.Join(name);
+  auto config = model::ParseModelConfigJson(model::testing::TinyQwen3ConfigJson(), "tiny");
+  EXPECT_TRUE(config.ok()) << config.status();
+  auto weights = model::RandomWeights(*config, seed, {});
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  model::testing::WriteFile(path + "/config.json", model::testing::TinyQwen3ConfigJson());
+  Status saved = model::SaveWeights(path, *weights, *config);
+  EXPECT_TRUE(saved.ok()) << saved;
+  return path;
+}
+
+// GRPO, one step per rollout of 4 samples, constant LR, no decay.
+config::Config BaseConfig() {
+  config::Config c = config::DefaultConfig();
+  c.algorithm.advantage_estimator = "grpo";
+  c.train.lr = 1e-3;
+  c.train.lr_decay_style = "constant";
+  c.train.weight_decay = 0.0;
+  c.train.global_batch_size = 4;
+  c.train.micro_batch_size = 2;
+  c.data.num_rollout = 100;
+  c.data.rollout_batch_size = 4;
+  c.data.n_samples_per_prompt = 1;
+  return c;
+}
+
+std::unique_ptr<Trainer> MakeTrainer(const std::string& model_dir, const config::Config& config) {
+  TrainerOptions o;
+  o.model_dir = model_dir;
+  o.config = config;
+  auto trainer = Trainer::Create(o);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  return trainer.ok() ? std::move(*trainer) : nullptr;
+}
+
+// A deterministic batch: prompts of 2–5 tokens, responses of 3–8 with a few masked tokens,
+// rewards alternating +1 / −1 (already post-processed).
+RolloutBatch MakeBatch(int num_samples, uint32_t seed, double temperature = 1.0) {
+  std::mt19937 rng(seed);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  RolloutBatch b;
+  b.temperature = temperature;
+  for (int i = 0; i < num_samples; ++i) {
+    TrainSample s;
+    s.prompt_length = uniform(2, 5);
+    s.response_length = uniform(3, 8);
+    for (int64_t t = 0; t < s.prompt_length + s.response_length; ++t) {
+      s.tokens.push_back(uniform(0, 100));
+    }
+    for (int64_t t = 0; t < s.response_length; ++t) {
+      s.loss_mask.push_back(t == 1 && i % 2 == 1 ? 0.0f : 1.0f);
+    }
+    s.reward = i % 2 == 0 ? 1.0 : -1.0;
+    s.raw_reward = i % 2 == 0 ? 1.0 : 0.0;
+    b.samples.push_back(std::move(s));
+  }
+  return b;
+}
+
+std::vector<torch::Tensor> Weights(const Trainer& trainer) {
+  std::vector<torch::Tensor> out;
+  for (const model::NamedTensor& nt :
+       model::NamedParameters(trainer.model().weights(), trainer.model().config())) {
+    out.push_back(nt.tensor.detach().clone());
+  }
+  return out;
+}
+
+void ExpectBitwiseEqual(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i;
+}
+
+void ExpectBitwiseEqual(const SampleLogProbs& a, const SampleLogProbs& b) {
+  ExpectBitwiseEqual(a.log_probs, b.log_probs);
+}
+
+SampleLogProbs LogProbs(Trainer& trainer, const RolloutBatch& batch,
+                        PolicyWeights which = PolicyWeights::kActor) {
+  auto r = trainer.ComputeLogProbs(batch, which);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : SampleLogProbs{};
+}
+
+TrainRolloutResult Train(Trainer& trainer, int64_t rollout_id, const RolloutBatch& batch) {
+  auto r = trainer.TrainRollout(rollout_id, batch);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : TrainRolloutResult{};
+}
+
+// Σ_i r̃_i · (loss-masked mean log-prob of sample i): what GRPO increases.
+double Objective(const SampleLogProbs& lp, const RolloutBatch& batch) {
+  double j = 0;
+  for (size_t i = 0; i < batch.samples.size(); ++i) {
+    const torch::Tensor m = torch::tensor(batch.samples[i].loss_mask, torch::kFloat32);
+    j += batch.samples[i].reward * ((lp.log_probs[i] * m).sum() / m.sum()).item<double>();
+  }
+  return j;
+}
+
+double Value(const TrainStepMetrics& step, const std::string& name) {
+  auto it = step.values.find(name);
+  EXPECT_NE(it, step.values.end()) << "no metric " << name;
+  return it == step.values.end() ? NAN : it->second;
+}
+
+// ---- slime's CI gates --------------------------------------------------------------------------
+
+// One step per rollout: slime skips the old-actor pass, π_old is the detached current policy.
+TEST(TrainerTest, FirstStepGatesWhenTheOldPassIsSkipped) {
+  TempDir dir;
+  auto trainer = MakeTrainer(MakeModelDir(dir, "m", 1), BaseConfig());
+  ASSERT_NE(trainer, nullptr);
+  EXPECT_TRUE(trainer->SkipsOldLogProbs(1));
+  EXPECT_FALSE(trainer->has_weights(PolicyWeights::kRef));
+  TrainRolloutResult r = Train(*trainer, 0, MakeBatch(4, 7));
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_EQ(Value(r.steps[0], "ppo_kl"), 0.0);
+  EXPECT_EQ(Value(r.steps[0], "pg_clipfrac"), 0.0);
+  EXPECT_EQ(r.steps[0].values.count("kl_loss"), 0u);
+  for (const char* name : {"loss", "pg_loss", "entropy_loss", "grad_norm", "lr"}) {
+    EXPECT_TRUE(std::isfinite(Value(r.steps[0], name))) << name;
+  }
+  EXPECT_GT(Value(r.steps[0], "grad_norm"), 0.0);
+  EXPECT_EQ(Value(r.steps[0], "lr"), 1e-3);
+  EXPECT_EQ(trainer->step(), 1);
+  EXPECT_EQ(trainer->optimizer().step(), 1);
+  EXPECT_DOUBLE_EQ(r.rollout_values.at("reward"), 0.0);
+  EXPECT_DOUBLE_EQ(r.rollout_values.at("raw_reward"), 0.5);
+}
+
+// Two steps per rollout with a KL loss: the reference and old-actor passes run, and on the first
+// step they equal the training forward bit for bit.
+TEST(TrainerTest, FirstStepGatesWithReferenceAndOldActorPasses) {
+  TempDir dir;
+  config::Config c = BaseConfig();
+  c.algorithm.use_kl_loss = true;
+  c.algorithm.kl_loss_coef = 0.1;
+  c.algorithm.kl_loss_type = "low_var_kl";
+  c.train.global_batch_size = 2;
+  auto trainer = MakeTrainer(MakeModelDir(dir, "m", 1), c);
+  ASSERT_NE(trainer, nullptr);
+  EXPECT_FALSE(trainer->SkipsOldLogProbs(2));
+  ASSERT_TRUE(trainer->has_weights(PolicyWeights::kRef));
+
+  RolloutBatch batch = MakeBatch(4, 11, /*temperature=*/0.8);
+  const SampleLogProbs actor = LogProbs(*trainer, batch);
+  ExpectBitwiseEqual(LogProbs(*trainer, batch, PolicyWeights::kRef), actor);
+  // The engine's log-probs, as if it computed exactly what the trainer does.
+  for (size_t i = 0; i < batch.samples.size(); ++i) {
+    const torch::Tensor lp = actor.log_probs[i].contiguous();
+    batch.samples[i].rollout_log_probs.assign(lp.data_ptr<float>(),
+                                              lp.data_ptr<float>() + lp.numel());
+  }
+
+  TrainRolloutResult r = Train(*trainer, 0, batch);
+  ASSERT_EQ(r.steps.size(), 2u);
+  EXPECT_EQ(Value(r.steps[0], "ppo_kl"), 0.0);
+  EXPECT_EQ(Value(r.steps[0], "pg_clipfrac"), 0.0);
+  EXPECT_EQ(Value(r.steps[0], "kl_loss"), 0.0);
+  EXPECT_EQ(Value(r.steps[0], "train_rollout_logprob_abs_diff"), 0.0);
+  // The second step trains a policy that moved: π_old and π_ref now differ from it.
+  EXPECT_NE(Value(r.steps[1], "ppo_kl"), 0.0);
+  EXPECT_GT(Value(r.steps[1], "kl_loss"), 0.0);
+  EXPECT_EQ(r.steps[1].step, 1);
+  EXPECT_EQ(r.steps[0].num_samples, 2);
+  EXPECT_NEAR(r.rollout_values.at("log_probs"), r.rollout_values.at("ref_log_probs"), 0.0);
+}
+
+// The same gates on a GPU in bfloat16 (the default dtype there): the forward-only passes and the
+// training forward run the same kernels on the same micro-batches.
+TEST(TrainerTest, CudaBf16FirstStepGates) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  TempDir dir;
+  config::Config c = BaseConfig();
+  c.algorithm.use_kl_loss = true;
+  c.algorithm.kl_loss_coef = 0.1;
+  c.train.global_batch_size = 2;
+  TrainerOptions o;
+  o.model_dir = MakeModelDir(dir, "m", 1);
+  o.config = c;
+  o.device = torch::Device(torch::kCUDA, 0);
+  auto trainer = Trainer::Create(o);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  EXPECT_EQ((*trainer)->model().dtype(), torch::kBFloat16);
+  const RolloutBatch batch = MakeBatch(4, 11);
+  const SampleLogProbs actor = LogProbs(**trainer, batch);
+  EXPECT_TRUE(actor.log_probs[0].is_cuda());
+  ExpectBitwiseEqual(LogProbs(**trainer, batch, PolicyWeights::kRef), actor);
+  TrainRolloutResult r = Train(**trainer, 0, batch);
+  ASSERT_EQ(r.steps.size(), 2u);
+  EXPECT_EQ(Value(r.steps[0], "ppo_kl"), 0.0);
+  EXPECT_EQ(Value(r.steps[0], "pg_clipfrac"), 0.0);
+  EXPECT_EQ(Value(r.steps[0], "kl_loss"), 0.0);
+  EXPECT_NE(Value(r.steps[1], "ppo_kl"), 0.0);
+  EXPECT_TRUE(std::isfinite(Value(r.steps[1], "grad_norm")));
+}
+
+// ---- Learning ----------------------------------------------------------------------------------
+
+TEST(TrainerTest, GrpoRaisesTheLogProbsOfRewardedResponsesOnAnOverfitBatch) {
+  TempDir dir;
+  auto trainer = MakeTrainer(MakeModelDir(dir, "m", 3), BaseConfig());
+  ASSERT_NE(trainer, nullptr);
+  const RolloutBatch batch = MakeBatch(4, 5);
+  const SampleLogProbs before = LogProbs(*trainer, batch);
+  std::vector<double> losses;
+  for (int rollout = 0; rollout < 10; ++rollout) {
+    TrainRolloutResult r = Train(*trainer, rollout, batch);
+    ASSERT_EQ(r.steps.size(), 1u);
+    losses.push_back(Value(r.steps[0], "pg_loss"));
+  }
+  const SampleLogProbs after = LogProbs(*trainer, batch);
+  EXPECT_GT(Objective(after, batch), Objective(before, batch) + 1.0);
+  for (size_t i = 0; i < batch.samples.size(); ++i) {
+    const double b = before.log_probs[i].mean().item<double>();
+    const double a = after.log_probs[i].mean().item<double>();
+    if (batch.samples[i].reward > 0) {
+      EXPECT_GT(a, b) << "sample " << i;
+    } else {
+      EXPECT_LT(a, b) << "sample " << i;
+    }
+  }
+  // On-policy with ratio ≡ 1, pg_loss = −Σ_i r̃_i / G stays constant; the objective moved.
+  EXPECT_NEAR(losses.front(), losses.back(), 1e-6);
+}
+
+TEST(TrainerTest, SftStepsLowerTheLoss) {
+  TempDir dir;
+  config::Config c = BaseConfig();
+  c.algorithm.loss_type = "sft_loss";
+  c.algorithm.compute_advantages_and_returns = false;
+  c.train.calculate_per_token_loss = true;
+  c.train.global_batch_size = 3;
+  auto trainer = MakeTrainer(MakeModelDir(dir, "m", 4), c);
+  ASSERT_NE(trainer, nullptr);
+  const RolloutBatch batch = MakeBatch(3, 9);
+  std::vector<double> losses;
+  for (int step = 0; step < 8; ++step) {
+    auto r = trainer->SftStep(batch);
+    ASSERT_TRUE(r.ok()) << r.status();
+    losses.push_back(Value(*r, "loss"));
+    EXPECT_EQ(r->values.count("pg_loss"), 0u);
+  }
+  EXPECT_NEAR(losses.front(), std::log(101.0), 0.1);  // a random model: about log(vocab)
+  EXPECT_LT(losses.back(), losses.front() - 0.2);
+  // TrainRollout with loss_type sft_loss trains the same loss.
+  TrainRolloutResult r = Train(*trainer, 0, batch);
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_LT(Value(r.steps[0], "loss"), losses.back());
+}
+
+// ---- Micro-batching ----------------------------------------------------------------------------
+
+TEST(TrainerTest, StepResultDoesNotDependOnTheMicroBatchSplit) {
+  TempDir dir;
+  const std::string model_dir = MakeModelDir(dir, "m", 6);
+  config::Config c = BaseConfig();
+  c.algorithm.use_kl_loss = true;
+  c.algorithm.kl_loss_coef = 0.05;
+  c.algorithm.entropy_coef = 0.01;
+  c.train.global_batch_size = 3;
+  c.train.use_dynamic_batch_size = true;
+  config::Config small = c, large = c;
+  small.train.max_tokens_per_gpu = 12;  // about one sample per micro-batch
+  large.train.max_tokens_per_gpu = 4096;
+  auto a = MakeTrainer(model_dir, small);
+  auto b = MakeTrainer(model_dir, large);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const RolloutBatch batch = MakeBatch(6, 13);
+  for (int rollout = 0; rollout < 2; ++rollout) {
+    TrainRolloutResult ra = Train(*a, rollout, batch);
+    TrainRolloutResult rb = Train(*b, rollout, batch);
+    ASSERT_EQ(ra.steps.size(), 2u);
+    ASSERT_EQ(rb.steps.size(), 2u);
+    for (size_t s = 0; s < 2; ++s) {
+      for (const auto& [name, value] : rb.steps[s].values) {
+        EXPECT_NEAR(Value(ra.steps[s], name), value, 1e-5 * (1.0 + std::abs(value)))
+            << name << " at rollout " << rollout << " step " << s;
+      }
+    }
+  }
+  const std::vector<torch::Tensor> wa = Weights(*a), wb = Weights(*b);
+  for (size_t i = 0; i < wa.size(); ++i) {
+    EXPECT_LT((wa[i] - wb[i]).abs().max().item<double>(), 1e-5) << "tensor " << i;
+  }
+}
+
+// Two DP ranks in two threads, summing through a shared-memory all-reduce, train the same
+// weights as one rank with the whole batch.
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int size) : barrier_(size), slots_(size) {}
+  Status AllReduceSum(int rank, torch::Tensor& t) {
+    slots_[rank] = t;
+    barrier_.arrive_and_wait();
+    torch::Tensor sum = torch::zeros_like(t);
+    for (const torch::Tensor& s : slots_) sum += s;  // same order on every rank
+    barrier_.arrive_and_wait();                      // every rank has read every slot
+    t.copy_(sum);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::barrier<> barrier_;
+  std::vector<torch::Tensor> slots_;
+};
+
+TEST(TrainerTest, TwoDataParallelRanksMatchOneRank) {
+  TempDir dir;
+  const std::string model_dir = MakeModelDir(dir, "m", 14);
+  config::Config c = BaseConfig();
+  c.algorithm.use_kl_loss = true;
+  c.algorithm.kl_loss_coef = 0.05;
+  c.algorithm.normalize_advantages = true;
+  c.train.micro_batch_size = 1;
+  c.train.global_batch_size = 4;
+  const RolloutBatch batch = MakeBatch(8, 15);
+
+  auto single = MakeTrainer(model_dir, c);
+  ASSERT_NE(single, nullptr);
+  std::vector<TrainRolloutResult> single_results;
+  for (int rollout = 0; rollout < 2; ++rollout)
+    single_results.push_back(Train(*single, rollout, batch));
+
+  ThreadGroup group(2);
+  std::vector<std::unique_ptr<Trainer>> ranks(2);
+  std::vector<std::vector<TrainRolloutResult>> results(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      TrainerOptions o;
+      o.model_dir = model_dir;
+      o.config = c;
+      o.dp_size = 2;
+      o.dp_rank = rank;
+      o.dp_all_reduce = [&group, rank](torch::Tensor& t) { return group.AllReduceSum(rank, t); };
+      auto trainer = Trainer::Create(o);
+      ASSERT_TRUE(trainer.ok()) << trainer.status();
+      ranks[rank] = std::move(*trainer);
+      for (int rollout = 0; rollout < 2; ++rollout) {
+        auto r = ranks[rank]->TrainRollout(rollout, batch);
+        ASSERT_TRUE(r.ok()) << r.status();
+        results[rank].push_back(*r);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_NE(ranks[0], nullptr);
+  ASSERT_NE(ranks[1], nullptr);
+  ExpectBitwiseEqual(Weights(*ranks[0]), Weights(*ranks[1]));
+  const std::vector<torch::Tensor> w1 = Weights(*single), w2 = Weights(*ranks[0]);
+  for (size_t i = 0; i < w1.size(); ++i) {
+    EXPECT_LT((w1[i] - w2[i]).abs().max().item<double>(), 1e-5) << "tensor " << i;
+  }
+  for (int rollout = 0; rollout < 2; ++rollout) {
+    ASSERT_EQ(results[0][rollout].steps.size(), 2u);
+    for (size_t s = 0; s < 2; ++s) {
+      EXPECT_EQ(results[0][rollout].steps[s].values, results[1][rollout].steps[s].values);
+      for (const auto& [name, value] : single_results[rollout].steps[s].values) {
+        EXPECT_NEAR(Value(results[0][rollout].steps[s], name), value,
+                    1e-5 * (1.0 + std::abs(value)))
+            << name << " at rollout " << rollout << " step " << s;
+      }
+    }
+  }
+}
+
+// ---- Weight swaps ------------------------------------------------------------------------------
+
+TEST(TrainerTest, ReferenceSwapRestoresTheActorBitwise) {
+  TempDir dir;
+  const std::string model_dir = MakeModelDir(dir, "m", 8);
+  config::Config c = BaseConfig();
+  c.algorithm.use_kl_loss = true;
+  c.algorithm.kl_loss_coef = 0.1;
+  auto trainer = MakeTrainer(model_dir, c);
+  auto fresh = MakeTrainer(model_dir, c);
+  ASSERT_NE(trainer, nullptr);
+  ASSERT_NE(fresh, nullptr);
+  const RolloutBatch batch = MakeBatch(4, 21);
+  Train(*trainer, 0, batch);
+  Train(*trainer, 1, batch);
+
+  const std::vector<torch::Tensor> actor = Weights(*trainer);
+  const SampleLogProbs actor_lp = LogProbs(*trainer, batch);
+  const SampleLogProbs ref_lp = LogProbs(*trainer, batch, PolicyWeights::kRef);
+  ExpectBitwiseEqual(Weights(*trainer), actor);
+  // The reference is the initial model; the actor has moved away from it.
+  ExpectBitwiseEqual(ref_lp, LogProbs(*fresh, batch));
+  EXPECT_FALSE(torch::equal(actor_lp.log_probs[0], ref_lp.log_probs[0]));
+  ExpectBitwiseEqual(LogProbs(*trainer, batch), actor_lp);
+
+  // A failing pass under the reference (a bad batch) still leaves the actor in place.
+  RolloutBatch bad = batch;
+  bad.samples[2].tokens.back() = 101;
+  EXPECT_FALSE(trainer->ComputeLogProbs(bad, PolicyWeights::kRef).ok());
+  ExpectBitwiseEqual(Weights(*trainer), actor);
+
+  auto teacher = trainer->ComputeLogProbs(batch, PolicyWeights::kTeacher);
+  EXPECT_EQ(teacher.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(TrainerTest, RefUpdateIntervalCopiesTheActorIntoTheReference) {
+  TempDir dir;
+  config::Config c = BaseConfig();
+  c.algorithm.use_kl_loss = true;
+  c.algorithm.kl_loss_coef = 0.1;
+  c.algorithm.ref_update_interval = 2;
+  auto trainer = MakeTrainer(MakeModelDir(dir, "m", 8), c);
+  ASSERT_NE(trainer, nullptr);
+  const RolloutBatch batch = MakeBatch(4, 22);
+  Train(*trainer, 0, batch);
+  EXPECT_FALSE(torch::equal(LogProbs(*trainer, batch, PolicyWeights::kRef).log_probs[0],
+                            LogProbs(*trainer, batch).log_probs[0]));
+  Train(*trainer, 1, batch);  // (1 + 1) % 2 == 0
+  ExpectBitwiseEqual(LogProbs(*trainer, batch, PolicyWeights::kRef), LogProbs(*trainer, batch));
+}
+
+TEST(TrainerTest, MegatronOpdSwapsTheTeacherIn) {
+  TempDir dir;
+  const std::string student_dir = MakeModelDir(dir, "student", 1);
+  const std::string teacher_dir = MakeModelDir(dir, "teacher", 2);
+  config::Config c = BaseConfig();
+  c.algorithm.use_opd = true;
+  c.algorithm.opd_type = "megatron";
+  c.algorithm.opd_teacher_load = teacher_dir;
+  c.algorithm.opd_kl_coef = 0.5;
+  auto trainer = MakeTrainer(student_dir, c);
+  auto teacher = MakeTrainer(teacher_dir, BaseConfig());
+  ASSERT_NE(trainer, nullptr);
+  ASSERT_NE(teacher, nullptr);
+  const RolloutBatch batch = MakeBatch(4, 23);
+  ExpectBitwiseEqual(LogProbs(*trainer, batch, PolicyWeights::kTeacher), LogProbs(*teacher, batch));
+  EXPECT_FALSE(trainer->SkipsOldLogProbs(1));  // use_opd needs π_old for the penalty
+  TrainRolloutResult r = Train(*trainer, 0, batch);
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_NE(Value(r.steps[0], "opd_reverse_kl"), 0.0);
+  EXPECT_EQ(Value(r.steps[0], "ppo_kl"), 0.0);
+  EXPECT_TRUE(r.rollout_values.count("teacher_log_probs"));
+}
+
+TEST(TrainerTest, KeepOldActorFollowsTheWeightSyncQueue) {
+  TempDir dir;
+  config::Config c = BaseConfig();
+  c.algorithm.keep_old_actor = true;
+  c.weight_sync.interval = 1;
+  auto trainer = MakeTrainer(MakeModelDir(dir, "m", 9), c);
+  ASSERT_NE(trainer, nullptr);
+  const RolloutBatch batch = MakeBatch(4, 24);
+  const SampleLogProbs initial = LogProbs(*trainer, batch);
+  Train(*trainer, 0, batch);
+  const SampleLogProbs after_r0 = LogProbs(*trainer, batch);
+  ExpectBitwiseEqual(LogProbs(*trainer, batch, PolicyWeights::kOldActor), initial);
+  ASSERT_TRUE(trainer->OnWeightsSynced().ok());  // old ← rollout (initial), rollout ← actor
+  ExpectBitwiseEqual(LogProbs(*trainer, batch, PolicyWeights::kOldActor), initial);
+  ASSERT_TRUE(trainer->OnWeightsSynced().ok());  // old ← rollout (after rollout 0)
+  ExpectBitwiseEqual(LogProbs(*trainer, batch, PolicyWeights::kOldActor), after_r0);
+}
+
+// ---- Checkpoints -------------------------------------------------------------------------------
+
+TEST(TrainerTest, SaveLoadThenTheNextRolloutIsBitwiseIdentical) {
+  TempDir dir;
+  const std::string model_dir = MakeModelDir(dir, "m", 10);
+  config::Config c = BaseConfig();
+  c.algorithm.use_kl_loss = true;
+  c.algorithm.kl_loss_coef = 0.1;
+  c.train.global_batch_size = 2;
+  c.train.lr_decay_style = "cosine";
+  c.train.lr_warmup_iters = 2;
+  c.train.min_lr = 1e-5;
+  c.train.weight_decay = 0.1;
+  c.data.num_rollout = 4;
+  const RolloutBatch r0 = MakeBatch(4, 30), r1 = MakeBatch(4, 31);
+
+  auto a = MakeTrainer(model_dir, c);
+  ASSERT_NE(a, nullptr);
+  Train(*a, 0, r0);
+  auto saved = a->Save(dir.Join("ckpt"), 0, R"({"epoch_id": 1})");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  TrainRolloutResult ra = Train(*a, 1, r1);
+
+  auto b = MakeTrainer(model_dir, c);
+  ASSERT_NE(b, nullptr);
+  auto loaded = b->Load(dir.Join("ckpt"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->rollout_id, 0);
+  EXPECT_EQ(loaded->step, 2);
+  EXPECT_EQ(b->step(), 2);
+  EXPECT_TRUE(loaded->optimizer_loaded);
+  EXPECT_NE(loaded->extra_state_json.find("epoch_id"), std::string::npos);
+  EXPECT_EQ(b->lr_scheduler().num_steps(), 4);  // 2 steps × 2 samples
+  TrainRolloutResult rb = Train(*b, 1, r1);
+
+  ASSERT_EQ(ra.steps.size(), rb.steps.size());
+  for (size_t s = 0; s < ra.steps.size(); ++s) {
+    EXPECT_EQ(ra.steps[s].values, rb.steps[s].values) << "step " << s;
+    EXPECT_EQ(ra.steps[s].step, rb.steps[s].step);
+  }
+  EXPECT_NE(Value(ra.steps[0], "lr"), Value(ra.steps[1], "lr"));  // the schedule moves
+  ExpectBitwiseEqual(Weights(*b), Weights(*a));
+  std::vector<torch::Tensor> sa, sb;
+  for (const auto& nt : a->optimizer().ExportState().tensors) sa.push_back(nt.tensor.clone());
+  for (const auto& nt : b->optimizer().ExportState().tensors) sb.push_back(nt.tensor.clone());
+  ExpectBitwiseEqual(sa, sb);
+}
+
+TEST(TrainerTest, ResetOptimizerStatesEveryRollout) {
+  TempDir dir;
+  config::Config c = BaseConfig();
+  c.train.reset_optimizer_states = true;
+  auto trainer = MakeTrainer(MakeModelDir(dir, "m", 11), c);
+  ASSERT_NE(trainer, nullptr);
+  const RolloutBatch batch = MakeBatch(4, 32);
+  Train(*trainer, 0, batch);
+  Train(*trainer, 1, batch);
+  EXPECT_EQ(trainer->optimizer().step(), 1);  // reset before rollout 1's step
+  EXPECT_EQ(trainer->step(), 2);
+}
+
+// ---- Errors ------------------------------------------------------------------------------------
+
+TEST(TrainerTest, BadBatchesNameTheField) {
+  TempDir dir;
+  config::Config c = BaseConfig();
+  c.algorithm.use_tis = true;
+  auto trainer = MakeTrainer(MakeModelDir(dir, "m", 12), c);
+  ASSERT_NE(trainer, nullptr);
+  RolloutBatch good = MakeBatch(4, 40);
+  for (TrainSample& s : good.samples) s.rollout_log_probs.assign(s.response_length, -4.0f);
+  ASSERT_TRUE(trainer->CheckBatch(good).ok());
+
+  auto expect_error = [&](RolloutBatch batch, const std::string& needle) {
+    auto r = trainer->TrainRollout(0, batch);
+    ASSERT_FALSE(r.ok()) << needle;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(Msg(r.status()).find(needle), std::string::npos) << r.status();
+  };
+  RolloutBatch b = good;
+  b.samples[1].tokens.pop_back();
+  expect_error(b, "samples[1].tokens");
+  b = good;
+  b.samples[2].loss_mask.push_back(1.0f);
+  expect_error(b, "samples[2].loss_mask");
+  b = good;
+  b.samples[0].loss_mask[0] = 0.5f;
+  expect_error(b, "samples[0].loss_mask[0]");
+  b = good;
+  b.temperature = 0.0;
+  expect_error(b, "temperature");
+  b = good;
+  b.temperature = NAN;
+  expect_error(b, "temperature");
+  b = good;
+  b.samples[3].tokens[0] = 101;
+  expect_error(b, "samples[3].tokens[0] = 101");
+  b = good;
+  b.samples[1].rollout_log_probs.clear();
+  expect_error(b, "samples[1].rollout_log_probs");
+  b = good;
+  b.samples[0].rollout_log_probs.pop_back();
+  expect_error(b, "samples[0].rollout_log_probs");
+  b = good;
+  b.samples[2].prompt_length = 0;
+  b.samples[2].response_length = static_cast<int64_t>(b.samples[2].tokens.size());
+  b.samples[2].loss_mask.assign(b.samples[2].tokens.size(), 1.0f);
+  b.samples[2].rollout_log_probs.assign(b.samples[2].tokens.size(), -4.0f);
+  expect_error(b, "samples[2].prompt_length");
+  b = good;
+  b.samples[0].reward = INFINITY;
+  expect_error(b, "samples[0].reward");
+  b = good;
+  b.samples.clear();
+  expect_error(b, "samples is empty");
+  // Nothing was trained by the failures.
+  EXPECT_EQ(trainer->step(), 0);
+}
+
+TEST(TrainerTest, UnsupportedOrInvalidOptionsAreRejectedAtCreate) {
+  TempDir dir;
+  const std::string model_dir = MakeModelDir(dir, "m", 13);
+  auto create = [&](const config::Config& c, int dp_size = 1) {
+    TrainerOptions o;
+    o.model_dir = model_dir;
+    o.config = c;
+    o.dp_size = dp_size;
+    return Trainer::Create(o).status();
+  };
+  config::Config c = BaseConfig();
+  c.algorithm.advantage_estimator = "ppo";
+  Status s = create(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_NE(Msg(s).find("ppo"), std::string::npos) << s;
+
+  c = BaseConfig();
+  c.algorithm.advantage_estimator = "grpo_typo";
+  EXPECT_NE(Msg(create(c)).find("grpo_typo"), std::string::npos);
+
+  c = BaseConfig();
+  c.algorithm.use_opd = true;
+  c.algorithm.opd_type = "megatron";
+  EXPECT_NE(Msg(create(c)).find("opd_teacher_load"), std::string::npos);
+
+  c = BaseConfig();
+  c.algorithm.use_kl_loss = true;
+  c.algorithm.kl_loss_coef = 0.1;
+  c.checkpoint.ref_load = dir.Join("missing");
+  s = create(c);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(Msg(s).find("reference"), std::string::npos) << s;
+
+  EXPECT_NE(Msg(create(BaseConfig(), 2)).find("dp_all_reduce"), std::string::npos);
+
+  c = BaseConfig();
+  c.data.num_rollout.reset();
+  EXPECT_NE(Msg(create(c)).find("data.num_rollout"), std::string::npos);
+
+  TrainerOptions o;
+  o.config = BaseConfig();
+  EXPECT_NE(Msg(Trainer::Create(o).status()).find("model_dir"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace slime::train
