@@ -10,6 +10,7 @@
 #include "slime/app/job_plan.h"
 #include "slime/app/convert.h"
 #include "slime/app/serve.h"
+#include "slime/app/sft.h"
 #include "slime/app/version.h"
 #include "slime/comm/accelerator.h"
 #include "slime/common/logging.h"
@@ -21,7 +22,7 @@ namespace slime::app {
 namespace {
 
 constexpr const char* kSubcommands[] = {"train", "serve", "agent", "worker", "convert",
-                                        "init-model"};
+                                        "init-model", "sft"};
 
 bool IsSubcommand(const char* arg) {
   for (const char* name : kSubcommands) {
@@ -126,6 +127,9 @@ int RunCli(int argc, char** argv) {
   train::HfExportOptions convert_options;
   CLI::App* convert = cli.add_subcommand("convert", "Convert a checkpoint to HF safetensors");
   AddConvertOptions(convert, &convert_options);
+  train::SftOptions sft_options;
+  CLI::App* sft = cli.add_subcommand("sft", "Supervised fine-tuning on a JSONL of conversations");
+  AddSftOptions(sft, &sft_options);
   CLI::App* init_model =
       cli.add_subcommand("init-model", "Write a random-weight HF model directory");
   init_model->add_option("--config", init_config, "HF config.json")->required();
@@ -150,6 +154,7 @@ int RunCli(int argc, char** argv) {
   if (agent->parsed()) return NotBuilt("agent", "the actor runtime");
   if (worker->parsed()) return NotBuilt("worker", "the actor runtime");
   if (convert->parsed()) return RunConvert(convert_options);
+  if (sft->parsed()) return RunSftCommand(sft_options);
   if (init_model->parsed()) {
     if (Status s = InitLogging({.role = "init-model"}); !s.ok()) return UsageError(std::string(s.message()));
     Status s = model::InitRandomModel(init_config, init_tokenizer, init_out,

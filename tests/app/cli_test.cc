@@ -83,7 +83,7 @@ TEST(CliTest, VersionReportsTorchCudaAndNccl) {
 TEST(CliTest, HelpListsSubcommands) {
   RunResult r = RunSlime("--help");
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* sub : {"train", "serve", "agent", "worker", "convert", "init-model"}) {
+  for (const char* sub : {"train", "serve", "agent", "worker", "convert", "init-model", "sft"}) {
     EXPECT_NE(r.out.find(sub), std::string::npos) << sub << " missing from\n" << r.out;
   }
 }
