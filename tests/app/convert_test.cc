@@ -2,60 +2,28 @@
 // directory it writes loads in the engine's model runner with the trainer's weights bitwise and
 // the same logits; bad input exits 2 with a message naming the path.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
-#include <array>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "slime/engine/model_runner.h"
 #include "slime/model/decoder.h"
 #include "slime/model/weights.h"
 #include "slime/train/checkpoint.h"
+#include "slime_binary.h"
 
 namespace slime {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : SLIME_SOURCE_DIR_DEFAULT;
-}
-std::string TrainBin() {
-  const char* v = std::getenv("SLIME_TRAIN_BIN");
-  return v != nullptr && *v != '\0' ? v : SLIME_TRAIN_BIN_DEFAULT;
-}
+using slime::testing::BinaryResult;
+using slime::testing::SourceDir;
+using Result = BinaryResult;
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-Result Convert(const std::string& args) {
-  const fs::path err = fs::temp_directory_path() / ("slime_convert_" + std::to_string(::getpid()) + ".err");
-  const std::string cmd = "'" + TrainBin() + "' convert " + args + " 2>'" + err.string() + "'";
-  Result r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err);
-  std::stringstream s;
-  s << in.rdbuf();
-  r.err = s.str();
-  fs::remove(err);
-  return r;
-}
+Result Convert(const std::string& args) { return slime::testing::RunSlimeTrain("convert " + args); }
 
 class ConvertTest : public ::testing::Test {
  protected:

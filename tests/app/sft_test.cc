@@ -3,58 +3,26 @@
 // overfit, checkpoints resume to the same losses bit for bit, the HF export loads, and bad input
 // exits 2 naming what is wrong.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
-#include <array>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "slime/model/decoder.h"
 #include "slime/model/init_random_model.h"
+#include "slime_binary.h"
 
 namespace slime {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : SLIME_SOURCE_DIR_DEFAULT;
-}
-std::string TrainBin() {
-  const char* v = std::getenv("SLIME_TRAIN_BIN");
-  return v != nullptr && *v != '\0' ? v : SLIME_TRAIN_BIN_DEFAULT;
-}
+using slime::testing::BinaryResult;
+using slime::testing::SourceDir;
+using Result = BinaryResult;
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-Result Sft(const std::string& args) {
-  const fs::path err = fs::temp_directory_path() / ("slime_sft_" + std::to_string(::getpid()) + ".err");
-  const std::string cmd = "'" + TrainBin() + "' sft --device cpu " + args + " 2>'" + err.string() + "'";
-  Result r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err);
-  std::stringstream s;
-  s << in.rdbuf();
-  r.err = s.str();
-  fs::remove(err);
-  return r;
-}
+Result Sft(const std::string& args) { return slime::testing::RunSlimeTrain("sft --device cpu " + args); }
 
 std::vector<nlohmann::json> ReadJsonl(const fs::path& path) {
   std::vector<nlohmann::json> rows;
