@@ -430,7 +430,7 @@ TEST(TrainerTest, ReferenceSwapRestoresTheActorBitwise) {
   EXPECT_FALSE(torch::equal(actor_lp.log_probs[0], ref_lp.log_probs[0]));
   ExpectBitwiseEqual(LogProbs(*trainer, batch), actor_lp);
 
-  // A failing pass under the reference (a bad batch) still leaves the actor in place.
+  // A rejected batch changes nothing either.
   RolloutBatch bad = batch;
   bad.samples[2].tokens.back() = 101;
   EXPECT_FALSE(trainer->ComputeLogProbs(bad, PolicyWeights::kRef).ok());

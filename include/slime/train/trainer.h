@@ -4,7 +4,8 @@
 // (../shared/reference/slime-inventory.md §1.1, "Inside actor.train()"):
 //
 //   TrainRollout(rollout_id, batch)
-//     0. check the batch; schedule it (batching.h: steps of global_batch_size rollouts,
+//     0. check the batch; schedule it (batching.h: steps of train.global_batch_size rollouts —
+//        unset: rollouts / num_steps_per_rollout, else the whole batch as one step —,
 //        micro-batches, this DP rank's share); reset_optimizer_states → AdamW::ResetStates
 //     1. reference log-probs   (use_kl_loss or kl_coef != 0)      ref weights swapped in
 //     2. teacher log-probs     (use_opd with opd_type "megatron") teacher weights swapped in
@@ -44,8 +45,8 @@
 //
 // What is not here yet: the PPO critic (value head, ValueLoss; advantage_estimator "ppo" is
 // rejected at Create), custom loss / advantage / TIS functions, routing replay (no MoE model),
-// padding micro-batches to TP × data_pad_size_multiplier (no tensor parallelism in training
-// yet), and tensor / pipeline / context parallelism.
+// padding micro-batches to TP × data_pad_size_multiplier (micro-batches are packed unpadded;
+// there is no tensor parallelism in training yet), and tensor / pipeline / context parallelism.
 //
 // Thread-safety: a Trainer belongs to one thread (the replica's training thread); no method may
 // run concurrently with another. Errors (bad batch, bad config, LibTorch failures) come back as
@@ -128,11 +129,14 @@ struct TrainStepMetrics {
 
 struct TrainRolloutResult {
   std::vector<TrainStepMetrics> steps;
-  // Samples in no step (trailing rollouts that do not fill global_batch_size), rollout order.
+  // Samples in no step (trailing rollouts that do not fill global_batch_size): batch indices,
+  // ascending.
   std::vector<int64_t> dropped_samples;
   // Rollout-side means over this rank's samples (slime's rollout/* from the trainer): reward,
-  // raw_reward, response_length, truncated, and over loss-mask tokens advantages, log_probs,
-  // ref_log_probs, rollout_log_probs, teacher_log_probs when they were computed or given.
+  // raw_reward, response_length, truncated; and, as the mean over samples of each sample's
+  // loss-masked token mean, advantages, log_probs (when the old-actor pass ran), entropy
+  // (use_rollout_entropy), ref_log_probs, rollout_log_probs, teacher_log_probs when they were
+  // computed or given. Not reduced over DP ranks.
   std::map<std::string, double> rollout_values;
 };
 
