@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cfloat>
 
+#include "pdl.cuh"
+
 namespace slime::engine::cuda {
 namespace {
 
@@ -46,6 +48,8 @@ __global__ void __launch_bounds__(kWarps * 32)
                       int max_pages, float scale, float* __restrict__ part) {
   using P = Pack<T, VEC>;
   constexpr int D = VEC * 32;
+  slime::model::cuda::GridDependencyWait();
+  slime::model::cuda::GridDependencyLaunch();
   const int kvh = blockIdx.x;
   const int b = blockIdx.y;
   const int split = blockIdx.z;
@@ -169,6 +173,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <typename T>
 __global__ void CombineSplitsKernel(const float* __restrict__ part, T* __restrict__ out, int d,
                                     int splits) {
+  slime::model::cuda::GridDependencyWait();
+  slime::model::cuda::GridDependencyLaunch();
   const int64_t head = blockIdx.x;
   const float* pp = part + head * splits * (d + 2);
   float mx = -FLT_MAX;
@@ -192,11 +198,12 @@ int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
   const T* k = static_cast<const T*>(a.k_cache);
   const T* v = static_cast<const T*>(a.v_cache);
   T* o = static_cast<T*>(a.out);
-#define SLIME_LAUNCH(G)                                                                     \
-  PagedDecodeKernel<T, VEC, G><<<grid, block, 0, stream>>>(                                 \
-      q, k, v, o, a.page_table, a.seq_lens,                                                 \
-      a.q_row_stride > 0 ? a.q_row_stride : static_cast<int64_t>(a.num_heads) * a.head_dim, \
-      a.num_heads, a.num_kv_heads, a.page_size, a.max_pages, a.scale, a.partials)
+  const int64_t q_stride =
+      a.q_row_stride > 0 ? a.q_row_stride : static_cast<int64_t>(a.num_heads) * a.head_dim;
+#define SLIME_LAUNCH(G)                                                                         \
+  slime::model::cuda::LaunchKernel(PagedDecodeKernel<T, VEC, G>, grid, block, 0, stream, q, k, v, \
+                                   o, a.page_table, a.seq_lens, q_stride, a.num_heads,            \
+                                   a.num_kv_heads, a.page_size, a.max_pages, a.scale, a.partials)
   switch (a.num_heads / a.num_kv_heads) {
     case 1:
       SLIME_LAUNCH(1);
@@ -215,8 +222,9 @@ int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
   }
 #undef SLIME_LAUNCH
   if (splits > 1) {
-    CombineSplitsKernel<T><<<a.batch * a.num_heads, a.head_dim, 0, stream>>>(a.partials, o,
-                                                                            a.head_dim, splits);
+    slime::model::cuda::LaunchKernel(CombineSplitsKernel<T>, dim3(a.batch * a.num_heads),
+                                     dim3(a.head_dim), 0, stream, a.partials, o, a.head_dim,
+                                     splits);
   }
   return static_cast<int>(cudaGetLastError());
 }

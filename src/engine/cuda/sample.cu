@@ -14,6 +14,8 @@
 #include <cfloat>
 #include <cub/block/block_scan.cuh>
 
+#include "pdl.cuh"
+
 namespace slime::engine::cuda {
 namespace {
 
@@ -58,6 +60,8 @@ __device__ __forceinline__ float Temperature(const float* params, int row) {
 __global__ void __launch_bounds__(kStatThreads)
     ChunkStatsKernel(const float* __restrict__ logits, int64_t row_stride, int vocab,
                      const float* __restrict__ params, ChunkStat* __restrict__ stats) {
+  slime::model::cuda::GridDependencyWait();
+  slime::model::cuda::GridDependencyLaunch();
   const int row = blockIdx.y;
   const int chunk = blockIdx.x;
   const int len = (vocab + kChunks - 1) / kChunks;
@@ -96,6 +100,8 @@ __global__ void __launch_bounds__(kPickThreads)
     PickKernel(const float* __restrict__ logits, int64_t row_stride, int batch, int vocab,
                const float* __restrict__ params, const ChunkStat* __restrict__ stats,
                double* __restrict__ out) {
+  slime::model::cuda::GridDependencyWait();
+  slime::model::cuda::GridDependencyLaunch();
   using Scan = cub::BlockScan<float, kPickThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ float sh_logz;
@@ -192,10 +198,11 @@ int LaunchFusedSample(const FusedSampleArgs& a, void* stream) {
   }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   ChunkStat* stats = static_cast<ChunkStat*>(a.scratch);
-  ChunkStatsKernel<<<dim3(kChunks, a.batch), kStatThreads, 0, s>>>(a.logits, a.row_stride,
-                                                                  a.vocab, a.params, stats);
-  PickKernel<<<a.batch, kPickThreads, 0, s>>>(a.logits, a.row_stride, a.batch, a.vocab, a.params,
-                                              stats, a.out);
+  using slime::model::cuda::LaunchKernel;
+  LaunchKernel(ChunkStatsKernel, dim3(kChunks, a.batch), dim3(kStatThreads), 0, s, a.logits,
+               a.row_stride, a.vocab, a.params, stats);
+  LaunchKernel(PickKernel, dim3(a.batch), dim3(kPickThreads), 0, s, a.logits, a.row_stride,
+               a.batch, a.vocab, a.params, stats, a.out);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -1,12 +1,16 @@
 // Fused inference kernels of the decoder (see fused_ops.h). Compiled without fast math so the
 // float arithmetic matches LibTorch's kernels.
-#include "fused_ops.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "fused_ops.h"
+#include "pdl.cuh"
 
 namespace slime::model::cuda {
 namespace {
@@ -31,6 +35,8 @@ constexpr int kNormThreads = 128;
 template <typename T>
 __global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
                               int n, float eps) {
+  GridDependencyWait();
+  GridDependencyLaunch();
   const int64_t row = blockIdx.x;
   const T* xr = x + row * n;
   T* yr = y + row * n;
@@ -57,6 +63,8 @@ template <typename T>
 __global__ void RopeKernel(const T* __restrict__ x, const T* __restrict__ cos_t,
                            const T* __restrict__ sin_t, T* __restrict__ y, int64_t total, int heads,
                            int d) {
+  GridDependencyWait();
+  GridDependencyLaunch();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= total) return;
   const int i = static_cast<int>(idx % d);
@@ -72,6 +80,8 @@ __global__ void RopeKernel(const T* __restrict__ x, const T* __restrict__ cos_t,
 template <typename T>
 __global__ void SiluMulKernel(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ y,
                               int64_t n) {
+  GridDependencyWait();
+  GridDependencyLaunch();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n) return;
   const float gv = F(g[idx]);
@@ -84,6 +94,8 @@ __global__ void SiluMulKernel(const T* __restrict__ g, const T* __restrict__ u, 
 template <typename T>
 __global__ void AddRmsNormKernel(T* __restrict__ res, const T* __restrict__ delta,
                                  const T* __restrict__ w, T* __restrict__ y, int n, float eps) {
+  GridDependencyWait();
+  GridDependencyLaunch();
   const int64_t row = blockIdx.x;
   T* rr = res + row * n;
   const T* dr = delta + row * n;
@@ -119,6 +131,8 @@ __global__ void __launch_bounds__(kQkvWarps * 32)
                      const T* __restrict__ cos_t, const T* __restrict__ sin_t,
                      T* __restrict__ k_cache, T* __restrict__ v_cache,
                      const int64_t* __restrict__ slots) {
+  GridDependencyWait();
+  GridDependencyLaunch();
   constexpr int D = VEC * 32;
   const int64_t t = blockIdx.x;
   const int warp = threadIdx.x / 32;
@@ -177,6 +191,8 @@ __global__ void __launch_bounds__(kQkvWarps * 32)
 template <typename T>
 __global__ void SiluMulPackedKernel(const T* __restrict__ gu, T* __restrict__ y, int64_t rows,
                                     int64_t n) {
+  GridDependencyWait();
+  GridDependencyLaunch();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= rows * n) return;
   const int64_t t = idx / n;
@@ -195,6 +211,11 @@ struct alignas(16) Vec16 {
 
 constexpr int kGemmWarps = 8;
 
+// The first kPrefetch 16-byte weight vectors of each lane are loaded before the grid dependency
+// wait (weights are never written by an earlier kernel), so streaming them overlaps the tail of
+// the previous kernel; the accumulation order is the same as without the prefetch.
+constexpr int kPrefetch = 8;
+
 template <typename T, int M>
 __global__ void __launch_bounds__(kGemmWarps * 32)
     SmallGemmKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
@@ -203,13 +224,35 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * kGemmWarps + warp;
-  if (row >= n) return;
-  const T* wr = w + static_cast<int64_t>(row) * k;
+  const bool active = row < n;
+  const T* wr = w + static_cast<int64_t>(active ? row : 0) * k;
+  Vec16<T> pre[kPrefetch];
+#pragma unroll
+  for (int i = 0; i < kPrefetch; ++i) {
+    const int base = (i * 32 + lane) * V;
+    if (active && base < k) pre[i] = *reinterpret_cast<const Vec16<T>*>(wr + base);
+  }
+  GridDependencyWait();
+  GridDependencyLaunch();
+  if (!active) return;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPrefetch; ++i) {
+    const int base = (i * 32 + lane) * V;
+    if (base < k) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const Vec16<T> xv =
+            *reinterpret_cast<const Vec16<T>*>(x + static_cast<int64_t>(m) * k + base);
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[m] += F(pre[i].v[j]) * F(xv.v[j]);
+      }
+    }
+  }
 #pragma unroll 4
-  for (int base = lane * V; base < k; base += 32 * V) {
+  for (int base = (kPrefetch * 32 + lane) * V; base < k; base += 32 * V) {
     const Vec16<T> wv = *reinterpret_cast<const Vec16<T>*>(wr + base);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
@@ -235,6 +278,8 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
 template <typename T>
 __global__ void AddRmsNormVecKernel(T* __restrict__ res, const T* __restrict__ delta,
                                     const T* __restrict__ w, T* __restrict__ y, int n, float eps) {
+  GridDependencyWait();
+  GridDependencyLaunch();
   constexpr int V = 16 / sizeof(T);
   const int64_t off = static_cast<int64_t>(blockIdx.x) * n + threadIdx.x * V;
   Vec16<T> rv = *reinterpret_cast<const Vec16<T>*>(res + off);
@@ -282,8 +327,8 @@ struct RmsNormLauncher {
   static int Run(const void* x, const void* w, void* y, int64_t rows, int n, float eps,
                  cudaStream_t s) {
     if (rows == 0) return 0;
-    RmsNormKernel<T><<<static_cast<unsigned>(rows), kNormThreads, 0, s>>>(
-        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), n, eps);
+    LaunchKernel(RmsNormKernel<T>, static_cast<unsigned>(rows), kNormThreads, 0, s,
+                 static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), n, eps);
     return static_cast<int>(cudaGetLastError());
   }
 };
@@ -295,9 +340,9 @@ struct RopeLauncher {
     const int64_t total = tokens * heads * d;
     if (total == 0) return 0;
     const int threads = 256;
-    RopeKernel<T><<<static_cast<unsigned>((total + threads - 1) / threads), threads, 0, s>>>(
-        static_cast<const T*>(x), static_cast<const T*>(c), static_cast<const T*>(sn),
-        static_cast<T*>(y), total, heads, d);
+    LaunchKernel(RopeKernel<T>, static_cast<unsigned>((total + threads - 1) / threads), threads, 0,
+                 s, static_cast<const T*>(x), static_cast<const T*>(c), static_cast<const T*>(sn),
+                 static_cast<T*>(y), total, heads, d);
     return static_cast<int>(cudaGetLastError());
   }
 };
@@ -307,8 +352,8 @@ struct SiluMulLauncher {
   static int Run(const void* g, const void* u, void* y, int64_t n, cudaStream_t s) {
     if (n == 0) return 0;
     const int threads = 256;
-    SiluMulKernel<T><<<static_cast<unsigned>((n + threads - 1) / threads), threads, 0, s>>>(
-        static_cast<const T*>(g), static_cast<const T*>(u), static_cast<T*>(y), n);
+    LaunchKernel(SiluMulKernel<T>, static_cast<unsigned>((n + threads - 1) / threads), threads, 0,
+                 s, static_cast<const T*>(g), static_cast<const T*>(u), static_cast<T*>(y), n);
     return static_cast<int>(cudaGetLastError());
   }
 };
@@ -323,14 +368,14 @@ struct AddRmsNormLauncher {
     const bool aligned = (reinterpret_cast<uintptr_t>(res) | reinterpret_cast<uintptr_t>(delta) |
                           reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(y)) % 16 == 0;
     if (aligned && n % V == 0 && threads % 32 == 0 && threads <= 1024) {
-      AddRmsNormVecKernel<T><<<static_cast<unsigned>(rows), threads, 0, s>>>(
-          static_cast<T*>(res), static_cast<const T*>(delta), static_cast<const T*>(w),
-          static_cast<T*>(y), n, eps);
+      LaunchKernel(AddRmsNormVecKernel<T>, static_cast<unsigned>(rows), threads, 0, s,
+                   static_cast<T*>(res), static_cast<const T*>(delta), static_cast<const T*>(w),
+                   static_cast<T*>(y), n, eps);
       return static_cast<int>(cudaGetLastError());
     }
-    AddRmsNormKernel<T><<<static_cast<unsigned>(rows), kNormThreads, 0, s>>>(
-        static_cast<T*>(res), static_cast<const T*>(delta), static_cast<const T*>(w),
-        static_cast<T*>(y), n, eps);
+    LaunchKernel(AddRmsNormKernel<T>, static_cast<unsigned>(rows), kNormThreads, 0, s,
+                 static_cast<T*>(res), static_cast<const T*>(delta), static_cast<const T*>(w),
+                 static_cast<T*>(y), n, eps);
     return static_cast<int>(cudaGetLastError());
   }
 };
@@ -339,11 +384,11 @@ template <typename T>
 struct QkNormRopeLauncher {
   template <int VEC>
   static void Go(const QkNormRopeArgs& a, cudaStream_t s) {
-    QkNormRopeKernel<T, VEC><<<static_cast<unsigned>(a.tokens), kQkvWarps * 32, 0, s>>>(
-        static_cast<T*>(a.qkv), a.row_stride, a.heads, a.kv_heads,
-        static_cast<const T*>(a.q_norm), static_cast<const T*>(a.k_norm), a.eps,
-        static_cast<const T*>(a.cos), static_cast<const T*>(a.sin), static_cast<T*>(a.k_cache),
-        static_cast<T*>(a.v_cache), a.slots);
+    LaunchKernel(QkNormRopeKernel<T, VEC>, static_cast<unsigned>(a.tokens), kQkvWarps * 32, 0, s,
+                 static_cast<T*>(a.qkv), a.row_stride, a.heads, a.kv_heads,
+                 static_cast<const T*>(a.q_norm), static_cast<const T*>(a.k_norm), a.eps,
+                 static_cast<const T*>(a.cos), static_cast<const T*>(a.sin),
+                 static_cast<T*>(a.k_cache), static_cast<T*>(a.v_cache), a.slots);
   }
   static int Run(const QkNormRopeArgs& a, cudaStream_t s) {
     if (a.tokens == 0) return 0;
@@ -364,8 +409,8 @@ struct SiluMulPackedLauncher {
     const int64_t total = rows * n;
     if (total == 0) return 0;
     const int threads = 256;
-    SiluMulPackedKernel<T><<<static_cast<unsigned>((total + threads - 1) / threads), threads, 0,
-                             s>>>(static_cast<const T*>(gu), static_cast<T*>(y), rows, n);
+    LaunchKernel(SiluMulPackedKernel<T>, static_cast<unsigned>((total + threads - 1) / threads),
+                 threads, 0, s, static_cast<const T*>(gu), static_cast<T*>(y), rows, n);
     return static_cast<int>(cudaGetLastError());
   }
 };
@@ -375,7 +420,7 @@ struct SmallGemmLauncher {
   template <int M>
   static void Go(const T* x, const T* w, const T* b, T* y, int n, int k, cudaStream_t s) {
     const unsigned blocks = static_cast<unsigned>((n + kGemmWarps - 1) / kGemmWarps);
-    SmallGemmKernel<T, M><<<blocks, kGemmWarps * 32, 0, s>>>(x, w, b, y, n, k);
+    LaunchKernel(SmallGemmKernel<T, M>, blocks, kGemmWarps * 32, 0, s, x, w, b, y, n, k);
   }
   static int Run(const void* xv, const void* wv, const void* bv, void* yv, int64_t m, int64_t n,
                  int64_t k, cudaStream_t s) {
@@ -403,7 +448,30 @@ struct SmallGemmLauncher {
   }
 };
 
+// -1: not decided yet; 0/1: off/on (the environment and the device decide on first use).
+std::atomic<int> g_pdl{-1};
+
 }  // namespace
+
+bool ProgrammaticLaunchEnabled() {
+  int v = g_pdl.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* env = std::getenv("SLIME_PDL");
+    int device = 0, major = 0;
+    const bool sm90 =
+        cudaGetDevice(&device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+        major >= 9;
+    v = sm90 && !(env != nullptr && std::strcmp(env, "0") == 0) ? 1 : 0;
+    g_pdl.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+// true restores the default (device and environment decide), false turns it off.
+void SetProgrammaticLaunch(bool enabled) {
+  g_pdl.store(enabled ? -1 : 0, std::memory_order_relaxed);
+}
 
 int LaunchRmsNorm(const void* x, const void* w, void* y, int64_t rows, int n, float eps,
                   DType dtype, void* stream) {

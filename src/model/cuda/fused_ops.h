@@ -66,6 +66,13 @@ int LaunchSmallGemm(const void* x, const void* w, const void* bias, void* y, int
 int LaunchSiluMulPacked(const void* gu, void* y, int64_t rows, int64_t n, DType dtype,
                         void* stream);
 
+// Programmatic dependent launch (pdl.cuh) for the kernels of this file and the engine's decode
+// kernels: on by default where the device supports it (sm_90+); SLIME_PDL=0 in the environment
+// or SetProgrammaticLaunch(false) turns it off (A/B measurements); SetProgrammaticLaunch(true)
+// restores that default. Set before any CUDA graph capture.
+bool ProgrammaticLaunchEnabled();
+void SetProgrammaticLaunch(bool enabled);
+
 }  // namespace slime::model::cuda
 
 #endif  // SLIME_SRC_MODEL_CUDA_FUSED_OPS_H_
