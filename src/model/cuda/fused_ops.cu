@@ -572,7 +572,8 @@ struct NormGemmLauncher {
         (a.delta != nullptr && (a.residual_out == nullptr || a.residual_out == a.residual))) {
       return static_cast<int>(cudaErrorInvalidValue);
     }
-    for (const void* p : {a.residual, a.delta, a.residual_out, a.norm_weight, a.weight}) {
+    const void* const pointers[] = {a.residual, a.delta, a.residual_out, a.norm_weight, a.weight};
+    for (const void* p : pointers) {
       if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return static_cast<int>(cudaErrorInvalidValue);
     }
     switch (a.m) {
