@@ -360,6 +360,7 @@ torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch:
   // `residual` is the running x of the eager Layer: each block's output is added into it by the
   // next AddRmsNorm (one kernel for "out = x + block; h = norm(out)").
   torch::Tensor residual = x_in.contiguous();  // the embedding output, owned by the caller's frame
+  torch::Tensor h = RmsNorm(residual, weights_.layers[0].input_norm, eps);
   torch::Tensor delta;
   auto add_norm = [&](const torch::Tensor& w) {
     torch::Tensor y = torch::empty_like(residual);
@@ -386,39 +387,10 @@ torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch:
     return row_parallel ? RowParallelLinear(in, weight, b, tp)
                         : ColumnParallelLinear(in, weight, b, tp, false);
   };
-  // "residual += delta; h = norm(residual); y = h W^T": one NormGemm kernel on decode steps (the
-  // new residual goes to a fresh tensor: the kernel's blocks still read the old one), else
-  // add+RMSNorm then the linear layer. Layer 0 has no delta yet: the norm of the embedding.
-  const bool norm_gemm = small_gemm && cuda::NormGemmSupported(t, n, dt);
-  auto norm_linear = [&](const torch::Tensor& norm_w, const torch::Tensor& weight,
-                         const torch::Tensor& b) {
-    if (!norm_gemm || !weight.is_contiguous()) {
-      torch::Tensor h = delta.defined() ? add_norm(norm_w) : RmsNorm(residual, norm_w, eps);
-      return linear(h, weight, b, false);
-    }
-    torch::Tensor y = torch::empty({t, weight.size(0)}, residual.options());
-    torch::Tensor next = delta.defined() ? torch::empty_like(residual) : residual;
-    cuda::NormGemmArgs a;
-    a.residual = residual.data_ptr();
-    a.delta = delta.defined() ? delta.data_ptr() : nullptr;
-    a.residual_out = next.data_ptr();
-    a.norm_weight = norm_w.data_ptr();
-    a.eps = static_cast<float>(eps);
-    a.weight = weight.data_ptr();
-    a.bias = b.defined() ? b.data_ptr() : nullptr;
-    a.y = y.data_ptr();
-    a.m = t;
-    a.n = weight.size(0);
-    a.k = n;
-    a.dtype = dt;
-    const int err = cuda::LaunchNormGemm(a, Stream());
-    TORCH_CHECK(err == 0, "fused RMSNorm + GEMM failed with CUDA error ", err);
-    residual = next;
-    return y;
-  };
   for (int l = 0; l < static_cast<int>(config_.num_hidden_layers); ++l) {
     const LayerWeights& w = weights_.layers[l];
-    torch::Tensor qkv = norm_linear(w.input_norm, w.qkv_proj, w.qkv_bias);
+    if (l > 0) h = add_norm(w.input_norm);
+    torch::Tensor qkv = linear(h, w.qkv_proj, w.qkv_bias, false);
     std::optional<AttentionBackend::KvWriteTarget> kv = attention.DirectKvWrite(l);
     cuda::QkNormRopeArgs a;
     a.qkv = qkv.data_ptr();
@@ -448,7 +420,8 @@ torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch:
     }
     torch::Tensor o = attention.Attend(l, q, k, v);  // [T, heads, D]
     delta = linear(o.reshape({t, -1}), w.o_proj, w.o_bias, true);
-    torch::Tensor gu = norm_linear(w.post_attention_norm, w.gate_up_proj, {});  // [T, 2 I/P]
+    h = add_norm(w.post_attention_norm);
+    torch::Tensor gu = linear(h, w.gate_up_proj, {}, false);  // [T, 2 I/P]
     const int64_t inter = gu.size(1) / 2;
     torch::Tensor act = torch::empty({t, inter}, gu.options());
     const int err2 = cuda::LaunchSiluMulPacked(gu.data_ptr(), act.data_ptr(), t, inter, dt, Stream());

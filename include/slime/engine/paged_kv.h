@@ -52,15 +52,9 @@ class PagedKvCache {
   void Release();
   void Resume();
 
-  // Zeroed int32 arrival counters the split-K paged decode kernel uses to merge its splits in
-  // the last block (kSplitCounters entries; the kernel leaves them zero). Kept across Release.
-  static constexpr int64_t kSplitCounters = 128;
-  torch::Tensor& split_counters() { return split_counters_; }
-
  private:
   int64_t num_layers_, num_pages_, page_size_, kv_heads_, head_dim_;
   torch::TensorOptions options_;
-  torch::Tensor split_counters_;
   std::vector<torch::Tensor> k_;
   std::vector<torch::Tensor> v_;
 };

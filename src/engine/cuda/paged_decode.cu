@@ -45,8 +45,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                       const T* __restrict__ v_cache, T* __restrict__ out,
                       const int32_t* __restrict__ page_table, const int32_t* __restrict__ seq_lens,
                       int64_t q_row_stride, int num_heads, int num_kv_heads, int page_size,
-                      int max_pages, float scale, float* __restrict__ part,
-                      int32_t* __restrict__ counters) {
+                      int max_pages, float scale, float* __restrict__ part) {
   using P = Pack<T, VEC>;
   constexpr int D = VEC * 32;
   slime::model::cuda::GridDependencyWait();
@@ -168,37 +167,6 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  if (splits == 1 || counters == nullptr) return;
-  // The last split block of this (sequence, kv head) to arrive merges all splits' partials (as
-  // CombineSplitsKernel does) and re-arms the counter for the next launch.
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int32_t* c = counters + static_cast<int64_t>(b) * num_kv_heads + kvh;
-    last = atomicAdd(c, 1) == splits - 1;
-    if (last) atomicExch(c, 0);
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const int g = idx / D;
-    const int d = idx % D;
-    const int64_t head = static_cast<int64_t>(b) * num_heads + kvh * G + g;
-    const float* pp = part + head * splits * (D + 2);
-    float mx = -FLT_MAX;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(pp + s * (D + 2) + D));
-    float num = 0.f, den = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      const float* ps = pp + s * (D + 2);
-      const float l_s = __ldcg(ps + D + 1);
-      const float f = l_s > 0.f ? __expf(__ldcg(ps + D) - mx) : 0.f;
-      num += f * __ldcg(ps + d);
-      den += f * l_s;
-    }
-    FromFloat(den > 0.f ? num / den : 0.f, out + head * D + d);
-  }
 }
 
 // Merges the splits' partials of one (sequence, head): one thread per element of the head.
@@ -235,8 +203,7 @@ int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
 #define SLIME_LAUNCH(G)                                                                         \
   slime::model::cuda::LaunchKernel(PagedDecodeKernel<T, VEC, G>, grid, block, 0, stream, q, k, v, \
                                    o, a.page_table, a.seq_lens, q_stride, a.num_heads,            \
-                                   a.num_kv_heads, a.page_size, a.max_pages, a.scale,         \
-                                   a.partials, a.split_counters)
+                                   a.num_kv_heads, a.page_size, a.max_pages, a.scale, a.partials)
   switch (a.num_heads / a.num_kv_heads) {
     case 1:
       SLIME_LAUNCH(1);
@@ -254,7 +221,7 @@ int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
       return static_cast<int>(cudaErrorInvalidValue);
   }
 #undef SLIME_LAUNCH
-  if (splits > 1 && a.split_counters == nullptr) {
+  if (splits > 1) {
     slime::model::cuda::LaunchKernel(CombineSplitsKernel<T>, dim3(a.batch * a.num_heads),
                                      dim3(a.head_dim), 0, stream, a.partials, o, a.head_dim,
                                      splits);

@@ -39,12 +39,9 @@ struct PagedDecodeArgs {
   DType dtype = DType::kBFloat16;
   // Split-K for small batches (batch * kv_heads blocks would leave most of the GPU idle): each
   // sequence's positions are cut into num_splits shares computed by separate blocks, whose
-  // partials (float, PagedDecodePartialFloats) are merged by the last block of each (sequence,
-  // kv head) to finish, found through split_counters (batch * num_kv_heads int32, zero before
-  // the call and left zero), or by a second kernel when split_counters is null. 1 = no split.
+  // partials (float, PagedDecodePartialFloats) are merged by a second kernel. 1 = no split.
   int num_splits = 1;
   float* partials = nullptr;
-  int32_t* split_counters = nullptr;
 };
 
 // The split count the engine uses for a decode batch (fixed per batch size, so CUDA graphs

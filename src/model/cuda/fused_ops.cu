@@ -273,113 +273,6 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
   }
 }
 
-// NormGemm: y [M, n] = RmsNorm(res_in (+ delta)) W^T (+ bias), the AddRmsNorm of the kernel below
-// folded into the small-m GEMM that consumes it. Every block recomputes the M normalised rows into
-// shared memory (M k elements read from L2: cheap next to its 8 weight rows); block 0 also
-// writes res_out = res_in + delta (out of place: other blocks still read res_in).
-template <typename T, int M>
-__global__ void __launch_bounds__(kGemmWarps * 32)
-    NormGemmKernel(const T* __restrict__ res_in, const T* __restrict__ delta,
-                   T* __restrict__ res_out, const T* __restrict__ norm_w, float eps,
-                   const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y, int n,
-                   int k) {
-  constexpr int V = 16 / sizeof(T);
-  constexpr int kThreads = kGemmWarps * 32;
-  extern __shared__ __align__(16) unsigned char norm_gemm_smem[];
-  T* xs = reinterpret_cast<T*>(norm_gemm_smem);  // [M, k] normalised rows
-  __shared__ float warp_ss[M][kGemmWarps];
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int row = blockIdx.x * kGemmWarps + warp;
-  const bool active = row < n;
-  const T* wr = w + static_cast<int64_t>(active ? row : 0) * k;
-  Vec16<T> pre[kPrefetch];
-#pragma unroll
-  for (int i = 0; i < kPrefetch; ++i) {
-    const int base = (i * 32 + lane) * V;
-    if (active && base < k) pre[i] = *reinterpret_cast<const Vec16<T>*>(wr + base);
-  }
-  GridDependencyWait();
-  GridDependencyLaunch();
-  // 1. The sums (rounded as the eager add) into shared memory, and their sums of squares.
-  float ss[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    ss[m] = 0.f;
-    for (int i = threadIdx.x * V; i < k; i += kThreads * V) {
-      const int64_t off = static_cast<int64_t>(m) * k + i;
-      Vec16<T> sv = *reinterpret_cast<const Vec16<T>*>(res_in + off);
-      if (delta != nullptr) {
-        const Vec16<T> dv = *reinterpret_cast<const Vec16<T>*>(delta + off);
-#pragma unroll
-        for (int j = 0; j < V; ++j) sv.v[j] = To<T>(F(sv.v[j]) + F(dv.v[j]));
-        if (blockIdx.x == 0) *reinterpret_cast<Vec16<T>*>(res_out + off) = sv;
-      }
-#pragma unroll
-      for (int j = 0; j < V; ++j) ss[m] += F(sv.v[j]) * F(sv.v[j]);
-      *reinterpret_cast<Vec16<T>*>(xs + off) = sv;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss[m] += __shfl_xor_sync(0xffffffffu, ss[m], o);
-    if (lane == 0) warp_ss[m][warp] = ss[m];
-  }
-  __syncthreads();
-  // 2. Normalise in place (each thread rewrites the elements it stored).
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    float total = 0.f;
-#pragma unroll
-    for (int i = 0; i < kGemmWarps; ++i) total += warp_ss[m][i];
-    const float r = rsqrtf(total / static_cast<float>(k) + eps);
-    for (int i = threadIdx.x * V; i < k; i += kThreads * V) {
-      const int64_t off = static_cast<int64_t>(m) * k + i;
-      Vec16<T> sv = *reinterpret_cast<const Vec16<T>*>(xs + off);
-      const Vec16<T> nv = *reinterpret_cast<const Vec16<T>*>(norm_w + i);
-#pragma unroll
-      for (int j = 0; j < V; ++j) sv.v[j] = To<T>(F(nv.v[j]) * R<T>(F(sv.v[j]) * r));
-      *reinterpret_cast<Vec16<T>*>(xs + off) = sv;
-    }
-  }
-  __syncthreads();
-  if (!active) return;
-  // 3. The small-m GEMM of SmallGemmKernel with x from shared memory.
-  float acc[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.f;
-#pragma unroll
-  for (int i = 0; i < kPrefetch; ++i) {
-    const int base = (i * 32 + lane) * V;
-    if (base < k) {
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const Vec16<T> xv = *reinterpret_cast<const Vec16<T>*>(xs + m * k + base);
-#pragma unroll
-        for (int j = 0; j < V; ++j) acc[m] += F(pre[i].v[j]) * F(xv.v[j]);
-      }
-    }
-  }
-#pragma unroll 4
-  for (int base = (kPrefetch * 32 + lane) * V; base < k; base += 32 * V) {
-    const Vec16<T> wv = *reinterpret_cast<const Vec16<T>*>(wr + base);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const Vec16<T> xv = *reinterpret_cast<const Vec16<T>*>(xs + m * k + base);
-#pragma unroll
-      for (int j = 0; j < V; ++j) acc[m] += F(wv.v[j]) * F(xv.v[j]);
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
-  }
-  if (lane == 0) {
-    const float b = bias != nullptr ? F(bias[row]) : 0.f;
-#pragma unroll
-    for (int m = 0; m < M; ++m) y[static_cast<int64_t>(m) * n + row] = To<T>(acc[m] + b);
-  }
-}
-
 // AddRmsNorm with one 16-byte vector per thread held in registers (n / V threads, a multiple of
 // 32, at most 1024): one read of residual, delta and w, one write of residual and y.
 template <typename T>
@@ -555,41 +448,6 @@ struct SmallGemmLauncher {
   }
 };
 
-template <typename T>
-struct NormGemmLauncher {
-  template <int M>
-  static void Go(const NormGemmArgs& a, cudaStream_t s) {
-    const unsigned blocks = static_cast<unsigned>((a.n + kGemmWarps - 1) / kGemmWarps);
-    const size_t smem = static_cast<size_t>(M) * a.k * sizeof(T);
-    LaunchKernel(NormGemmKernel<T, M>, blocks, kGemmWarps * 32, smem, s,
-                 static_cast<const T*>(a.residual), static_cast<const T*>(a.delta),
-                 static_cast<T*>(a.residual_out), static_cast<const T*>(a.norm_weight), a.eps,
-                 static_cast<const T*>(a.weight), static_cast<const T*>(a.bias),
-                 static_cast<T*>(a.y), static_cast<int>(a.n), static_cast<int>(a.k));
-  }
-  static int Run(const NormGemmArgs& a, cudaStream_t s) {
-    if (!NormGemmSupported(a.m, a.k, a.dtype) || a.n <= 0 ||
-        (a.delta != nullptr && (a.residual_out == nullptr || a.residual_out == a.residual))) {
-      return static_cast<int>(cudaErrorInvalidValue);
-    }
-    const void* const pointers[] = {a.residual, a.delta, a.residual_out, a.norm_weight, a.weight};
-    for (const void* p : pointers) {
-      if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return static_cast<int>(cudaErrorInvalidValue);
-    }
-    switch (a.m) {
-      case 1: Go<1>(a, s); break;
-      case 2: Go<2>(a, s); break;
-      case 3: Go<3>(a, s); break;
-      case 4: Go<4>(a, s); break;
-      case 5: Go<5>(a, s); break;
-      case 6: Go<6>(a, s); break;
-      case 7: Go<7>(a, s); break;
-      default: Go<8>(a, s); break;
-    }
-    return static_cast<int>(cudaGetLastError());
-  }
-};
-
 // -1: not decided yet; 0/1: off/on (the environment and the device decide on first use).
 std::atomic<int> g_pdl{-1};
 
@@ -646,15 +504,6 @@ int LaunchSmallGemm(const void* x, const void* w, const void* bias, void* y, int
                     int64_t k, DType dtype, void* stream) {
   return Dispatch<SmallGemmLauncher>(dtype, x, w, bias, y, m, n, k,
                                      static_cast<cudaStream_t>(stream));
-}
-
-bool NormGemmSupported(int64_t m, int64_t k, DType dtype) {
-  const int64_t bytes = dtype == DType::kFloat32 ? 4 : 2;
-  return SmallGemmSupported(m, k, dtype) && m * k * bytes <= 40 * 1024;
-}
-
-int LaunchNormGemm(const NormGemmArgs& args, void* stream) {
-  return Dispatch<NormGemmLauncher>(args.dtype, args, static_cast<cudaStream_t>(stream));
 }
 
 bool QkNormRopeSupported(int d) { return d == 32 || d == 64 || d == 128 || d == 256; }

@@ -62,26 +62,6 @@ bool SmallGemmSupported(int64_t m, int64_t k, DType dtype);
 int LaunchSmallGemm(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
                     int64_t k, DType dtype, void* stream);
 
-// y [m, n] = RmsNorm(residual (+ delta)) W^T (+ bias): LaunchAddRmsNorm followed by
-// LaunchSmallGemm in one kernel (the normalised rows never reach global memory). With delta,
-// residual_out [m, k] = residual + delta (must not alias residual); without, residual is only
-// read. Same roundings as the two kernels; RmsNorm's float reduction order differs slightly.
-struct NormGemmArgs {
-  const void* residual = nullptr;     // [m, k]
-  const void* delta = nullptr;        // [m, k] or null
-  void* residual_out = nullptr;       // [m, k] (written when delta is set)
-  const void* norm_weight = nullptr;  // [k]
-  float eps = 1e-6f;
-  const void* weight = nullptr;       // [n, k]
-  const void* bias = nullptr;         // [n] or null
-  void* y = nullptr;                  // [m, n]
-  int64_t m = 0, n = 0, k = 0;
-  DType dtype = DType::kBFloat16;
-};
-// m in 1..8, k as SmallGemmSupported, and the m normalised rows fit in 40 KiB of shared memory.
-bool NormGemmSupported(int64_t m, int64_t k, DType dtype);
-int LaunchNormGemm(const NormGemmArgs& args, void* stream);
-
 // gu [rows, 2n] = gate | up (the fused gate/up projection) -> y [rows, n] = SiluMul(gate, up).
 int LaunchSiluMulPacked(const void* gu, void* y, int64_t rows, int64_t n, DType dtype,
                         void* stream);
