@@ -241,6 +241,12 @@ void AddDataFields(std::vector<FieldSpec<Config>>* table) {
       .Slime("--n-samples-per-prompt")
       .Min(1)
       .Doc("Responses sampled per prompt (the GRPO group size).");
+  b.Add("on_bad_line", &DataConfig::on_bad_line)
+      .Enum({"skip", "fail"})
+      .Doc(
+          "A prompt-data line that cannot be used (malformed JSON, missing or mistyped field, "
+          "chat-template error): `skip` logs it with file:line and goes on (as slime does), "
+          "`fail` stops loading with that error.");
 }
 
 void AddEvalFields(std::vector<FieldSpec<Config>>* table) {

@@ -94,6 +94,7 @@ struct DataConfig {
   std::optional<int> num_epoch;
   int rollout_batch_size = 0;  // required
   int n_samples_per_prompt = 1;
+  std::string on_bad_line = "skip";  // skip | fail
   bool operator==(const DataConfig&) const = default;
 };
 
