@@ -38,16 +38,13 @@ using internal::SchedulingRolloutIds;
 
 namespace {
 
-// The batching options a training step uses (global_batch_size is set per
-// rollout).
-BatchingOptions MakeBatchingOptions(const config::TrainConfig &train,
-                                    const model::ModelConfig &model,
-                                    int dp_size) {
+// The batching options a training step uses (global_batch_size is set per rollout).
+BatchingOptions MakeBatchingOptions(const config::TrainConfig& train,
+                                    const model::ModelConfig& model, int dp_size) {
   BatchingOptions o;
   o.micro_batch_size = train.micro_batch_size;
   o.use_dynamic_batch_size = train.use_dynamic_batch_size;
-  if (train.max_tokens_per_gpu.has_value())
-    o.max_tokens_per_gpu = *train.max_tokens_per_gpu;
+  if (train.max_tokens_per_gpu.has_value()) o.max_tokens_per_gpu = *train.max_tokens_per_gpu;
   o.context_parallel_size = train.context_parallel_size;
   o.data_parallel_size = dp_size;
   o.balance_data = train.balance_data || train.balance_by_flops;
@@ -65,132 +62,112 @@ BatchingOptions MakeBatchingOptions(const config::TrainConfig &train,
 }
 
 // Resolves what Create needs from the config; errors name the option.
-Status CheckSupported(const config::Config &config) {
-  const config::AlgorithmConfig &a = config.algorithm;
+Status CheckSupported(const config::Config& config) {
+  const config::AlgorithmConfig& a = config.algorithm;
   if (a.loss_type != "policy_loss" && a.loss_type != "sft_loss") {
-    return absl::UnimplementedError(
-        fmt::format("algorithm.loss_type = \"{}\" is not supported by the "
-                    "trainer (valid: policy_loss, "
-                    "sft_loss)",
-                    a.loss_type));
+    return absl::UnimplementedError(fmt::format(
+        "algorithm.loss_type = \"{}\" is not supported by the trainer (valid: policy_loss, "
+        "sft_loss)",
+        a.loss_type));
   }
   if (a.loss_type == "policy_loss" && !a.compute_advantages_and_returns) {
     return absl::UnimplementedError(
-        "algorithm.compute_advantages_and_returns = false needs a custom "
-        "advantage function, "
+        "algorithm.compute_advantages_and_returns = false needs a custom advantage function, "
         "which the trainer does not support with loss_type policy_loss");
   }
   if (a.use_routing_replay || a.use_rollout_routing_replay) {
     return absl::UnimplementedError(
-        "algorithm.use_routing_replay / use_rollout_routing_replay: routing "
-        "replay is for MoE "
+        "algorithm.use_routing_replay / use_rollout_routing_replay: routing replay is for MoE "
         "models, which the trainer does not support");
   }
   if (a.use_rollout_logprobs && a.use_tis) {
     return absl::InvalidArgumentError(
-        "algorithm.use_rollout_logprobs and algorithm.use_tis cannot both be "
-        "set (TIS weights "
+        "algorithm.use_rollout_logprobs and algorithm.use_tis cannot both be set (TIS weights "
         "compare the recomputed old log-probs with the rollout's)");
   }
   if (a.use_opd) {
     const std::string type = a.opd_type.value_or("");
     if (type != "megatron" && type != "sglang") {
-      return absl::InvalidArgumentError(
-          fmt::format("algorithm.opd_type = \"{}\" is not valid with use_opd "
-                      "(valid: megatron, sglang)",
-                      type));
+      return absl::InvalidArgumentError(fmt::format(
+          "algorithm.opd_type = \"{}\" is not valid with use_opd (valid: megatron, sglang)", type));
     }
     if (type == "megatron" && !a.opd_teacher_load.has_value()) {
       return absl::InvalidArgumentError(
-          "algorithm.opd_teacher_load is required with use_opd and opd_type "
-          "megatron");
+          "algorithm.opd_teacher_load is required with use_opd and opd_type megatron");
     }
   }
   if (config.train.tensor_model_parallel_size != 1 ||
-      config.train.pipeline_model_parallel_size != 1 ||
-      config.train.context_parallel_size != 1) {
+      config.train.pipeline_model_parallel_size != 1 || config.train.context_parallel_size != 1) {
     return absl::UnimplementedError(
-        fmt::format("train.tensor_model_parallel_size = {}, "
-                    "pipeline_model_parallel_size = {}, "
-                    "context_parallel_size = {}: the trainer supports only 1 "
-                    "for each so far",
+        fmt::format("train.tensor_model_parallel_size = {}, pipeline_model_parallel_size = {}, "
+                    "context_parallel_size = {}: the trainer supports only 1 for each so far",
                     config.train.tensor_model_parallel_size,
-                    config.train.pipeline_model_parallel_size,
-                    config.train.context_parallel_size));
+                    config.train.pipeline_model_parallel_size, config.train.context_parallel_size));
   }
   return absl::OkStatus();
 }
 
-} // namespace
+}  // namespace
 
 std::string_view PolicyWeightsName(PolicyWeights which) {
   switch (which) {
-  case PolicyWeights::kActor:
-    return "actor";
-  case PolicyWeights::kRef:
-    return "ref";
-  case PolicyWeights::kOldActor:
-    return "old_actor";
-  case PolicyWeights::kTeacher:
-    return "teacher";
+    case PolicyWeights::kActor:
+      return "actor";
+    case PolicyWeights::kRef:
+      return "ref";
+    case PolicyWeights::kOldActor:
+      return "old_actor";
+    case PolicyWeights::kTeacher:
+      return "teacher";
   }
   return "unknown";
 }
 
-// ---- Create
-// ------------------------------------------------------------------------------------
+// ---- Create ------------------------------------------------------------------------------------
 
-Trainer::Trainer(TrainerOptions options,
-                 std::unique_ptr<model::DecoderModel> model,
+Trainer::Trainer(TrainerOptions options, std::unique_ptr<model::DecoderModel> model,
                  std::unique_ptr<AdamW> optimizer, LrScheduler lr_scheduler)
-    : options_(std::move(options)), model_(std::move(model)),
-      optimizer_(std::move(optimizer)), lr_scheduler_(std::move(lr_scheduler)),
+    : options_(std::move(options)),
+      model_(std::move(model)),
+      optimizer_(std::move(optimizer)),
+      lr_scheduler_(std::move(lr_scheduler)),
       impl_(std::make_unique<Impl>()) {}
 
 Trainer::~Trainer() = default;
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
-  const config::Config &config = options.config;
+  const config::Config& config = options.config;
   if (options.model_dir.empty()) {
-    return absl::InvalidArgumentError(
-        "trainer: model_dir is empty (an HF model directory)");
+    return absl::InvalidArgumentError("trainer: model_dir is empty (an HF model directory)");
   }
-  if (options.dp_size < 1 || options.dp_rank < 0 ||
-      options.dp_rank >= options.dp_size) {
-    return absl::InvalidArgumentError(fmt::format(
-        "trainer: dp_rank = {} and dp_size = {}: need 0 <= dp_rank < dp_size",
-        options.dp_rank, options.dp_size));
+  if (options.dp_size < 1 || options.dp_rank < 0 || options.dp_rank >= options.dp_size) {
+    return absl::InvalidArgumentError(
+        fmt::format("trainer: dp_rank = {} and dp_size = {}: need 0 <= dp_rank < dp_size",
+                    options.dp_rank, options.dp_size));
   }
   if (options.dp_size > 1 && !options.dp_all_reduce) {
     return absl::InvalidArgumentError(fmt::format(
-        "trainer: dp_size = {} needs dp_all_reduce (the DP group's all-reduce)",
-        options.dp_size));
+        "trainer: dp_size = {} needs dp_all_reduce (the DP group's all-reduce)", options.dp_size));
   }
   SLIME_RETURN_IF_ERROR(CheckSupported(config));
-  SLIME_ASSIGN_OR_RETURN(
-      AdvantageEstimator estimator,
-      ParseAdvantageEstimator(config.algorithm.advantage_estimator));
+  SLIME_ASSIGN_OR_RETURN(AdvantageEstimator estimator,
+                         ParseAdvantageEstimator(config.algorithm.advantage_estimator));
   const bool sft = config.algorithm.loss_type == "sft_loss";
   if (estimator == AdvantageEstimator::kPpo && !sft) {
     return absl::UnimplementedError(
-        "algorithm.advantage_estimator = \"ppo\" needs a critic (value head "
-        "and value loss), "
-        "which the trainer does not have yet; use grpo, gspo, cispo, "
-        "reinforce_plus_plus or "
+        "algorithm.advantage_estimator = \"ppo\" needs a critic (value head and value loss), "
+        "which the trainer does not have yet; use grpo, gspo, cispo, reinforce_plus_plus or "
         "reinforce_plus_plus_baseline");
   }
-  SLIME_ASSIGN_OR_RETURN(PolicyLossOptions policy,
-                         PolicyLossOptions::FromConfig(config.algorithm));
+  SLIME_ASSIGN_OR_RETURN(PolicyLossOptions policy, PolicyLossOptions::FromConfig(config.algorithm));
   SLIME_RETURN_IF_ERROR(ParseKlType(config.algorithm.kl_loss_type).status());
 
-  const torch::ScalarType dtype = options.dtype.value_or(
-      options.device.is_cuda() ? torch::kBFloat16 : torch::kFloat32);
-  SLIME_ASSIGN_OR_RETURN(
-      std::unique_ptr<model::DecoderModel> model,
-      model::DecoderModel::Load(options.model_dir, dtype, options.device));
+  const torch::ScalarType dtype =
+      options.dtype.value_or(options.device.is_cuda() ? torch::kBFloat16 : torch::kFloat32);
+  SLIME_ASSIGN_OR_RETURN(std::unique_ptr<model::DecoderModel> model,
+                         model::DecoderModel::Load(options.model_dir, dtype, options.device));
 
-  BatchingOptions batching =
-      MakeBatchingOptions(config.train, model->config(), options.dp_size);
+  BatchingOptions batching = MakeBatchingOptions(config.train, model->config(), options.dp_size);
   SLIME_RETURN_IF_ERROR(ValidateBatchingOptions(batching));
 
   // The LR schedule, in samples (lr_schedule.h).
@@ -198,8 +175,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   lr.lr = config.train.lr;
   lr.min_lr = config.train.min_lr;
   lr.lr_decay_style = config.train.lr_decay_style;
-  if (config.train.lr_decay_iters.has_value())
-    lr.lr_decay_iters = *config.train.lr_decay_iters;
+  if (config.train.lr_decay_iters.has_value()) lr.lr_decay_iters = *config.train.lr_decay_iters;
   lr.lr_warmup_iters = config.train.lr_warmup_iters;
   lr.lr_warmup_fraction = config.train.lr_warmup_fraction;
   lr.lr_warmup_init = config.train.lr_warmup_init;
@@ -207,32 +183,26 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   if (options.train_iters.has_value()) {
     lr.train_iters = *options.train_iters;
   } else {
-    if (!config.data.num_rollout.has_value() ||
-        !config.train.global_batch_size.has_value()) {
+    if (!config.data.num_rollout.has_value() || !config.train.global_batch_size.has_value()) {
       return absl::InvalidArgumentError(
           "trainer: the LR schedule length is unknown: data.num_rollout and "
-          "train.global_batch_size must be set (a resolved config), or "
-          "TrainerOptions::"
+          "train.global_batch_size must be set (a resolved config), or TrainerOptions::"
           "train_iters");
     }
-    lr.train_iters = TrainIters(
-        *config.data.num_rollout, config.data.rollout_batch_size,
-        config.data.n_samples_per_prompt, *config.train.global_batch_size);
+    lr.train_iters = TrainIters(*config.data.num_rollout, config.data.rollout_batch_size,
+                                config.data.n_samples_per_prompt, *config.train.global_batch_size);
   }
   if (lr.train_iters < 1 && !config.train.lr_decay_iters.has_value()) {
-    return absl::InvalidArgumentError(
-        fmt::format("trainer: the run has {} optimizer steps (data.num_rollout "
-                    "× rollout_batch_size × "
-                    "n_samples_per_prompt / global_batch_size); the LR "
-                    "schedule needs at least 1",
-                    lr.train_iters));
+    return absl::InvalidArgumentError(fmt::format(
+        "trainer: the run has {} optimizer steps (data.num_rollout × rollout_batch_size × "
+        "n_samples_per_prompt / global_batch_size); the LR schedule needs at least 1",
+        lr.train_iters));
   }
   SLIME_ASSIGN_OR_RETURN(LrSchedule schedule, MakeLrSchedule(lr));
 
   auto impl = std::make_unique<Impl>();
   Status status = GuardTorch("trainer: create", [&]() -> Status {
-    for (model::NamedTensor &nt :
-         model::NamedParameters(model->weights(), model->config())) {
+    for (model::NamedTensor& nt : model::NamedParameters(model->weights(), model->config())) {
       nt.tensor.set_requires_grad(true);
       impl->names.push_back(nt.name);
       impl->params.push_back(nt.tensor);
@@ -240,34 +210,28 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
     return absl::OkStatus();
   });
   SLIME_RETURN_IF_ERROR(status);
-  SLIME_ASSIGN_OR_RETURN(
-      std::unique_ptr<AdamW> optimizer,
-      AdamW::ForModel(model->weights(), model->config(),
-                      AdamWOptions::FromTrainConfig(config.train)));
+  SLIME_ASSIGN_OR_RETURN(std::unique_ptr<AdamW> optimizer,
+                         AdamW::ForModel(model->weights(), model->config(),
+                                         AdamWOptions::FromTrainConfig(config.train)));
 
   impl->estimator = estimator;
   impl->policy = policy;
   impl->batching = batching;
   impl->sft = sft;
-  impl->need_ref =
-      !sft && (config.algorithm.use_kl_loss || config.algorithm.kl_coef != 0);
-  impl->teacher_pass = !sft && config.algorithm.use_opd &&
-                       config.algorithm.opd_type == "megatron";
-  impl->teacher_given =
-      !sft && config.algorithm.use_opd && config.algorithm.opd_type == "sglang";
+  impl->need_ref = !sft && (config.algorithm.use_kl_loss || config.algorithm.kl_coef != 0);
+  impl->teacher_pass = !sft && config.algorithm.use_opd && config.algorithm.opd_type == "megatron";
+  impl->teacher_given = !sft && config.algorithm.use_opd && config.algorithm.opd_type == "sglang";
   impl->needs_rollout_log_probs =
-      !sft &&
-      (config.algorithm.use_tis || config.algorithm.get_mismatch_metrics ||
-       config.algorithm.use_rollout_logprobs);
+      !sft && (config.algorithm.use_tis || config.algorithm.get_mismatch_metrics ||
+               config.algorithm.use_rollout_logprobs);
 
   // The CPU copies.
   auto clone_actor = [&]() -> StatusOr<std::vector<torch::Tensor>> {
     return GuardTorch("trainer: copy the actor weights",
                       [&]() -> StatusOr<std::vector<torch::Tensor>> {
                         std::vector<torch::Tensor> out;
-                        for (const torch::Tensor &p : impl->params) {
-                          out.push_back(p.device().is_cpu() ? p.detach().clone()
-                                                            : CpuCopy(p));
+                        for (const torch::Tensor& p : impl->params) {
+                          out.push_back(p.device().is_cpu() ? p.detach().clone() : CpuCopy(p));
                         }
                         return out;
                       });
@@ -277,17 +241,14 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
     std::optional<int64_t> ckpt_step;
     if (!dir.has_value() && config.checkpoint.ref_load.has_value()) {
       dir = *config.checkpoint.ref_load;
-      if (config.checkpoint.ref_ckpt_step.has_value())
-        ckpt_step = *config.checkpoint.ref_ckpt_step;
+      if (config.checkpoint.ref_ckpt_step.has_value()) ckpt_step = *config.checkpoint.ref_ckpt_step;
     }
     if (!dir.has_value() || *dir == options.model_dir) {
       SLIME_ASSIGN_OR_RETURN(impl->copies[kRef], clone_actor());
     } else {
       SLIME_ASSIGN_OR_RETURN(
-          impl->copies[kRef],
-          GuardTorch("trainer: load the reference weights", [&]() {
-            return LoadWeightCopy("reference", *dir, ckpt_step, impl->names,
-                                  impl->params, dtype);
+          impl->copies[kRef], GuardTorch("trainer: load the reference weights", [&]() {
+            return LoadWeightCopy("reference", *dir, ckpt_step, impl->names, impl->params, dtype);
           }));
     }
   }
@@ -296,12 +257,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
     if (config.algorithm.opd_teacher_ckpt_step.has_value()) {
       ckpt_step = *config.algorithm.opd_teacher_ckpt_step;
     }
-    SLIME_ASSIGN_OR_RETURN(
-        impl->copies[kTeacher],
-        GuardTorch("trainer: load the teacher weights", [&]() {
-          return LoadWeightCopy("teacher", *config.algorithm.opd_teacher_load,
-                                ckpt_step, impl->names, impl->params, dtype);
-        }));
+    SLIME_ASSIGN_OR_RETURN(impl->copies[kTeacher],
+                           GuardTorch("trainer: load the teacher weights", [&]() {
+                             return LoadWeightCopy("teacher", *config.algorithm.opd_teacher_load,
+                                                   ckpt_step, impl->names, impl->params, dtype);
+                           }));
   }
   if (!sft && config.algorithm.keep_old_actor) {
     SLIME_ASSIGN_OR_RETURN(impl->copies[kOldActor], clone_actor());
@@ -311,145 +271,122 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   }
 
   std::vector<std::string> tags;
-  for (const auto &[tag, tensors] : impl->copies)
-    tags.push_back(tag);
-  spdlog::info("trainer: {} on {} ({}), loss {}, estimator {}, CPU copies "
-               "[{}], dp rank {}/{}",
+  for (const auto& [tag, tensors] : impl->copies) tags.push_back(tag);
+  spdlog::info("trainer: {} on {} ({}), loss {}, estimator {}, CPU copies [{}], dp rank {}/{}",
                options.model_dir, model->device().str(), c10::toString(dtype),
-               config.algorithm.loss_type, AdvantageEstimatorName(estimator),
-               fmt::join(tags, ", "), options.dp_rank, options.dp_size);
-  std::unique_ptr<Trainer> trainer(
-      new Trainer(std::move(options), std::move(model), std::move(optimizer),
-                  LrScheduler(schedule)));
+               config.algorithm.loss_type, AdvantageEstimatorName(estimator), fmt::join(tags, ", "),
+               options.dp_rank, options.dp_size);
+  std::unique_ptr<Trainer> trainer(new Trainer(std::move(options), std::move(model),
+                                               std::move(optimizer), LrScheduler(schedule)));
   trainer->impl_ = std::move(impl);
   return trainer;
 }
 
-model::DecoderModel &Trainer::model() {
+model::DecoderModel& Trainer::model() {
   impl_->actor_backup_current = false;
   return *model_;
 }
 
 bool Trainer::has_weights(PolicyWeights which) const {
-  if (which == PolicyWeights::kActor)
-    return true;
+  if (which == PolicyWeights::kActor) return true;
   return impl_->copies.count(CopyTag(which)) > 0;
 }
 
 bool Trainer::SkipsOldLogProbs(int64_t num_steps) const {
-  const config::AlgorithmConfig &a = options_.config.algorithm;
-  return num_steps == 1 && !impl_->sft && a.kl_coef == 0 &&
-         !a.use_rollout_logprobs && !a.get_mismatch_metrics &&
-         impl_->estimator != AdvantageEstimator::kPpo && !a.keep_old_actor &&
-         !a.use_opd && !a.use_routing_replay &&
+  const config::AlgorithmConfig& a = options_.config.algorithm;
+  return num_steps == 1 && !impl_->sft && a.kl_coef == 0 && !a.use_rollout_logprobs &&
+         !a.get_mismatch_metrics && impl_->estimator != AdvantageEstimator::kPpo &&
+         !a.keep_old_actor && !a.use_opd && !a.use_routing_replay &&
          impl_->estimator != AdvantageEstimator::kGspo;
 }
 
-// ---- Batch checks
-// ------------------------------------------------------------------------------
+// ---- Batch checks ------------------------------------------------------------------------------
 
-Status Trainer::CheckBatch(const RolloutBatch &batch) const {
+Status Trainer::CheckBatch(const RolloutBatch& batch) const {
   if (!std::isfinite(batch.temperature) || batch.temperature <= 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("batch: temperature = {} is not valid: the rollout "
-                    "temperature must be finite and > 0",
-                    batch.temperature));
+    return absl::InvalidArgumentError(fmt::format(
+        "batch: temperature = {} is not valid: the rollout temperature must be finite and > 0",
+        batch.temperature));
   }
   if (batch.samples.empty()) {
     return absl::InvalidArgumentError("batch: samples is empty");
   }
   const int64_t vocab = model_->config().vocab_size;
   for (size_t i = 0; i < batch.samples.size(); ++i) {
-    const TrainSample &s = batch.samples[i];
+    const TrainSample& s = batch.samples[i];
     if (s.prompt_length < 0 || s.response_length < 0) {
       return absl::InvalidArgumentError(
-          fmt::format("batch: samples[{}]: prompt_length = {} and "
-                      "response_length = {} must be "
+          fmt::format("batch: samples[{}]: prompt_length = {} and response_length = {} must be "
                       ">= 0",
                       i, s.prompt_length, s.response_length));
     }
-    if (static_cast<int64_t>(s.tokens.size()) !=
-        s.prompt_length + s.response_length) {
-      return absl::InvalidArgumentError(
-          fmt::format("batch: samples[{}].tokens has {} ids, but prompt_length "
-                      "+ response_length = {} + {}",
-                      i, s.tokens.size(), s.prompt_length, s.response_length));
+    if (static_cast<int64_t>(s.tokens.size()) != s.prompt_length + s.response_length) {
+      return absl::InvalidArgumentError(fmt::format(
+          "batch: samples[{}].tokens has {} ids, but prompt_length + response_length = {} + {}", i,
+          s.tokens.size(), s.prompt_length, s.response_length));
     }
     if (s.tokens.empty()) {
-      return absl::InvalidArgumentError(
-          fmt::format("batch: samples[{}].tokens is empty", i));
+      return absl::InvalidArgumentError(fmt::format("batch: samples[{}].tokens is empty", i));
     }
     if (s.response_length > 0 && s.prompt_length < 1) {
-      return absl::InvalidArgumentError(
-          fmt::format("batch: samples[{}].prompt_length = 0: a response needs "
-                      "at least one prompt token",
-                      i));
+      return absl::InvalidArgumentError(fmt::format(
+          "batch: samples[{}].prompt_length = 0: a response needs at least one prompt token", i));
     }
     for (size_t t = 0; t < s.tokens.size(); ++t) {
       if (s.tokens[t] < 0 || s.tokens[t] >= vocab) {
         return absl::InvalidArgumentError(
-            fmt::format("batch: samples[{}].tokens[{}] = {} is outside the "
-                        "vocabulary [0, {})",
-                        i, t, s.tokens[t], vocab));
+            fmt::format("batch: samples[{}].tokens[{}] = {} is outside the vocabulary [0, {})", i,
+                        t, s.tokens[t], vocab));
       }
     }
     if (static_cast<int64_t>(s.loss_mask.size()) != s.response_length) {
-      return absl::InvalidArgumentError(fmt::format(
-          "batch: samples[{}].loss_mask has {} values for response_length = {}",
-          i, s.loss_mask.size(), s.response_length));
+      return absl::InvalidArgumentError(
+          fmt::format("batch: samples[{}].loss_mask has {} values for response_length = {}", i,
+                      s.loss_mask.size(), s.response_length));
     }
     for (size_t t = 0; t < s.loss_mask.size(); ++t) {
       if (s.loss_mask[t] != 0.0f && s.loss_mask[t] != 1.0f) {
-        return absl::InvalidArgumentError(
-            fmt::format("batch: samples[{}].loss_mask[{}] = {} (valid: 0 or 1)",
-                        i, t, s.loss_mask[t]));
+        return absl::InvalidArgumentError(fmt::format(
+            "batch: samples[{}].loss_mask[{}] = {} (valid: 0 or 1)", i, t, s.loss_mask[t]));
       }
     }
     if (!s.rollout_log_probs.empty() &&
         static_cast<int64_t>(s.rollout_log_probs.size()) != s.response_length) {
       return absl::InvalidArgumentError(
-          fmt::format("batch: samples[{}].rollout_log_probs has {} values for "
-                      "response_length = "
+          fmt::format("batch: samples[{}].rollout_log_probs has {} values for response_length = "
                       "{}",
                       i, s.rollout_log_probs.size(), s.response_length));
     }
-    if (s.rollout_log_probs.empty() && impl_->needs_rollout_log_probs &&
-        s.response_length > 0) {
-      return absl::InvalidArgumentError(
-          fmt::format("batch: samples[{}].rollout_log_probs is empty, but "
-                      "use_tis, get_mismatch_metrics or "
-                      "use_rollout_logprobs needs the engine's log-probs",
-                      i));
+    if (s.rollout_log_probs.empty() && impl_->needs_rollout_log_probs && s.response_length > 0) {
+      return absl::InvalidArgumentError(fmt::format(
+          "batch: samples[{}].rollout_log_probs is empty, but use_tis, get_mismatch_metrics or "
+          "use_rollout_logprobs needs the engine's log-probs",
+          i));
     }
     if (!s.teacher_log_probs.empty() &&
         static_cast<int64_t>(s.teacher_log_probs.size()) != s.response_length) {
       return absl::InvalidArgumentError(
-          fmt::format("batch: samples[{}].teacher_log_probs has {} values for "
-                      "response_length = "
+          fmt::format("batch: samples[{}].teacher_log_probs has {} values for response_length = "
                       "{}",
                       i, s.teacher_log_probs.size(), s.response_length));
     }
-    if (s.teacher_log_probs.empty() && impl_->teacher_given &&
-        s.response_length > 0) {
-      return absl::InvalidArgumentError(
-          fmt::format("batch: samples[{}].teacher_log_probs is empty, but "
-                      "use_opd with opd_type sglang needs "
-                      "the teacher's log-probs",
-                      i));
+    if (s.teacher_log_probs.empty() && impl_->teacher_given && s.response_length > 0) {
+      return absl::InvalidArgumentError(fmt::format(
+          "batch: samples[{}].teacher_log_probs is empty, but use_opd with opd_type sglang needs "
+          "the teacher's log-probs",
+          i));
     }
     if (!std::isfinite(s.reward)) {
-      return absl::InvalidArgumentError(fmt::format(
-          "batch: samples[{}].reward = {} is not finite", i, s.reward));
+      return absl::InvalidArgumentError(
+          fmt::format("batch: samples[{}].reward = {} is not finite", i, s.reward));
     }
   }
   return absl::OkStatus();
 }
 
-// ---- Forward-only passes
-// -----------------------------------------------------------------------
+// ---- Forward-only passes -----------------------------------------------------------------------
 
-StatusOr<SampleLogProbs> Trainer::ComputeLogProbs(const RolloutBatch &batch,
-                                                  PolicyWeights which,
+StatusOr<SampleLogProbs> Trainer::ComputeLogProbs(const RolloutBatch& batch, PolicyWeights which,
                                                   bool with_entropy) {
   SLIME_RETURN_IF_ERROR(CheckBatch(batch));
   std::vector<int64_t> samples(batch.samples.size());
@@ -459,68 +396,55 @@ StatusOr<SampleLogProbs> Trainer::ComputeLogProbs(const RolloutBatch &batch,
     token_counts[i] = static_cast<int64_t>(batch.samples[i].tokens.size());
   }
   BatchingOptions o = impl_->batching;
-  o.data_parallel_size = 1; // every sample, here
-  SLIME_ASSIGN_OR_RETURN(StepSchedule schedule,
-                         ScheduleStep(samples, token_counts, o));
-  std::vector<const MicroBatch *> mbs;
-  for (const MicroBatch &mb : schedule.ranks[0])
-    mbs.push_back(&mb);
+  o.data_parallel_size = 1;  // every sample, here
+  SLIME_ASSIGN_OR_RETURN(StepSchedule schedule, ScheduleStep(samples, token_counts, o));
+  std::vector<const MicroBatch*> mbs;
+  for (const MicroBatch& mb : schedule.ranks[0]) mbs.push_back(&mb);
 
   SampleLogProbs out;
   out.log_probs.resize(samples.size());
-  if (with_entropy)
-    out.entropy.resize(samples.size());
+  if (with_entropy) out.entropy.resize(samples.size());
   SLIME_RETURN_IF_ERROR(WithPolicyWeights(which, [&]() -> Status {
-    return ForwardOnly(*model_, batch, mbs,
-                       options_.config.train.log_probs_chunk_size, with_entropy,
-                       out);
+    return ForwardOnly(*model_, batch, mbs, options_.config.train.log_probs_chunk_size,
+                       with_entropy, out);
   }));
   return out;
 }
 
-// ---- Training
-// ----------------------------------------------------------------------------------
+// ---- Training ----------------------------------------------------------------------------------
 
 namespace {
 
-// Rollouts per optimizer step: train.global_batch_size, else rollouts /
-// num_steps_per_rollout, else the whole batch in one step.
-int64_t GlobalBatchSize(const config::TrainConfig &train,
-                        int64_t num_rollouts) {
-  if (train.global_batch_size.has_value())
-    return *train.global_batch_size;
-  if (train.num_steps_per_rollout.has_value() &&
-      *train.num_steps_per_rollout > 0) {
+// Rollouts per optimizer step: train.global_batch_size, else rollouts / num_steps_per_rollout,
+// else the whole batch in one step.
+int64_t GlobalBatchSize(const config::TrainConfig& train, int64_t num_rollouts) {
+  if (train.global_batch_size.has_value()) return *train.global_batch_size;
+  if (train.num_steps_per_rollout.has_value() && *train.num_steps_per_rollout > 0) {
     return std::max<int64_t>(1, num_rollouts / *train.num_steps_per_rollout);
   }
   return num_rollouts;
 }
 
-// Mean over `samples` of each sample's loss-masked token mean of `per_sample`
-// (slime's rollout/* convention); nullopt when a sample has no tensor.
-std::optional<double>
-MeanOfSampleMeans(const std::vector<torch::Tensor> &per_sample,
-                  const std::vector<torch::Tensor> &masks,
-                  const std::vector<int64_t> &samples) {
-  if (samples.empty() || !AllDefined(per_sample, samples))
-    return std::nullopt;
+// Mean over `samples` of each sample's loss-masked token mean of `per_sample` (slime's
+// rollout/* convention); nullopt when a sample has no tensor.
+std::optional<double> MeanOfSampleMeans(const std::vector<torch::Tensor>& per_sample,
+                                        const std::vector<torch::Tensor>& masks,
+                                        const std::vector<int64_t>& samples) {
+  if (samples.empty() || !AllDefined(per_sample, samples)) return std::nullopt;
   double sum = 0;
   for (int64_t i : samples) {
     const torch::Tensor m = masks[i].to(torch::kFloat64);
     const double denominator = std::max(m.sum().item<double>(), 1.0);
-    sum +=
-        (per_sample[i].detach().to(torch::kFloat64) * m).sum().item<double>() /
-        denominator;
+    sum += (per_sample[i].detach().to(torch::kFloat64) * m).sum().item<double>() / denominator;
   }
   return sum / static_cast<double>(samples.size());
 }
 
-} // namespace
+}  // namespace
 
-StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
-                                                   const RolloutBatch &batch) {
+StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id, const RolloutBatch& batch) {
   SLIME_RETURN_IF_ERROR(CheckBatch(batch));
-  const config::AlgorithmConfig &algorithm = options_.config.algorithm;
+  const config::AlgorithmConfig& algorithm = options_.config.algorithm;
   const size_t n = batch.samples.size();
   const bool sft = impl_->sft;
 
@@ -531,15 +455,13 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
   }
   const std::vector<int64_t> ids = SchedulingRolloutIds(batch);
   BatchingOptions batching = impl_->batching;
-  batching.global_batch_size =
-      GlobalBatchSize(options_.config.train, CountRollouts(ids, n));
-  SLIME_ASSIGN_OR_RETURN(RolloutSchedule schedule,
-                         ScheduleRollout(token_counts, ids, batching));
+  batching.global_batch_size = GlobalBatchSize(options_.config.train, CountRollouts(ids, n));
+  SLIME_ASSIGN_OR_RETURN(RolloutSchedule schedule, ScheduleRollout(token_counts, ids, batching));
   const int64_t num_steps = static_cast<int64_t>(schedule.steps.size());
-  std::vector<const MicroBatch *> micro_batches;
-  std::vector<int64_t> local; // this rank's samples, ascending
-  for (const StepSchedule &step : schedule.steps) {
-    for (const MicroBatch &mb : step.ranks[options_.dp_rank]) {
+  std::vector<const MicroBatch*> micro_batches;
+  std::vector<int64_t> local;  // this rank's samples, ascending
+  for (const StepSchedule& step : schedule.steps) {
+    for (const MicroBatch& mb : step.ranks[options_.dp_rank]) {
       micro_batches.push_back(&mb);
       local.insert(local.end(), mb.samples.begin(), mb.samples.end());
     }
@@ -548,17 +470,15 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
 
   TrainRolloutResult result;
   result.dropped_samples = schedule.dropped;
-  if (options_.config.train.reset_optimizer_states)
-    optimizer_->ResetStates();
+  if (options_.config.train.reset_optimizer_states) optimizer_->ResetStates();
 
   SampleTensors tensors(n);
   Status copied = GuardTorch("trainer: batch to tensors", [&]() -> Status {
     const torch::Device device = model_->device();
     for (int64_t i : local) {
-      const TrainSample &s = batch.samples[i];
+      const TrainSample& s = batch.samples[i];
       tensors.loss_masks[i] = FloatTensor(s.loss_mask, device);
-      if (static_cast<int64_t>(s.rollout_log_probs.size()) ==
-          s.response_length) {
+      if (static_cast<int64_t>(s.rollout_log_probs.size()) == s.response_length) {
         tensors.rollout_log_probs[i] = FloatTensor(s.rollout_log_probs, device);
       }
     }
@@ -567,30 +487,24 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
   SLIME_RETURN_IF_ERROR(copied);
 
   SampleLogProbs ref, teacher, old;
-  const bool skip_old =
-      SkipsOldLogProbs(num_steps) || algorithm.use_rollout_logprobs;
+  const bool skip_old = SkipsOldLogProbs(num_steps) || algorithm.use_rollout_logprobs;
   if (!sft) {
     const int64_t chunk = options_.config.train.log_probs_chunk_size;
-    auto forward = [&](PolicyWeights which, bool with_entropy,
-                       SampleLogProbs &out) {
+    auto forward = [&](PolicyWeights which, bool with_entropy, SampleLogProbs& out) {
       out.log_probs.resize(n);
-      if (with_entropy)
-        out.entropy.resize(n);
+      if (with_entropy) out.entropy.resize(n);
       return WithPolicyWeights(which, [&]() -> Status {
-        return ForwardOnly(*model_, batch, micro_batches, chunk, with_entropy,
-                           out);
+        return ForwardOnly(*model_, batch, micro_batches, chunk, with_entropy, out);
       });
     };
     // 1–3. Reference, teacher and old-actor log-probs.
-    if (impl_->need_ref)
-      SLIME_RETURN_IF_ERROR(forward(PolicyWeights::kRef, false, ref));
+    if (impl_->need_ref) SLIME_RETURN_IF_ERROR(forward(PolicyWeights::kRef, false, ref));
     if (impl_->teacher_pass)
       SLIME_RETURN_IF_ERROR(forward(PolicyWeights::kTeacher, false, teacher));
     if (!skip_old) {
-      SLIME_RETURN_IF_ERROR(forward(algorithm.keep_old_actor
-                                        ? PolicyWeights::kOldActor
-                                        : PolicyWeights::kActor,
-                                    algorithm.use_rollout_entropy, old));
+      SLIME_RETURN_IF_ERROR(
+          forward(algorithm.keep_old_actor ? PolicyWeights::kOldActor : PolicyWeights::kActor,
+                  algorithm.use_rollout_entropy, old));
     }
 
     // 4. Advantages and returns over this rank's samples.
@@ -598,7 +512,7 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
     std::vector<torch::Tensor> teacher_by_sample(n);
     Status built = GuardTorch("trainer: advantage inputs", [&]() -> Status {
       for (int64_t i : local) {
-        const TrainSample &s = batch.samples[i];
+        const TrainSample& s = batch.samples[i];
         in.rewards.push_back(s.reward);
         in.loss_masks.push_back(tensors.loss_masks[i]);
         if (algorithm.use_rollout_logprobs) {
@@ -606,37 +520,29 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
         } else if (!skip_old) {
           in.log_probs.push_back(old.log_probs[i]);
         } else {
-          // Skipped pass: kl_coef == 0, no OPD, not ppo, so only the shape is
-          // read.
+          // Skipped pass: kl_coef == 0, no OPD, not ppo, so only the shape is read.
           in.log_probs.push_back(torch::zeros_like(tensors.loss_masks[i]));
         }
-        if (impl_->need_ref)
-          in.ref_log_probs.push_back(ref.log_probs[i]);
+        if (impl_->need_ref) in.ref_log_probs.push_back(ref.log_probs[i]);
         if (impl_->teacher_pass) {
           teacher_by_sample[i] = teacher.log_probs[i];
         } else if (impl_->teacher_given) {
-          teacher_by_sample[i] =
-              FloatTensor(s.teacher_log_probs, model_->device());
+          teacher_by_sample[i] = FloatTensor(s.teacher_log_probs, model_->device());
         }
-        if (teacher_by_sample[i].defined())
-          in.teacher_log_probs.push_back(teacher_by_sample[i]);
+        if (teacher_by_sample[i].defined()) in.teacher_log_probs.push_back(teacher_by_sample[i]);
       }
       return absl::OkStatus();
     });
     SLIME_RETURN_IF_ERROR(built);
     AllReduceSumFn all_reduce;
-    if (options_.dp_size > 1)
-      all_reduce = options_.dp_all_reduce;
-    SLIME_ASSIGN_OR_RETURN(
-        AdvantageOutputs adv,
-        ComputeAdvantagesAndReturns(algorithm, in, all_reduce));
+    if (options_.dp_size > 1) all_reduce = options_.dp_all_reduce;
+    SLIME_ASSIGN_OR_RETURN(AdvantageOutputs adv,
+                           ComputeAdvantagesAndReturns(algorithm, in, all_reduce));
     for (size_t k = 0; k < local.size(); ++k) {
       const int64_t i = local[k];
       tensors.advantages[i] = adv.advantages[k];
-      if (!adv.opd_reverse_kl.empty())
-        tensors.opd_reverse_kl[i] = adv.opd_reverse_kl[k];
-      if (impl_->need_ref)
-        tensors.ref_log_probs[i] = ref.log_probs[i];
+      if (!adv.opd_reverse_kl.empty()) tensors.opd_reverse_kl[i] = adv.opd_reverse_kl[k];
+      if (impl_->need_ref) tensors.ref_log_probs[i] = ref.log_probs[i];
       if (algorithm.use_rollout_logprobs) {
         tensors.old_log_probs[i] = tensors.rollout_log_probs[i];
       } else if (!skip_old) {
@@ -645,29 +551,22 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
     }
     // Rollout-side values (rank-local).
     Status logged = GuardTorch("trainer: rollout values", [&]() -> Status {
-      auto put = [&](const char *name, std::optional<double> v) {
-        if (v.has_value())
-          result.rollout_values[name] = *v;
+      auto put = [&](const char* name, std::optional<double> v) {
+        if (v.has_value()) result.rollout_values[name] = *v;
       };
-      put("advantages",
-          MeanOfSampleMeans(tensors.advantages, tensors.loss_masks, local));
-      if (!skip_old)
-        put("log_probs",
-            MeanOfSampleMeans(old.log_probs, tensors.loss_masks, local));
+      put("advantages", MeanOfSampleMeans(tensors.advantages, tensors.loss_masks, local));
+      if (!skip_old) put("log_probs", MeanOfSampleMeans(old.log_probs, tensors.loss_masks, local));
       if (!old.entropy.empty()) {
-        put("entropy",
-            MeanOfSampleMeans(old.entropy, tensors.loss_masks, local));
+        put("entropy", MeanOfSampleMeans(old.entropy, tensors.loss_masks, local));
       }
       if (impl_->need_ref) {
-        put("ref_log_probs",
-            MeanOfSampleMeans(ref.log_probs, tensors.loss_masks, local));
+        put("ref_log_probs", MeanOfSampleMeans(ref.log_probs, tensors.loss_masks, local));
       }
       if (!in.teacher_log_probs.empty()) {
-        put("teacher_log_probs",
-            MeanOfSampleMeans(teacher_by_sample, tensors.loss_masks, local));
+        put("teacher_log_probs", MeanOfSampleMeans(teacher_by_sample, tensors.loss_masks, local));
       }
-      put("rollout_log_probs", MeanOfSampleMeans(tensors.rollout_log_probs,
-                                                 tensors.loss_masks, local));
+      put("rollout_log_probs",
+          MeanOfSampleMeans(tensors.rollout_log_probs, tensors.loss_masks, local));
       return absl::OkStatus();
     });
     SLIME_RETURN_IF_ERROR(logged);
@@ -689,31 +588,25 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
 
   // 5. The optimizer steps.
   for (int64_t s = 0; s < num_steps; ++s) {
-    SLIME_ASSIGN_OR_RETURN(TrainStepMetrics metrics,
-                           RunStep(rollout_id, s, num_steps, sft, batch, ids,
-                                   schedule.steps[s], tensors));
+    SLIME_ASSIGN_OR_RETURN(TrainStepMetrics metrics, RunStep(rollout_id, s, num_steps, sft, batch,
+                                                             ids, schedule.steps[s], tensors));
     result.steps.push_back(std::move(metrics));
   }
 
   // 6. The reference follows the actor every ref_update_interval rollouts.
-  if (algorithm.ref_update_interval.has_value() &&
-      *algorithm.ref_update_interval > 0 &&
-      (rollout_id + 1) % *algorithm.ref_update_interval == 0 &&
-      has_weights(PolicyWeights::kRef)) {
-    Status updated =
-        GuardTorch("trainer: update the reference weights", [&]() -> Status {
-          CopyInto(impl_->copies[kRef], impl_->params);
-          return absl::OkStatus();
-        });
+  if (algorithm.ref_update_interval.has_value() && *algorithm.ref_update_interval > 0 &&
+      (rollout_id + 1) % *algorithm.ref_update_interval == 0 && has_weights(PolicyWeights::kRef)) {
+    Status updated = GuardTorch("trainer: update the reference weights", [&]() -> Status {
+      CopyInto(impl_->copies[kRef], impl_->params);
+      return absl::OkStatus();
+    });
     SLIME_RETURN_IF_ERROR(updated);
-    spdlog::info(
-        "trainer: the reference weights are now the actor's (rollout {})",
-        rollout_id);
+    spdlog::info("trainer: the reference weights are now the actor's (rollout {})", rollout_id);
   }
   return result;
 }
 
-StatusOr<TrainStepMetrics> Trainer::SftStep(const RolloutBatch &batch) {
+StatusOr<TrainStepMetrics> Trainer::SftStep(const RolloutBatch& batch) {
   SLIME_RETURN_IF_ERROR(CheckBatch(batch));
   const size_t n = batch.samples.size();
   std::vector<int64_t> samples(n), token_counts(n);
@@ -722,21 +615,18 @@ StatusOr<TrainStepMetrics> Trainer::SftStep(const RolloutBatch &batch) {
     token_counts[i] = static_cast<int64_t>(batch.samples[i].tokens.size());
   }
   const std::vector<int64_t> ids = SchedulingRolloutIds(batch);
-  SLIME_ASSIGN_OR_RETURN(StepSchedule step,
-                         ScheduleStep(samples, token_counts, impl_->batching));
+  SLIME_ASSIGN_OR_RETURN(StepSchedule step, ScheduleStep(samples, token_counts, impl_->batching));
   SampleTensors tensors(n);
   Status copied = GuardTorch("trainer: batch to tensors", [&]() -> Status {
-    for (const MicroBatch &mb : step.ranks[options_.dp_rank]) {
+    for (const MicroBatch& mb : step.ranks[options_.dp_rank]) {
       for (int64_t i : mb.samples) {
-        tensors.loss_masks[i] =
-            FloatTensor(batch.samples[i].loss_mask, model_->device());
+        tensors.loss_masks[i] = FloatTensor(batch.samples[i].loss_mask, model_->device());
       }
     }
     return absl::OkStatus();
   });
   SLIME_RETURN_IF_ERROR(copied);
-  return RunStep(/*rollout_id=*/-1, 0, 1, /*sft=*/true, batch, ids, step,
-                 tensors);
+  return RunStep(/*rollout_id=*/-1, 0, 1, /*sft=*/true, batch, ids, step, tensors);
 }
 
-} // namespace slime::train
+}  // namespace slime::train

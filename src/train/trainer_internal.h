@@ -1,15 +1,12 @@
-// Private to the trainer's sources (trainer.cc, trainer_weights.cc,
-// trainer_step.cc): the Trainer's hidden state and the helpers those files
-// share. Not installed; include only from src/train/.
+// Private to the trainer's sources (trainer.cc, trainer_weights.cc, trainer_step.cc): the
+// Trainer's hidden state and the helpers those files share. Not installed; include only from
+// src/train/.
 //
-//   trainer.cc          Create, batch checks, TrainRollout / SftStep /
-//   ComputeLogProbs (the
+//   trainer.cc          Create, batch checks, TrainRollout / SftStep / ComputeLogProbs (the
 //                       public flow of trainer.h)
-//   trainer_weights.cc  the CPU weight copies (ref / teacher / old actor), the
-//   swap, the
+//   trainer_weights.cc  the CPU weight copies (ref / teacher / old actor), the swap, the
 //                       keep_old_actor queue, Save / Load
-//   trainer_step.cc     packing and forwarding micro-batches, one optimizer
-//   step (RunStep)
+//   trainer_step.cc     packing and forwarding micro-batches, one optimizer step (RunStep)
 //
 // Thread-safety: as the Trainer (one thread).
 #ifndef SLIME_SRC_TRAIN_TRAINER_INTERNAL_H_
@@ -33,131 +30,121 @@
 
 namespace slime::model {
 class DecoderModel;
-} // namespace slime::model
+}  // namespace slime::model
 
 namespace slime::train {
 namespace internal {
 
-inline std::string FirstLine(const std::exception &e) {
+inline std::string FirstLine(const std::exception& e) {
   std::string what = e.what();
   const size_t nl = what.find('\n');
   return nl == std::string::npos ? what : what.substr(0, nl);
 }
 
-// Runs `fn`, turning a LibTorch (or any) exception into InternalError with
-// `context`.
+// Runs `fn`, turning a LibTorch (or any) exception into InternalError with `context`.
 template <typename Fn>
-auto GuardTorch(const std::string &context, Fn &&fn) -> decltype(fn()) {
+auto GuardTorch(const std::string& context, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
-  } catch (const std::exception &e) {
+  } catch (const std::exception& e) {
     return absl::InternalError(fmt::format("{}: {}", context, FirstLine(e)));
   }
 }
 
 // Tags of the CPU weight copies in Trainer::Impl::copies.
-constexpr const char *kRef = "ref";
-constexpr const char *kTeacher = "teacher";
-constexpr const char *kOldActor = "old_actor";
-constexpr const char *kRolloutActor = "rollout_actor";
+constexpr const char* kRef = "ref";
+constexpr const char* kTeacher = "teacher";
+constexpr const char* kOldActor = "old_actor";
+constexpr const char* kRolloutActor = "rollout_actor";
 
 // The copy tag of `which` ("actor" for kActor, which has no copy).
-const char *CopyTag(PolicyWeights which);
+const char* CopyTag(PolicyWeights which);
 
-// A CPU tensor holding a copy of `t` (pinned when `t` lives on a GPU, for fast
-// copies back).
-torch::Tensor CpuCopy(const torch::Tensor &t);
+// A CPU tensor holding a copy of `t` (pinned when `t` lives on a GPU, for fast copies back).
+torch::Tensor CpuCopy(const torch::Tensor& t);
 
 // dst[k].copy_(src[k]) for every k, under NoGradGuard.
-void CopyInto(const std::vector<torch::Tensor> &dst,
-              const std::vector<torch::Tensor> &src);
+void CopyInto(const std::vector<torch::Tensor>& dst, const std::vector<torch::Tensor>& src);
 
-// Reads the weights of `dir` (a trainer checkpoint — <save> or iteration dir —
-// or an HF directory) into CPU tensors in the order of `names`, checking every
-// shape against `like`.
-StatusOr<std::vector<torch::Tensor>>
-LoadWeightCopy(const std::string &what, const std::string &dir,
-               std::optional<int64_t> ckpt_step,
-               const std::vector<std::string> &names,
-               const std::vector<torch::Tensor> &like, torch::ScalarType dtype);
+// Reads the weights of `dir` (a trainer checkpoint — <save> or iteration dir — or an HF
+// directory) into CPU tensors in the order of `names`, checking every shape against `like`.
+StatusOr<std::vector<torch::Tensor>> LoadWeightCopy(const std::string& what, const std::string& dir,
+                                                    std::optional<int64_t> ckpt_step,
+                                                    const std::vector<std::string>& names,
+                                                    const std::vector<torch::Tensor>& like,
+                                                    torch::ScalarType dtype);
 
 // A float32 tensor of `values` on `device`.
-torch::Tensor FloatTensor(const std::vector<float> &values,
-                          torch::Device device);
+torch::Tensor FloatTensor(const std::vector<float>& values, torch::Device device);
 
-// Concatenates the per-sample tensors of `samples` (all defined) into one [T]
-// tensor.
-torch::Tensor Gather(const std::vector<torch::Tensor> &per_sample,
-                     const std::vector<int64_t> &samples);
+// Concatenates the per-sample tensors of `samples` (all defined) into one [T] tensor.
+torch::Tensor Gather(const std::vector<torch::Tensor>& per_sample,
+                     const std::vector<int64_t>& samples);
 
 // True when per_sample[i] is defined for every i in `samples`.
-bool AllDefined(const std::vector<torch::Tensor> &per_sample,
-                const std::vector<int64_t> &samples);
+bool AllDefined(const std::vector<torch::Tensor>& per_sample, const std::vector<int64_t>& samples);
 
-// Rollout ids for the scheduler: the samples' own, -1 replaced by ids of their
-// own; empty when no sample has an id (every sample is a rollout of its own).
-std::vector<int64_t> SchedulingRolloutIds(const RolloutBatch &batch);
+// Rollout ids for the scheduler: the samples' own, -1 replaced by ids of their own; empty when
+// no sample has an id (every sample is a rollout of its own).
+std::vector<int64_t> SchedulingRolloutIds(const RolloutBatch& batch);
 
-// The number of distinct rollouts among `num_samples` samples with
-// SchedulingRolloutIds `ids`.
-int64_t CountRollouts(const std::vector<int64_t> &ids, size_t num_samples);
+// The number of distinct rollouts among `num_samples` samples with SchedulingRolloutIds `ids`.
+int64_t CountRollouts(const std::vector<int64_t>& ids, size_t num_samples);
 
-// Forward (with the autograd graph when grad mode is on) of one packed
-// micro-batch of `samples` → the response log-probs (and entropy).
-StatusOr<ResponseLogProbs>
-ForwardMicroBatch(model::DecoderModel &model, const RolloutBatch &batch,
-                  const std::vector<int64_t> &samples, int64_t chunk_size,
-                  bool with_entropy);
+// Forward (with the autograd graph when grad mode is on) of one packed micro-batch of `samples`
+// → the response log-probs (and entropy).
+StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model, const RolloutBatch& batch,
+                                             const std::vector<int64_t>& samples,
+                                             int64_t chunk_size, bool with_entropy);
 
-// Forward-only log-probs of every sample of `micro_batches` into out[sample]
-// (`out` sized to the batch beforehand).
-Status ForwardOnly(model::DecoderModel &model, const RolloutBatch &batch,
-                   const std::vector<const MicroBatch *> &micro_batches,
-                   int64_t chunk_size, bool with_entropy, SampleLogProbs &out);
+// Forward-only log-probs of every sample of `micro_batches` into out[sample] (`out` sized to the
+// batch beforehand).
+Status ForwardOnly(model::DecoderModel& model, const RolloutBatch& batch,
+                   const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
+                   bool with_entropy, SampleLogProbs& out);
 
-} // namespace internal
+}  // namespace internal
 
-// ---- The Trainer's private state
-// ---------------------------------------------------------------
+// ---- The Trainer's private state ---------------------------------------------------------------
 
-// The per-sample tensors of one rollout, indexed by the sample's position in
-// the batch (only this rank's samples are defined). All [R_i] float32 on the
-// model's device.
+// The per-sample tensors of one rollout, indexed by the sample's position in the batch (only
+// this rank's samples are defined). All [R_i] float32 on the model's device.
 struct Trainer::SampleTensors {
   std::vector<torch::Tensor> loss_masks;
   std::vector<torch::Tensor> advantages;
-  std::vector<torch::Tensor>
-      old_log_probs; // π_old for the loss; undefined: ratio ≡ 1
-  std::vector<torch::Tensor> ref_log_probs;     // use_kl_loss
-  std::vector<torch::Tensor> rollout_log_probs; // when the batch has them
-  std::vector<torch::Tensor> opd_reverse_kl;    // use_opd
+  std::vector<torch::Tensor> old_log_probs;      // π_old for the loss; undefined: ratio ≡ 1
+  std::vector<torch::Tensor> ref_log_probs;      // use_kl_loss
+  std::vector<torch::Tensor> rollout_log_probs;  // when the batch has them
+  std::vector<torch::Tensor> opd_reverse_kl;     // use_opd
 
   explicit SampleTensors(size_t n)
-      : loss_masks(n), advantages(n), old_log_probs(n), ref_log_probs(n),
-        rollout_log_probs(n), opd_reverse_kl(n) {}
+      : loss_masks(n),
+        advantages(n),
+        old_log_probs(n),
+        ref_log_probs(n),
+        rollout_log_probs(n),
+        opd_reverse_kl(n) {}
 };
 
 struct Trainer::Impl {
   AdvantageEstimator estimator = AdvantageEstimator::kGrpo;
   PolicyLossOptions policy;
   BatchingOptions batching;
-  bool sft = false;          // loss_type == "sft_loss"
-  bool need_ref = false;     // use_kl_loss or kl_coef != 0
-  bool teacher_pass = false; // use_opd with opd_type "megatron"
-  bool teacher_given =
-      false; // use_opd with opd_type "sglang": teacher log-probs in the batch
+  bool sft = false;            // loss_type == "sft_loss"
+  bool need_ref = false;       // use_kl_loss or kl_coef != 0
+  bool teacher_pass = false;   // use_opd with opd_type "megatron"
+  bool teacher_given = false;  // use_opd with opd_type "sglang": teacher log-probs in the batch
   bool needs_rollout_log_probs = false;
 
-  // The live parameters (model::NamedParameters order) and the CPU copies of
-  // other policies, tensor k of a copy belonging to parameter k.
+  // The live parameters (model::NamedParameters order) and the CPU copies of other policies,
+  // tensor k of a copy belonging to parameter k.
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
   std::map<std::string, std::vector<torch::Tensor>> copies;
-  std::vector<torch::Tensor>
-      actor_backup; // the actor while another policy is swapped in
-  bool actor_backup_current = false; // actor_backup equals the live parameters
+  std::vector<torch::Tensor> actor_backup;  // the actor while another policy is swapped in
+  bool actor_backup_current = false;        // actor_backup equals the live parameters
 };
 
-} // namespace slime::train
+}  // namespace slime::train
 
-#endif // SLIME_SRC_TRAIN_TRAINER_INTERNAL_H_
+#endif  // SLIME_SRC_TRAIN_TRAINER_INTERNAL_H_

@@ -1,6 +1,5 @@
-// One optimizer step of the Trainer (see include/slime/train/trainer.h, step
-// 5): packing and forwarding micro-batches, the step's loss denominators,
-// backward, the DP all-reduce, AdamW.
+// One optimizer step of the Trainer (see include/slime/train/trainer.h, step 5): packing and
+// forwarding micro-batches, the step's loss denominators, backward, the DP all-reduce, AdamW.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -22,18 +21,18 @@ namespace {
 
 // One packed micro-batch: the token ids on the model's device and the layout.
 struct PackedInputs {
-  torch::Tensor ids; // [T] int64
+  torch::Tensor ids;  // [T] int64
   PackedSequences packed;
 };
 
-PackedInputs Pack(const RolloutBatch &batch,
-                  const std::vector<int64_t> &samples, torch::Device device) {
+PackedInputs Pack(const RolloutBatch& batch, const std::vector<int64_t>& samples,
+                  torch::Device device) {
   PackedInputs in;
   in.packed.cu_seqlens.reserve(samples.size() + 1);
   in.packed.cu_seqlens.push_back(0);
   std::vector<int64_t> ids;
   for (int64_t i : samples) {
-    const TrainSample &s = batch.samples[i];
+    const TrainSample& s = batch.samples[i];
     ids.insert(ids.end(), s.tokens.begin(), s.tokens.end());
     in.packed.cu_seqlens.push_back(static_cast<int64_t>(ids.size()));
     in.packed.prompt_lengths.push_back(s.prompt_length);
@@ -43,34 +42,29 @@ PackedInputs Pack(const RolloutBatch &batch,
   return in;
 }
 
-std::string FormatValues(const std::map<std::string, double> &values) {
+std::string FormatValues(const std::map<std::string, double>& values) {
   std::string out;
-  for (const auto &[name, value] : values) {
-    if (!out.empty())
-      out += ' ';
+  for (const auto& [name, value] : values) {
+    if (!out.empty()) out += ' ';
     out += fmt::format("{}={:.6g}", name, value);
   }
   return out;
 }
 
-// losses.h's denominators of one step: G or N, and D_i per sample (indexed like
-// the batch).
+// losses.h's denominators of one step: G or N, and D_i per sample (indexed like the batch).
 struct StepDenominators {
   double step = 1.0;
   std::vector<double> per_sample;
 };
 
-StepDenominators MakeDenominators(const RolloutBatch &batch,
-                                  const std::vector<int64_t> &ids,
-                                  const std::vector<int64_t> &step_samples,
-                                  bool per_token) {
+StepDenominators MakeDenominators(const RolloutBatch& batch, const std::vector<int64_t>& ids,
+                                  const std::vector<int64_t>& step_samples, bool per_token) {
   StepDenominators d;
   d.per_sample.assign(batch.samples.size(), 0.0);
   auto id_of = [&](int64_t i) { return ids.empty() ? i : ids[i]; };
   auto mask_sum = [&](int64_t i) {
     double sum = 0;
-    for (float m : batch.samples[i].loss_mask)
-      sum += m;
+    for (float m : batch.samples[i].loss_mask) sum += m;
     return sum;
   };
   std::map<int64_t, double> rollout_tokens;
@@ -80,17 +74,15 @@ StepDenominators MakeDenominators(const RolloutBatch &batch,
     rollout_tokens[id_of(i)] += m;
     tokens += m;
   }
-  for (int64_t i : step_samples)
-    d.per_sample[i] = rollout_tokens[id_of(i)];
-  d.step = per_token ? std::max(tokens, 1.0)
-                     : static_cast<double>(rollout_tokens.size());
+  for (int64_t i : step_samples) d.per_sample[i] = rollout_tokens[id_of(i)];
+  d.step = per_token ? std::max(tokens, 1.0) : static_cast<double>(rollout_tokens.size());
   return d;
 }
 
 // Sums the named 0-dim metric tensors into `sums` (float64).
-void Accumulate(const std::map<std::string, torch::Tensor> &metrics,
-                std::map<std::string, torch::Tensor> &sums) {
-  for (const auto &[name, value] : metrics) {
+void Accumulate(const std::map<std::string, torch::Tensor>& metrics,
+                std::map<std::string, torch::Tensor>& sums) {
+  for (const auto& [name, value] : metrics) {
     torch::Tensor v = value.detach().to(torch::kFloat64);
     auto it = sums.find(name);
     if (it == sums.end()) {
@@ -101,48 +93,41 @@ void Accumulate(const std::map<std::string, torch::Tensor> &metrics,
   }
 }
 
-} // namespace
+}  // namespace
 
 namespace internal {
 
-torch::Tensor FloatTensor(const std::vector<float> &values,
-                          torch::Device device) {
+torch::Tensor FloatTensor(const std::vector<float>& values, torch::Device device) {
   return torch::tensor(values, torch::kFloat32).to(device);
 }
 
-// Concatenates the per-sample tensors of `samples` (all defined) into one [T]
-// tensor.
-torch::Tensor Gather(const std::vector<torch::Tensor> &per_sample,
-                     const std::vector<int64_t> &samples) {
+// Concatenates the per-sample tensors of `samples` (all defined) into one [T] tensor.
+torch::Tensor Gather(const std::vector<torch::Tensor>& per_sample,
+                     const std::vector<int64_t>& samples) {
   std::vector<torch::Tensor> parts;
   parts.reserve(samples.size());
-  for (int64_t i : samples)
-    parts.push_back(per_sample[i]);
+  for (int64_t i : samples) parts.push_back(per_sample[i]);
   return torch::cat(parts);
 }
 
-bool AllDefined(const std::vector<torch::Tensor> &per_sample,
-                const std::vector<int64_t> &samples) {
+bool AllDefined(const std::vector<torch::Tensor>& per_sample, const std::vector<int64_t>& samples) {
   for (int64_t i : samples) {
-    if (!per_sample[i].defined())
-      return false;
+    if (!per_sample[i].defined()) return false;
   }
   return true;
 }
 
-// Rollout ids for the scheduler: the samples' own, -1 replaced by ids of their
-// own.
-std::vector<int64_t> SchedulingRolloutIds(const RolloutBatch &batch) {
+// Rollout ids for the scheduler: the samples' own, -1 replaced by ids of their own.
+std::vector<int64_t> SchedulingRolloutIds(const RolloutBatch& batch) {
   int64_t max_id = -1;
   bool any = false;
-  for (const TrainSample &s : batch.samples) {
+  for (const TrainSample& s : batch.samples) {
     if (s.rollout_id >= 0) {
       any = true;
       max_id = std::max(max_id, s.rollout_id);
     }
   }
-  if (!any)
-    return {};
+  if (!any) return {};
   std::vector<int64_t> ids(batch.samples.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     const int64_t id = batch.samples[i].rollout_id;
@@ -151,49 +136,43 @@ std::vector<int64_t> SchedulingRolloutIds(const RolloutBatch &batch) {
   return ids;
 }
 
-int64_t CountRollouts(const std::vector<int64_t> &ids, size_t num_samples) {
-  if (ids.empty())
-    return static_cast<int64_t>(num_samples);
+int64_t CountRollouts(const std::vector<int64_t>& ids, size_t num_samples) {
+  if (ids.empty()) return static_cast<int64_t>(num_samples);
   return static_cast<int64_t>(std::set<int64_t>(ids.begin(), ids.end()).size());
 }
 
-StatusOr<ResponseLogProbs>
-ForwardMicroBatch(model::DecoderModel &model, const RolloutBatch &batch,
-                  const std::vector<int64_t> &samples, int64_t chunk_size,
-                  bool with_entropy) {
+StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model, const RolloutBatch& batch,
+                                             const std::vector<int64_t>& samples,
+                                             int64_t chunk_size, bool with_entropy) {
   PackedInputs in;
   Status packed = GuardTorch("trainer: pack a micro-batch", [&]() -> Status {
     in = Pack(batch, samples, model.device());
     return absl::OkStatus();
   });
   SLIME_RETURN_IF_ERROR(packed);
-  SLIME_ASSIGN_OR_RETURN(torch::Tensor hidden,
-                         model.ForwardPacked(in.ids, in.packed.cu_seqlens));
+  SLIME_ASSIGN_OR_RETURN(torch::Tensor hidden, model.ForwardPacked(in.ids, in.packed.cu_seqlens));
   LogProbOptions o;
   o.temperature = batch.temperature;
   o.chunk_size = chunk_size;
   o.compute_entropy = with_entropy;
-  return ComputeResponseLogProbs(hidden, model.weights().lm_head, in.ids,
-                                 in.packed, model.tp_group(), o);
+  return ComputeResponseLogProbs(hidden, model.weights().lm_head, in.ids, in.packed,
+                                 model.tp_group(), o);
 }
 
 // Forward-only log-probs of every sample of `micro_batches` into out[sample].
-Status ForwardOnly(model::DecoderModel &model, const RolloutBatch &batch,
-                   const std::vector<const MicroBatch *> &micro_batches,
-                   int64_t chunk_size, bool with_entropy, SampleLogProbs &out) {
+Status ForwardOnly(model::DecoderModel& model, const RolloutBatch& batch,
+                   const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
+                   bool with_entropy, SampleLogProbs& out) {
   torch::NoGradGuard no_grad;
-  for (const MicroBatch *mb : micro_batches) {
-    SLIME_ASSIGN_OR_RETURN(
-        ResponseLogProbs r,
-        ForwardMicroBatch(model, batch, mb->samples, chunk_size, with_entropy));
+  for (const MicroBatch* mb : micro_batches) {
+    SLIME_ASSIGN_OR_RETURN(ResponseLogProbs r,
+                           ForwardMicroBatch(model, batch, mb->samples, chunk_size, with_entropy));
     Status split = GuardTorch("trainer: split log-probs", [&]() -> Status {
       for (size_t k = 0; k < mb->samples.size(); ++k) {
         const int64_t i = mb->samples[k];
-        out.log_probs[i] =
-            r.log_probs.slice(0, r.offsets[k], r.offsets[k + 1]).detach();
+        out.log_probs[i] = r.log_probs.slice(0, r.offsets[k], r.offsets[k + 1]).detach();
         if (with_entropy) {
-          out.entropy[i] =
-              r.entropy.slice(0, r.offsets[k], r.offsets[k + 1]).detach();
+          out.entropy[i] = r.entropy.slice(0, r.offsets[k], r.offsets[k + 1]).detach();
         }
       }
       return absl::OkStatus();
@@ -203,30 +182,28 @@ Status ForwardOnly(model::DecoderModel &model, const RolloutBatch &batch,
   return absl::OkStatus();
 }
 
-} // namespace internal
+}  // namespace internal
 
 using internal::AllDefined;
 using internal::ForwardMicroBatch;
 using internal::Gather;
 using internal::GuardTorch;
 
-// One optimizer step over this rank's micro-batches of `step` (see the header
-// comment).
-StatusOr<TrainStepMetrics>
-Trainer::RunStep(int64_t rollout_id, int64_t step_in_rollout, int64_t num_steps,
-                 bool sft, const RolloutBatch &batch,
-                 const std::vector<int64_t> &rollout_ids,
-                 const StepSchedule &step, const SampleTensors &tensors) {
+// One optimizer step over this rank's micro-batches of `step` (see the header comment).
+StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_rollout,
+                                            int64_t num_steps, bool sft, const RolloutBatch& batch,
+                                            const std::vector<int64_t>& rollout_ids,
+                                            const StepSchedule& step,
+                                            const SampleTensors& tensors) {
   const bool per_token = options_.config.train.calculate_per_token_loss;
   const StepDenominators denominators =
       MakeDenominators(batch, rollout_ids, step.samples, per_token);
 
   std::map<std::string, torch::Tensor> sums;
-  for (const MicroBatch &mb : step.ranks[options_.dp_rank]) {
+  for (const MicroBatch& mb : step.ranks[options_.dp_rank]) {
     SLIME_ASSIGN_OR_RETURN(
         ResponseLogProbs r,
-        ForwardMicroBatch(*model_, batch, mb.samples,
-                          options_.config.train.log_probs_chunk_size,
+        ForwardMicroBatch(*model_, batch, mb.samples, options_.config.train.log_probs_chunk_size,
                           /*with_entropy=*/!sft));
     std::vector<int64_t> lengths;
     std::vector<double> sample_denominators;
@@ -239,14 +216,12 @@ Trainer::RunStep(int64_t rollout_id, int64_t step_in_rollout, int64_t num_steps,
     ro.sample_denominators = std::move(sample_denominators);
     ro.step_denominator = denominators.step;
     torch::Tensor mask;
-    Status gathered =
-        GuardTorch("trainer: gather the micro-batch", [&]() -> Status {
-          mask = Gather(tensors.loss_masks, mb.samples);
-          return absl::OkStatus();
-        });
+    Status gathered = GuardTorch("trainer: gather the micro-batch", [&]() -> Status {
+      mask = Gather(tensors.loss_masks, mb.samples);
+      return absl::OkStatus();
+    });
     SLIME_RETURN_IF_ERROR(gathered);
-    SLIME_ASSIGN_OR_RETURN(LossReducer reducer,
-                           LossReducer::Create(lengths, mask, ro));
+    SLIME_ASSIGN_OR_RETURN(LossReducer reducer, LossReducer::Create(lengths, mask, ro));
 
     StatusOr<LossOutput> loss = absl::InternalError("unset");
     if (sft) {
@@ -259,10 +234,8 @@ Trainer::RunStep(int64_t rollout_id, int64_t step_in_rollout, int64_t num_steps,
         if (AllDefined(tensors.old_log_probs, mb.samples)) {
           in.old_log_probs = Gather(tensors.old_log_probs, mb.samples);
         }
-        in.entropy =
-            impl_->policy.entropy_coef != 0 ? r.entropy : r.entropy.detach();
-        if (impl_->policy.use_kl_loss)
-          in.ref_log_probs = Gather(tensors.ref_log_probs, mb.samples);
+        in.entropy = impl_->policy.entropy_coef != 0 ? r.entropy : r.entropy.detach();
+        if (impl_->policy.use_kl_loss) in.ref_log_probs = Gather(tensors.ref_log_probs, mb.samples);
         if (AllDefined(tensors.rollout_log_probs, mb.samples)) {
           in.rollout_log_probs = Gather(tensors.rollout_log_probs, mb.samples);
         }
@@ -274,11 +247,9 @@ Trainer::RunStep(int64_t rollout_id, int64_t step_in_rollout, int64_t num_steps,
       SLIME_RETURN_IF_ERROR(built);
       loss = PolicyLoss(impl_->policy, reducer, in);
     }
-    if (!loss.ok())
-      return loss.status();
+    if (!loss.ok()) return loss.status();
     Status backward = GuardTorch("trainer: backward", [&]() -> Status {
-      if (loss->loss.requires_grad())
-        loss->loss.backward();
+      if (loss->loss.requires_grad()) loss->loss.backward();
       Accumulate(loss->metrics, sums);
       return absl::OkStatus();
     });
@@ -289,25 +260,21 @@ Trainer::RunStep(int64_t rollout_id, int64_t step_in_rollout, int64_t num_steps,
   if (options_.dp_size > 1) {
     Status reduced = GuardTorch("trainer: DP all-reduce", [&]() -> Status {
       torch::NoGradGuard no_grad;
-      for (const std::string &name : optimizer_->TrainableNames()) {
+      for (const std::string& name : optimizer_->TrainableNames()) {
         const auto k =
-            std::find(impl_->names.begin(), impl_->names.end(), name) -
-            impl_->names.begin();
-        torch::Tensor &p = impl_->params[k];
-        if (!p.grad().defined())
-          p.mutable_grad() = torch::zeros_like(p);
+            std::find(impl_->names.begin(), impl_->names.end(), name) - impl_->names.begin();
+        torch::Tensor& p = impl_->params[k];
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
         torch::Tensor g = p.grad();
         SLIME_RETURN_IF_ERROR(options_.dp_all_reduce(g));
       }
       if (!sums.empty()) {
         std::vector<torch::Tensor> values;
-        for (const auto &[name, v] : sums)
-          values.push_back(v);
+        for (const auto& [name, v] : sums) values.push_back(v);
         torch::Tensor stacked = torch::stack(values).cpu();
         SLIME_RETURN_IF_ERROR(options_.dp_all_reduce(stacked));
         size_t k = 0;
-        for (auto &[name, v] : sums)
-          v = stacked[k++];
+        for (auto& [name, v] : sums) v = stacked[k++];
       }
       return absl::OkStatus();
     });
@@ -320,36 +287,32 @@ Trainer::RunStep(int64_t rollout_id, int64_t step_in_rollout, int64_t num_steps,
   metrics.step_in_rollout = step_in_rollout;
   metrics.num_samples = static_cast<int64_t>(step.samples.size());
   Status read = GuardTorch("trainer: read metrics", [&]() -> Status {
-    for (const auto &[name, v] : sums)
-      metrics.values[name] = v.item<double>();
+    for (const auto& [name, v] : sums) metrics.values[name] = v.item<double>();
     return absl::OkStatus();
   });
   SLIME_RETURN_IF_ERROR(read);
 
-  SLIME_ASSIGN_OR_RETURN(OptimizerStepResult result,
-                         optimizer_->Step(lr_scheduler_.lr()));
+  SLIME_ASSIGN_OR_RETURN(OptimizerStepResult result, optimizer_->Step(lr_scheduler_.lr()));
   impl_->actor_backup_current = false;
   ++step_;
   metrics.skipped = result.skipped;
   metrics.values["grad_norm"] = result.grad_norm;
   metrics.values["lr"] = result.lr;
   if (result.skipped) {
-    spdlog::warn("train: rollout {} step {}: skipped, the gradient norm is {} "
-                 "(not finite)",
+    spdlog::warn("train: rollout {} step {}: skipped, the gradient norm is {} (not finite)",
                  rollout_id, metrics.step, result.grad_norm);
   } else {
     lr_scheduler_.Step(metrics.num_samples);
   }
   if (rollout_id >= 0) {
-    spdlog::info(
-        "train: rollout {} step {} ({}/{} of the rollout, {} samples): {}",
-        rollout_id, metrics.step, step_in_rollout + 1, num_steps,
-        metrics.num_samples, FormatValues(metrics.values));
+    spdlog::info("train: rollout {} step {} ({}/{} of the rollout, {} samples): {}", rollout_id,
+                 metrics.step, step_in_rollout + 1, num_steps, metrics.num_samples,
+                 FormatValues(metrics.values));
   } else {
-    spdlog::info("train: sft step {} ({} samples): {}", metrics.step,
-                 metrics.num_samples, FormatValues(metrics.values));
+    spdlog::info("train: sft step {} ({} samples): {}", metrics.step, metrics.num_samples,
+                 FormatValues(metrics.values));
   }
   return metrics;
 }
 
-} // namespace slime::train
+}  // namespace slime::train

@@ -1,6 +1,6 @@
-// The Trainer's weight copies (see include/slime/train/trainer.h, "Weight
-// swap"): loading and holding the reference / teacher / old-actor CPU copies,
-// the swap, the keep_old_actor queue, and checkpoints (Save / Load).
+// The Trainer's weight copies (see include/slime/train/trainer.h, "Weight swap"): loading and
+// holding the reference / teacher / old-actor CPU copies, the swap, the keep_old_actor queue,
+// and checkpoints (Save / Load).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -24,77 +24,71 @@
 namespace slime::train {
 namespace internal {
 
-const char *CopyTag(PolicyWeights which) {
+const char* CopyTag(PolicyWeights which) {
   switch (which) {
-  case PolicyWeights::kRef:
-    return kRef;
-  case PolicyWeights::kOldActor:
-    return kOldActor;
-  case PolicyWeights::kTeacher:
-    return kTeacher;
-  case PolicyWeights::kActor:
-    break;
+    case PolicyWeights::kRef:
+      return kRef;
+    case PolicyWeights::kOldActor:
+      return kOldActor;
+    case PolicyWeights::kTeacher:
+      return kTeacher;
+    case PolicyWeights::kActor:
+      break;
   }
   return "actor";
 }
 
-// A CPU tensor holding a copy of `t` (pinned when `t` lives on a GPU, for fast
-// copies back).
-torch::Tensor CpuCopy(const torch::Tensor &t) {
-  auto options =
-      torch::TensorOptions().dtype(t.scalar_type()).device(torch::kCPU);
-  if (!t.device().is_cpu())
-    options = options.pinned_memory(true);
+// A CPU tensor holding a copy of `t` (pinned when `t` lives on a GPU, for fast copies back).
+torch::Tensor CpuCopy(const torch::Tensor& t) {
+  auto options = torch::TensorOptions().dtype(t.scalar_type()).device(torch::kCPU);
+  if (!t.device().is_cpu()) options = options.pinned_memory(true);
   torch::Tensor out = torch::empty(t.sizes(), options);
   out.copy_(t.detach());
   return out;
 }
 
-void CopyInto(const std::vector<torch::Tensor> &dst,
-              const std::vector<torch::Tensor> &src) {
+void CopyInto(const std::vector<torch::Tensor>& dst, const std::vector<torch::Tensor>& src) {
   torch::NoGradGuard no_grad;
-  for (size_t k = 0; k < dst.size(); ++k)
-    dst[k].copy_(src[k]);
+  for (size_t k = 0; k < dst.size(); ++k) dst[k].copy_(src[k]);
 }
 
-StatusOr<std::vector<torch::Tensor>> LoadWeightCopy(
-    const std::string &what, const std::string &dir,
-    std::optional<int64_t> ckpt_step, const std::vector<std::string> &names,
-    const std::vector<torch::Tensor> &like, torch::ScalarType dtype) {
+StatusOr<std::vector<torch::Tensor>> LoadWeightCopy(const std::string& what, const std::string& dir,
+                                                    std::optional<int64_t> ckpt_step,
+                                                    const std::vector<std::string>& names,
+                                                    const std::vector<torch::Tensor>& like,
+                                                    torch::ScalarType dtype) {
   std::string resolved = dir;
   auto checkpoint_dir = ResolveCheckpointDir(dir, ckpt_step);
   if (checkpoint_dir.ok()) {
     resolved = *checkpoint_dir;
-  } else if (!absl::IsNotFound(checkpoint_dir.status()) ||
-             ckpt_step.has_value()) {
+  } else if (!absl::IsNotFound(checkpoint_dir.status()) || ckpt_step.has_value()) {
     return absl::Status(
         checkpoint_dir.status().code(),
-        fmt::format("{} weights: {}", what,
-                    std::string(checkpoint_dir.status().message())));
+        fmt::format("{} weights: {}", what, std::string(checkpoint_dir.status().message())));
   }
   auto config = model::LoadModelConfig(resolved);
   if (!config.ok()) {
-    return absl::Status(config.status().code(),
-                        fmt::format("{} weights: {}", what,
-                                    std::string(config.status().message())));
+    return absl::Status(
+        config.status().code(),
+        fmt::format("{} weights: {}", what, std::string(config.status().message())));
   }
   auto reader = model::CheckpointReader::Open(resolved);
   if (!reader.ok()) {
-    return absl::Status(reader.status().code(),
-                        fmt::format("{} weights: {}", what,
-                                    std::string(reader.status().message())));
+    return absl::Status(
+        reader.status().code(),
+        fmt::format("{} weights: {}", what, std::string(reader.status().message())));
   }
   model::WeightOptions wo;
   wo.dtype = dtype;
   wo.device = torch::kCPU;
   auto weights = model::LoadWeights(*reader, *config, wo);
   if (!weights.ok()) {
-    return absl::Status(weights.status().code(),
-                        fmt::format("{} weights: {}", what,
-                                    std::string(weights.status().message())));
+    return absl::Status(
+        weights.status().code(),
+        fmt::format("{} weights: {}", what, std::string(weights.status().message())));
   }
   std::map<std::string, torch::Tensor> by_name;
-  for (model::NamedTensor &nt : model::NamedParameters(*weights, *config)) {
+  for (model::NamedTensor& nt : model::NamedParameters(*weights, *config)) {
     by_name.emplace(nt.name, nt.tensor);
   }
   std::vector<torch::Tensor> out;
@@ -103,31 +97,27 @@ StatusOr<std::vector<torch::Tensor>> LoadWeightCopy(
     auto it = by_name.find(names[k]);
     if (it == by_name.end()) {
       return absl::InvalidArgumentError(
-          fmt::format("{} weights in {}: parameter {} of the actor is missing "
-                      "(the {} model must "
+          fmt::format("{} weights in {}: parameter {} of the actor is missing (the {} model must "
                       "have the actor's architecture)",
                       what, resolved, names[k], what));
     }
     if (it->second.sizes() != like[k].sizes()) {
       return absl::InvalidArgumentError(fmt::format(
-          "{} weights in {}: parameter {} has shape [{}], the actor's is [{}]",
-          what, resolved, names[k], fmt::join(it->second.sizes(), ", "),
-          fmt::join(like[k].sizes(), ", ")));
+          "{} weights in {}: parameter {} has shape [{}], the actor's is [{}]", what, resolved,
+          names[k], fmt::join(it->second.sizes(), ", "), fmt::join(like[k].sizes(), ", ")));
     }
-    // The loaded tensor is already a CPU tensor of its own; pin it for a GPU
-    // model.
-    out.push_back(like[k].device().is_cpu() ? it->second.contiguous()
-                                            : CpuCopy(it->second));
+    // The loaded tensor is already a CPU tensor of its own; pin it for a GPU model.
+    out.push_back(like[k].device().is_cpu() ? it->second.contiguous() : CpuCopy(it->second));
   }
   spdlog::info("trainer: loaded the {} weights from {}", what, resolved);
   return out;
 }
 
-} // namespace internal
+}  // namespace internal
 
 namespace {
 
-nlohmann::json LrStateToJson(const LrSchedulerState &s) {
+nlohmann::json LrStateToJson(const LrSchedulerState& s) {
   return nlohmann::json{{"num_steps", s.num_steps},
                         {"max_lr", s.max_lr},
                         {"min_lr", s.min_lr},
@@ -137,8 +127,7 @@ nlohmann::json LrStateToJson(const LrSchedulerState &s) {
                         {"decay_style", s.decay_style}};
 }
 
-StatusOr<LrSchedulerState> LrStateFromJson(const nlohmann::json &j,
-                                           const std::string &where) {
+StatusOr<LrSchedulerState> LrStateFromJson(const nlohmann::json& j, const std::string& where) {
   try {
     LrSchedulerState s;
     s.num_steps = j.at("num_steps").get<int64_t>();
@@ -149,14 +138,13 @@ StatusOr<LrSchedulerState> LrStateFromJson(const nlohmann::json &j,
     s.decay_steps = j.at("decay_steps").get<int64_t>();
     s.decay_style = j.at("decay_style").get<std::string>();
     return s;
-  } catch (const std::exception &e) {
+  } catch (const std::exception& e) {
     return absl::InvalidArgumentError(
-        fmt::format("{}: lr_scheduler is not a valid LR scheduler state: {}",
-                    where, e.what()));
+        fmt::format("{}: lr_scheduler is not a valid LR scheduler state: {}", where, e.what()));
   }
 }
 
-} // namespace
+}  // namespace
 
 using internal::CopyInto;
 using internal::CopyTag;
@@ -165,67 +153,55 @@ using internal::GuardTorch;
 using internal::kOldActor;
 using internal::kRolloutActor;
 
-// ---- Weight swap
-// -------------------------------------------------------------------------------
+// ---- Weight swap -------------------------------------------------------------------------------
 
 // The swap of the header comment.
-Status Trainer::WithPolicyWeights(PolicyWeights which,
-                                  const std::function<Status()> &fn) {
-  if (which == PolicyWeights::kActor)
-    return fn();
-  Impl &impl = *impl_;
+Status Trainer::WithPolicyWeights(PolicyWeights which, const std::function<Status()>& fn) {
+  if (which == PolicyWeights::kActor) return fn();
+  Impl& impl = *impl_;
   auto it = impl.copies.find(CopyTag(which));
   if (it == impl.copies.end()) {
-    return absl::FailedPreconditionError(fmt::format(
-        "trainer: no {} weights are kept (the configuration does not use them)",
-        PolicyWeightsName(which)));
+    return absl::FailedPreconditionError(
+        fmt::format("trainer: no {} weights are kept (the configuration does not use them)",
+                    PolicyWeightsName(which)));
   }
   bool swapped = false;
   Status status = GuardTorch(
-      fmt::format("trainer: swap in the {} weights", PolicyWeightsName(which)),
-      [&]() -> Status {
+      fmt::format("trainer: swap in the {} weights", PolicyWeightsName(which)), [&]() -> Status {
         if (!impl.actor_backup_current) {
           if (impl.actor_backup.size() != impl.params.size()) {
             impl.actor_backup.clear();
-            for (const torch::Tensor &p : impl.params)
-              impl.actor_backup.push_back(CpuCopy(p));
+            for (const torch::Tensor& p : impl.params) impl.actor_backup.push_back(CpuCopy(p));
           } else {
             CopyInto(impl.actor_backup, impl.params);
           }
           impl.actor_backup_current = true;
         }
-        swapped =
-            true; // from here on the live parameters may differ from the actor
+        swapped = true;  // from here on the live parameters may differ from the actor
         CopyInto(impl.params, it->second);
         return absl::OkStatus();
       });
-  if (status.ok())
-    status = fn();
+  if (status.ok()) status = fn();
   if (swapped) {
-    // Always restore, also after a failure in the middle of the swap or of
-    // `fn`.
-    Status restored =
-        GuardTorch("trainer: restore the actor weights", [&]() -> Status {
-          CopyInto(impl.params, impl.actor_backup);
-          return absl::OkStatus();
-        });
+    // Always restore, also after a failure in the middle of the swap or of `fn`.
+    Status restored = GuardTorch("trainer: restore the actor weights", [&]() -> Status {
+      CopyInto(impl.params, impl.actor_backup);
+      return absl::OkStatus();
+    });
     if (!restored.ok()) {
-      spdlog::error("{} (the model's weights are now undefined)",
-                    std::string(restored.message()));
+      spdlog::error("{} (the model's weights are now undefined)", std::string(restored.message()));
       return restored;
     }
   }
   return status;
 }
 
-// ---- keep_old_actor
-// ----------------------------------------------------------------------------
+// ---- keep_old_actor ----------------------------------------------------------------------------
 
 Status Trainer::OnWeightsSynced() {
-  if (!options_.config.algorithm.keep_old_actor || impl_->sft)
-    return absl::OkStatus();
+  if (!options_.config.algorithm.keep_old_actor || impl_->sft) return absl::OkStatus();
   return GuardTorch("trainer: update the old-actor weights", [&]() -> Status {
-    auto &copies = impl_->copies;
+    auto& copies = impl_->copies;
     if (copies.count(kRolloutActor) > 0) {
       CopyInto(copies[kOldActor], copies[kRolloutActor]);
       CopyInto(copies[kRolloutActor], impl_->params);
@@ -236,12 +212,10 @@ Status Trainer::OnWeightsSynced() {
   });
 }
 
-// ---- Checkpoints
-// -------------------------------------------------------------------------------
+// ---- Checkpoints -------------------------------------------------------------------------------
 
-StatusOr<std::string> Trainer::Save(const std::string &save_dir,
-                                    int64_t rollout_id,
-                                    const std::string &extra_state_json) {
+StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout_id,
+                                    const std::string& extra_state_json) {
   SaveCheckpointOptions o;
   o.save_dir = save_dir;
   o.iteration = rollout_id;
@@ -252,45 +226,35 @@ StatusOr<std::string> Trainer::Save(const std::string &save_dir,
   progress.rollout_id = rollout_id;
   progress.lr_scheduler_json = LrStateToJson(lr_scheduler_.State()).dump();
   progress.data_source_json = extra_state_json;
-  return SaveTrainerCheckpoint(o, model_->weights(), model_->config(),
-                               optimizer_.get(), progress);
+  return SaveTrainerCheckpoint(o, model_->weights(), model_->config(), optimizer_.get(), progress);
 }
 
-StatusOr<LoadedTrainerState> Trainer::Load(const std::string &load_dir,
+StatusOr<LoadedTrainerState> Trainer::Load(const std::string& load_dir,
                                            std::optional<int64_t> ckpt_step) {
-  // Check the LR scheduler state before anything changes (trainer_state.json,
-  // checkpoint.h).
-  auto parse_lr =
-      [&](const std::string &text,
-          const std::string &where) -> StatusOr<std::optional<LrScheduler>> {
-    nlohmann::json j =
-        nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  // Check the LR scheduler state before anything changes (trainer_state.json, checkpoint.h).
+  auto parse_lr = [&](const std::string& text,
+                      const std::string& where) -> StatusOr<std::optional<LrScheduler>> {
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) {
       return absl::InvalidArgumentError(
           fmt::format("{}: lr_scheduler is not a JSON object", where));
     }
-    if (j.empty())
-      return std::optional<LrScheduler>(); // saved without a scheduler
+    if (j.empty()) return std::optional<LrScheduler>();  // saved without a scheduler
     SLIME_ASSIGN_OR_RETURN(LrSchedulerState state, LrStateFromJson(j, where));
     LrScheduler scheduler = lr_scheduler_;
     Status loaded = scheduler.LoadState(state, options_.lr_state_mismatch);
     if (!loaded.ok()) {
-      return absl::Status(loaded.code(),
-                          fmt::format("{}: LR scheduler: {}", where,
-                                      std::string(loaded.message())));
+      return absl::Status(
+          loaded.code(), fmt::format("{}: LR scheduler: {}", where, std::string(loaded.message())));
     }
     return std::optional<LrScheduler>(std::move(scheduler));
   };
   if (auto dir = ResolveCheckpointDir(load_dir, ckpt_step); dir.ok()) {
-    const std::string path =
-        (std::filesystem::path(*dir) / kTrainerStateFile).string();
+    const std::string path = (std::filesystem::path(*dir) / kTrainerStateFile).string();
     std::ifstream file(path);
-    nlohmann::json state =
-        nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
-    if (!state.is_discarded() && state.is_object() &&
-        state.contains("lr_scheduler")) {
-      SLIME_RETURN_IF_ERROR(
-          parse_lr(state["lr_scheduler"].dump(), path).status());
+    nlohmann::json state = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+    if (!state.is_discarded() && state.is_object() && state.contains("lr_scheduler")) {
+      SLIME_RETURN_IF_ERROR(parse_lr(state["lr_scheduler"].dump(), path).status());
     }
   }
 
@@ -298,10 +262,9 @@ StatusOr<LoadedTrainerState> Trainer::Load(const std::string &load_dir,
   o.load_dir = load_dir;
   o.ckpt_step = ckpt_step;
   o.load_optimizer = !options_.config.checkpoint.no_load_optim;
-  SLIME_ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
-                         LoadTrainerCheckpoint(o, model_->mutable_weights(),
-                                               model_->config(),
-                                               optimizer_.get()));
+  SLIME_ASSIGN_OR_RETURN(
+      LoadedCheckpoint loaded,
+      LoadTrainerCheckpoint(o, model_->mutable_weights(), model_->config(), optimizer_.get()));
   impl_->actor_backup_current = false;
   step_ = loaded.progress.step;
 
@@ -312,35 +275,30 @@ StatusOr<LoadedTrainerState> Trainer::Load(const std::string &load_dir,
   out.extra_state_json = loaded.progress.data_source_json;
   out.optimizer_loaded = loaded.optimizer_loaded;
 
-  auto scheduler = parse_lr(
-      loaded.progress.lr_scheduler_json,
-      (std::filesystem::path(loaded.dir) / kTrainerStateFile).string());
+  auto scheduler = parse_lr(loaded.progress.lr_scheduler_json,
+                            (std::filesystem::path(loaded.dir) / kTrainerStateFile).string());
   if (!scheduler.ok()) {
-    return absl::Status(
-        scheduler.status().code(),
-        fmt::format("{} (the weights and optimizer state were loaded)",
-                    std::string(scheduler.status().message())));
+    return absl::Status(scheduler.status().code(),
+                        fmt::format("{} (the weights and optimizer state were loaded)",
+                                    std::string(scheduler.status().message())));
   }
   if (scheduler->has_value()) {
     lr_scheduler_ = std::move(**scheduler);
   } else {
-    spdlog::warn("trainer: {} has no LR scheduler state; the schedule starts "
-                 "from step 0",
+    spdlog::warn("trainer: {} has no LR scheduler state; the schedule starts from step 0",
                  loaded.dir);
   }
   if (options_.config.algorithm.keep_old_actor && !impl_->sft) {
-    Status copied = GuardTorch(
-        "trainer: old-actor weights from the checkpoint", [&]() -> Status {
-          for (const char *tag : {kOldActor, kRolloutActor}) {
-            auto it = impl_->copies.find(tag);
-            if (it != impl_->copies.end())
-              CopyInto(it->second, impl_->params);
-          }
-          return absl::OkStatus();
-        });
+    Status copied = GuardTorch("trainer: old-actor weights from the checkpoint", [&]() -> Status {
+      for (const char* tag : {kOldActor, kRolloutActor}) {
+        auto it = impl_->copies.find(tag);
+        if (it != impl_->copies.end()) CopyInto(it->second, impl_->params);
+      }
+      return absl::OkStatus();
+    });
     SLIME_RETURN_IF_ERROR(copied);
   }
   return out;
 }
 
-} // namespace slime::train
+}  // namespace slime::train
