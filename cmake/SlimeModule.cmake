@@ -39,6 +39,8 @@ function(slime_add_test name)
   add_executable(${name} ${ARG_SOURCES})
   target_compile_options(${name} PRIVATE ${SLIME_WARNINGS})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  # Header-only helpers every test may use (tests/support/: promtool, ...).
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support)
   if(ARG_TORCH)
     target_link_libraries(${name} PRIVATE slime_torch_deps)
   endif()

@@ -8,6 +8,7 @@ start=$(date +%s)
 ./scripts/setup.sh
 ./scripts/build.sh
 ./scripts/fetch_test_data.sh
+./scripts/fetch_tools.sh
 build="${SLIME_BUILD_DIR:-$repo/build}"
 echo "test: build ready after $(( $(date +%s) - start )) s"
 cd "$build"

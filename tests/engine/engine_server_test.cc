@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "nlohmann/json.hpp"
+#include "promtool.h"
 #include "slime/engine/engine.h"
 #include "slime/engine/server.h"
 #include "slime/http/client.h"
@@ -488,6 +489,9 @@ TEST_F(EngineServerTest, InfoHealthLoadsWeightVersionAndMetrics) {
         "slime_engine_time_to_first_token_seconds_bucket", "slime_engine_step_seconds_count"}) {
     EXPECT_NE(m->body.find(name), std::string::npos) << name;
   }
+  const slime::testing::PromtoolResult check = slime::testing::PromtoolCheckMetrics(m->body);
+  ASSERT_TRUE(check.ran) << check.output;
+  EXPECT_EQ(check.exit_code, 0) << "promtool check metrics:\n" << check.output;
 }
 
 TEST_F(EngineServerTest, FlushCacheIsRefusedWhileBusy) {

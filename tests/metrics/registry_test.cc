@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "promtool.h"
 
 namespace slime::metrics {
 namespace {
@@ -123,6 +124,30 @@ TEST(RegistryTest, HistogramWithoutLabels) {
 TEST(RegistryTest, BucketHelpers) {
   EXPECT_EQ(ExponentialBuckets(1, 2, 4), (std::vector<double>{1, 2, 4, 8}));
   EXPECT_EQ(LinearBuckets(0.5, 0.5, 3), (std::vector<double>{0.5, 1.0, 1.5}));
+}
+
+// Every metric kind, labels that need escaping, and special values, through the real promtool.
+TEST(RegistryTest, ExpositionPassesPromtool) {
+  Registry registry;
+  registry.GetCounter("slime_requests_total", "Requests served.", {{"route", "/generate"}})
+      .Increment(3);
+  registry
+      .GetGauge("slime_kv_usage_ratio", "KV cache use \\ with \"quotes\".",
+                {{"engine", "a\"b\\c\nd"}})
+      .Set(std::numeric_limits<double>::infinity());
+  registry.GetGauge("slime_nan_value", "A gauge that is NaN.").Set(std::nan(""));
+  registry.GetHistogram("slime_latency_seconds", "Latency.", {0.1, 0.5, 1}, {{"op", "gen"}})
+      .Observe(0.2);
+  registry.AddCallbackGauge("slime_callback_value", "Callback.", {}, [] { return 1e300; });
+  const slime::testing::PromtoolResult r =
+      slime::testing::PromtoolCheckMetrics(registry.Exposition());
+  ASSERT_TRUE(r.ran) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output << "\n" << registry.Exposition();
+  // And promtool does catch a broken exposition (the check is live, not a formality).
+  const slime::testing::PromtoolResult bad =
+      slime::testing::PromtoolCheckMetrics("# TYPE x counter\nx{a=\"1\" 2\n");
+  ASSERT_TRUE(bad.ran) << bad.output;
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
 }
 
 TEST(RegistryTest, CallbackGaugeIsEvaluatedAtScrape) {
