@@ -1,0 +1,105 @@
+// Sample helpers (see sample.h).
+#include "slime/data/sample.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <utility>
+
+namespace slime::data {
+namespace {
+
+constexpr std::array<std::pair<SampleStatus, std::string_view>, 5> kStatusNames = {{
+    {SampleStatus::kPending, "pending"},
+    {SampleStatus::kCompleted, "completed"},
+    {SampleStatus::kTruncated, "truncated"},
+    {SampleStatus::kAborted, "aborted"},
+    {SampleStatus::kFailed, "failed"},
+}};
+
+}  // namespace
+
+std::string_view SampleStatusName(SampleStatus status) {
+  for (const auto& [s, name] : kStatusNames) {
+    if (s == status) return name;
+  }
+  return "unknown";
+}
+
+StatusOr<SampleStatus> ParseSampleStatus(std::string_view name) {
+  for (const auto& [s, n] : kStatusNames) {
+    if (n == name) return s;
+  }
+  return absl::InvalidArgumentError(
+      fmt::format("unknown sample status \"{}\" (expected pending, completed, truncated, "
+                  "aborted or failed)",
+                  std::string(name)));
+}
+
+Status Sample::AppendResponse(std::span<const int32_t> ids, std::span<const float> log_probs,
+                              bool trainable, std::string_view text,
+                              std::string_view weight_version) {
+  if (!log_probs.empty() && log_probs.size() != ids.size()) {
+    return absl::InvalidArgumentError(
+        fmt::format("sample {}: {} log-probs for {} appended tokens", index, log_probs.size(),
+                    ids.size()));
+  }
+  const bool had_log_probs = !rollout_log_probs.empty();
+  if (!log_probs.empty() && !had_log_probs && response_length > 0) {
+    return absl::FailedPreconditionError(
+        fmt::format("sample {}: log-probs appended after {} response tokens recorded without "
+                    "them",
+                    index, response_length));
+  }
+  tokens.insert(tokens.end(), ids.begin(), ids.end());
+  response_length += static_cast<int64_t>(ids.size());
+  loss_mask.insert(loss_mask.end(), ids.size(), trainable ? 1 : 0);
+  if (!log_probs.empty()) {
+    rollout_log_probs.insert(rollout_log_probs.end(), log_probs.begin(), log_probs.end());
+  } else if (had_log_probs) {
+    rollout_log_probs.insert(rollout_log_probs.end(), ids.size(), 0.0f);
+  }
+  response.append(text);
+  if (!weight_version.empty()) weight_versions.emplace_back(weight_version);
+  return absl::OkStatus();
+}
+
+Status Sample::SetStatusFromFinishReason(std::string_view finish_reason) {
+  if (finish_reason == "stop") {
+    status = SampleStatus::kCompleted;
+  } else if (finish_reason == "length") {
+    status = SampleStatus::kTruncated;
+  } else if (finish_reason == "abort") {
+    status = SampleStatus::kAborted;
+  } else {
+    return absl::InvalidArgumentError(
+        fmt::format("sample {}: unknown finish reason \"{}\" (expected stop, length or abort)",
+                    index, std::string(finish_reason)));
+  }
+  return absl::OkStatus();
+}
+
+Status Sample::Validate() const {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  auto bad = [&](const std::string& what) {
+    return absl::FailedPreconditionError(fmt::format("sample {}: {}", index, what));
+  };
+  if (response_length < 0 || response_length > n) {
+    return bad(fmt::format("response_length {} outside [0, {}] (tokens)", response_length, n));
+  }
+  if (static_cast<int64_t>(loss_mask.size()) != response_length) {
+    return bad(fmt::format("loss_mask has {} entries, response_length is {}", loss_mask.size(),
+                           response_length));
+  }
+  if (!rollout_log_probs.empty() &&
+      static_cast<int64_t>(rollout_log_probs.size()) != response_length) {
+    return bad(fmt::format("rollout_log_probs has {} entries, response_length is {}",
+                           rollout_log_probs.size(), response_length));
+  }
+  if (!metadata.is_object()) {
+    return bad(fmt::format("metadata is {}, expected an object", metadata.type_name()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace slime::data
