@@ -6,7 +6,8 @@ namespace slime::config::internal {
 
 const std::vector<std::string>& RewardModelTypes() {
   static const std::vector<std::string> kTypes = {"math", "dapo",    "deepscaler", "f1",
-                                                  "gpqa", "ifbench", "remote_rm",  "random"};
+                                                  "gpqa", "ifbench", "remote_rm",  "random",
+                                                  "exact_match"};
   return kTypes;
 }
 
@@ -393,7 +394,31 @@ void AddRewardFields(std::vector<FieldSpec<Config>>* table) {
       .Doc("Score a whole group in one call (batched custom reward).");
   b.Add("custom_rm_path", &RewardConfig::custom_rm_path)
       .Slime("--custom-rm-path")
-      .Doc("Path of a reward plugin (shared library) replacing the built-in rewards.");
+      .Doc(
+          "Path of a reward plugin (shared library, C ABI in docs/rewards.md) replacing the "
+          "built-in rewards; it runs in worker processes, so a crash fails only the call.");
+  b.Add("rm_timeout_s", &RewardConfig::rm_timeout_s)
+      .Above(0)
+      .Doc("Timeout of one remote_rm request (slime: 120 s).");
+  b.Add("rm_max_attempts", &RewardConfig::rm_max_attempts)
+      .Min(1)
+      .Doc(
+          "remote_rm attempts per sample; failures wait min(2^k, 30) s plus jitter before the "
+          "next (slime: 10).");
+  b.Add("plugin_timeout_s", &RewardConfig::plugin_timeout_s)
+      .Above(0)
+      .Doc("Time one plugin call may take before its worker process is killed.");
+  b.Add("on_error", &RewardConfig::on_error)
+      .Enum({"fail", "value"})
+      .Doc(
+          "A reward that fails (remote RM unreachable, plugin crash or timeout, bad label): "
+          "`fail` stops the rollout with the error (slime raises), `value` logs a warning and "
+          "gives the sample reward.error_reward.");
+  b.Add("error_reward", &RewardConfig::error_reward)
+      .Doc("Reward of a failed sample when on_error is `value`.");
+  b.Add("num_workers", &RewardConfig::num_workers)
+      .Min(1)
+      .Doc("Reward calls run at once (threads; also the plugin's worker processes).");
 }
 
 }  // namespace slime::config::internal
