@@ -9,6 +9,7 @@
 #include "fmt/format.h"
 #include "slime/app/job_plan.h"
 #include "slime/app/convert.h"
+#include "slime/app/demo_data.h"
 #include "slime/app/serve.h"
 #include "slime/app/sft.h"
 #include "slime/app/version.h"
@@ -22,7 +23,7 @@ namespace slime::app {
 namespace {
 
 constexpr const char* kSubcommands[] = {"train", "serve", "agent", "worker", "convert",
-                                        "init-model", "sft"};
+                                        "init-model", "sft", "make-demo-data"};
 
 bool IsSubcommand(const char* arg) {
   for (const char* name : kSubcommands) {
@@ -130,6 +131,10 @@ int RunCli(int argc, char** argv) {
   train::SftOptions sft_options;
   CLI::App* sft = cli.add_subcommand("sft", "Supervised fine-tuning on a JSONL of conversations");
   AddSftOptions(sft, &sft_options);
+  MakeDemoDataOptions demo_data_options;
+  CLI::App* make_demo_data = cli.add_subcommand(
+      "make-demo-data", "Write the quickstart's synthetic addition task (prompts + SFT data)");
+  AddMakeDemoDataOptions(make_demo_data, &demo_data_options);
   CLI::App* init_model =
       cli.add_subcommand("init-model", "Write a random-weight HF model directory");
   init_model->add_option("--config", init_config, "HF config.json")->required();
@@ -155,6 +160,7 @@ int RunCli(int argc, char** argv) {
   if (worker->parsed()) return NotBuilt("worker", "the actor runtime");
   if (convert->parsed()) return RunConvert(convert_options);
   if (sft->parsed()) return RunSftCommand(sft_options);
+  if (make_demo_data->parsed()) return RunMakeDemoData(demo_data_options);
   if (init_model->parsed()) {
     if (Status s = InitLogging({.role = "init-model"}); !s.ok()) return UsageError(std::string(s.message()));
     Status s = model::InitRandomModel(init_config, init_tokenizer, init_out,
