@@ -180,6 +180,16 @@ void AddRolloutFields(std::vector<FieldSpec<Config>>* table) {
       .Slime("--sglang-server-concurrency")
       .Min(1)
       .Doc("Maximum requests in flight per engine.");
+  b.Add("request_timeout_s", &RolloutConfig::request_timeout_s)
+      .Above(0)
+      .Doc(
+          "Time one generation request may take before the rollout fails with a timeout "
+          "naming the engine (slime has no limit).");
+  b.Add("request_max_attempts", &RolloutConfig::request_max_attempts)
+      .Min(1)
+      .Doc(
+          "Tries of a generation request while its engine refuses connections, 1 s apart "
+          "(slime: 60); then the rollout fails naming the engine.");
   b.Add("mem_fraction_static", &RolloutConfig::mem_fraction_static)
       .Slime("--sglang-mem-fraction-static")
       .Above(0)

@@ -77,6 +77,8 @@ struct RolloutConfig {
   bool partial_rollout = false;
   bool mask_offpolicy_in_partial_rollout = false;
   int engine_concurrency = 512;
+  double request_timeout_s = 3600;  // one /generate call of the rollout
+  int request_max_attempts = 60;    // tries while an engine refuses connections
   std::optional<double> mem_fraction_static;
   bool operator==(const RolloutConfig&) const = default;
 };

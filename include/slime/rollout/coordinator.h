@@ -1,0 +1,228 @@
+// RolloutCoordinator: the generation core of slime's default rollout
+// (slime/rollout/sglang_rollout.py; ../shared/reference/slime-inventory.md §4.3–4.5, §3.1) as a
+// library class. The runtime wraps it as the rollout actor; this class knows nothing of gRPC.
+//
+// One Generate(rollout_id):
+//   1. pull prompt groups in waves of over_sampling_batch_size — first the groups recycled by
+//      the previous rollout (partial rollout), then the GroupSource — until the groups kept plus
+//      the groups in flight reach rollout_batch_size;
+//   2. each group goes to one engine (EnginePool::PickEngine: least outstanding, whole group,
+//      so the n samples share a prefix); each sample is one token-in/token-out POST /generate
+//      (input_ids = prompt + any partial response, return_logprob, max_new_tokens = what is left
+//      of max_response_len and of max_context_len; nothing left → truncated without a call);
+//      output ids, log-probs, finish reason → status, and weight_version are recorded
+//      (metadata.engine = the serving engine's host:port);
+//   3. when a group is generated, its rewards come from the reward module in one ScoreGroup
+//      call (aborted samples get none), then the dynamic-sampling filter keeps or drops it;
+//   4. once rollout_batch_size groups are kept: queued calls are cancelled, every engine gets
+//      /abort_request {"abort_all": true} (repeated until our calls have all returned);
+//      with partial_rollout the unfinished and surplus groups are kept for the next rollout
+//      (metadata.start_rollout_id marks where they began), otherwise they are dropped;
+//   5. the kept groups (sorted by sample index) get rollout_id, rewards are post-processed
+//      (train/reward_postprocess.h), and metrics are computed (metrics.h).
+// Eval(rollout_id) generates every prompt of every eval dataset n times with that dataset's
+// sampling options and reward type, without filtering or aborting, and reports eval/* metrics.
+//
+// Errors: a /generate that fails (engine unreachable after its retries, a timeout, a 4xx/5xx
+// answer) or a reward that fails (reward.on_error: fail) ends the call with that error, after
+// the other requests were aborted; the message names the engine or the sample. A data source
+// that runs dry before the rollout is full is FailedPrecondition.
+//
+// Ownership: borrows the GroupSource and the RewardModel (they must outlive the coordinator);
+// owns its EnginePool. Threads: Configure, Generate, Eval, State and RestoreState are called
+// from one thread at a time (the rollout actor's); the progress callback runs on that thread.
+// Checkpoints: State() holds the partial-rollout buffer (slime does not persist it); the data
+// source's own state is saved by its owner.
+#ifndef SLIME_ROLLOUT_COORDINATOR_H_
+#define SLIME_ROLLOUT_COORDINATOR_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "slime/common/status.h"
+#include "slime/data/prompt_dataset.h"
+#include "slime/data/sample.h"
+#include "slime/rollout/engine_pool.h"
+#include "slime/rollout/metrics.h"
+#include "slime/train/reward_postprocess.h"
+
+namespace slime::config {
+struct Config;
+struct EvalDatasetConfig;
+}  // namespace slime::config
+namespace slime::reward {
+class RewardModel;
+}
+
+namespace slime::rollout {
+
+// Where training prompts come from (the prompt data source implements it).
+class GroupSource {
+ public:
+  virtual ~GroupSource() = default;
+  // The next `num_groups` groups of n_samples_per_prompt pending samples (tokens = prompt ids,
+  // response_length 0, unique increasing `index`). Fewer (or none) when the data ran out.
+  virtual StatusOr<std::vector<data::SampleGroup>> GetSamples(int64_t num_groups) = 0;
+};
+
+// A GroupSource over a PromptDataSource (borrowed; it must outlive this adapter).
+class PromptGroupSource : public GroupSource {
+ public:
+  explicit PromptGroupSource(data::PromptDataSource* source) : source_(source) {}
+  StatusOr<std::vector<data::SampleGroup>> GetSamples(int64_t num_groups) override {
+    return source_->GetSamples(num_groups);
+  }
+
+ private:
+  data::PromptDataSource* source_;
+};
+
+// The sampling_params of one request family (rollout.*, or an eval dataset's overrides).
+struct SamplingOptions {
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int top_k = -1;
+  std::optional<int> max_response_len;  // max_new_tokens; unset: the engine's default
+  std::optional<int> max_context_len;   // prompt + response cap
+  std::optional<int> min_new_tokens;
+  std::vector<std::string> stop;
+  std::vector<int> stop_token_ids;
+  bool skip_special_tokens = false;
+};
+
+enum class DynamicFilter {
+  kNone,                    // keep every group
+  kNonzeroStd,              // keep a group whose rewards are not all equal (std > 1e-6)
+  kNonzeroStdWithFallback,  // ... but keep a rejected group when the groups kept plus those
+                            // still in flight cannot reach the target without it
+};
+
+struct RolloutOptions {
+  EnginePoolOptions engines;
+  int rollout_batch_size = 1;        // prompt groups per rollout
+  int n_samples_per_prompt = 1;      // samples per group
+  int over_sampling_batch_size = 0;  // groups per wave; 0 = rollout_batch_size
+  SamplingOptions sampling;
+  DynamicFilter dynamic_filter = DynamicFilter::kNone;
+  bool partial_rollout = false;
+  bool mask_offpolicy_in_partial_rollout = false;
+  // Deterministic mode: sample j of every group sends sampling_seed = seed + j.
+  bool deterministic = false;
+  int seed = 42;
+  // Reward post-processing (estimator, group normalization); n and batch size are filled from
+  // the fields above.
+  train::GroupRewardOptions reward_postprocess;
+  bool log_passrate = false;  // passrate/pass@k in rollout metrics
+  // End of rollout: re-send abort_all this often while our calls are still out, and give up
+  // (DeadlineExceeded) after abort_timeout.
+  std::chrono::milliseconds abort_poll_interval{std::chrono::milliseconds(200)};
+  std::chrono::milliseconds abort_timeout{std::chrono::seconds(120)};
+  std::chrono::milliseconds progress_interval{std::chrono::seconds(1)};
+};
+
+// Options from a resolved config (rollout.*, data.*, algorithm.*, debug.deterministic_mode,
+// metrics.log_passrate) and the engine addresses the runtime started or was given.
+StatusOr<RolloutOptions> RolloutOptionsFromConfig(const config::Config& config,
+                                                  std::vector<std::string> engine_addresses);
+
+// One eval dataset, already loaded: pending prompt samples (tokens = prompt ids).
+struct EvalDataset {
+  std::string name;
+  std::vector<data::Sample> prompts;
+  int n_samples = 1;
+  SamplingOptions sampling;
+  std::string rm_type;     // per-dataset reward type; "" = the reward module's default
+  std::string reward_key;  // a field of the reward mapping to use; "" = the scalar reward
+};
+
+// An eval dataset's settings from the config, each resolved as slime does: the dataset entry,
+// else eval.*, else rollout.* (sampling) / reward.* (rm_type, reward_key); n_samples from
+// eval.n_samples_per_eval_prompt. `prompts` is filled from `dataset` (one pending sample each).
+EvalDataset EvalDatasetFromConfig(const config::Config& config,
+                                  const config::EvalDatasetConfig& entry,
+                                  const data::PromptDataset& dataset);
+
+struct RolloutResult {
+  int64_t rollout_id = 0;
+  std::vector<data::SampleGroup> groups;  // kept groups, sorted by sample index
+  std::vector<double> raw_rewards;        // Sample::reward, flattened in group order
+  std::vector<double> rewards;            // post-processed (r̃), same order
+  MetricMap metrics;
+};
+
+struct EvalResult {
+  int64_t rollout_id = 0;
+  std::map<std::string, std::vector<data::SampleGroup>> datasets;  // name → groups
+  MetricMap metrics;
+};
+
+// For a console line: how far the current Generate or Eval is.
+struct RolloutProgress {
+  int64_t rollout_id = 0;
+  bool eval = false;
+  int64_t samples_done = 0;    // samples generated (every finished /generate call counts)
+  int64_t samples_target = 0;  // rollout_batch_size × n (eval: all prompts × n)
+  int64_t response_tokens = 0;
+  double elapsed_s = 0;
+  double tokens_per_s = 0;
+};
+using ProgressCallback = std::function<void(const RolloutProgress&)>;
+
+class RolloutCoordinator {
+ public:
+  RolloutCoordinator();
+  ~RolloutCoordinator();
+  RolloutCoordinator(const RolloutCoordinator&) = delete;
+  RolloutCoordinator& operator=(const RolloutCoordinator&) = delete;
+
+  // Checks the options, builds the engine pool (no engine is contacted). May be called again
+  // between rollouts (the partial-rollout buffer is kept). `source` may be null when only Eval
+  // is used; `reward` is required.
+  Status Configure(RolloutOptions options, GroupSource* source, reward::RewardModel* reward,
+                   std::vector<EvalDataset> eval_datasets = {});
+  void SetProgressCallback(ProgressCallback callback);
+
+  StatusOr<RolloutResult> Generate(int64_t rollout_id);
+  StatusOr<EvalResult> Eval(int64_t rollout_id);
+
+  // {"version": 1, "partial_rollout_buffer": [[sample, ...], ...]}.
+  nlohmann::json State() const;
+  // Replaces the buffer; errors name the bad group/sample and field.
+  Status RestoreState(const nlohmann::json& state);
+
+  // Groups waiting in the partial-rollout buffer.
+  const std::vector<data::SampleGroup>& partial_rollout_buffer() const { return buffer_; }
+  const EnginePool* engine_pool() const { return pool_.get(); }
+
+ private:
+  struct Run;
+  struct Job;
+  Status CheckConfigured() const;
+  void SubmitJob(const std::shared_ptr<Run>& run, Job* job, int64_t rollout_id);
+  Job* WaitDone(Run* run);
+  Status AbortAndDrain(const std::shared_ptr<Run>& run);
+  void ReportProgress(Run& run, bool force);
+
+  RolloutOptions options_;
+  GroupSource* source_ = nullptr;
+  reward::RewardModel* reward_ = nullptr;
+  std::vector<EvalDataset> eval_datasets_;
+  std::unique_ptr<EnginePool> pool_;
+  std::vector<data::SampleGroup> buffer_;  // partial rollout: groups to continue
+  ProgressCallback progress_;
+};
+
+// Sample ⇄ JSON (the State() format; every field of data::Sample).
+nlohmann::json SampleToJson(const data::Sample& sample);
+StatusOr<data::Sample> SampleFromJson(const nlohmann::json& j);
+
+}  // namespace slime::rollout
+
+#endif  // SLIME_ROLLOUT_COORDINATOR_H_

@@ -1,0 +1,495 @@
+// RolloutCoordinator (coordinator.h): the generation loop of slime's default rollout.
+#include "slime/rollout/coordinator.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "request.h"
+#include "slime/reward/reward.h"
+
+namespace slime::rollout {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+bool NeedsGeneration(const data::Sample& s) {
+  return s.status != data::SampleStatus::kCompleted && s.status != data::SampleStatus::kTruncated;
+}
+
+}  // namespace
+
+// One group in flight. The main thread creates it; each sample is touched only by its own
+// /generate callback until the last callback (FinishGroup) scores the group and hands it back
+// through Run::done.
+struct RolloutCoordinator::Job {
+  data::SampleGroup group;
+  const SamplingOptions* sampling = nullptr;
+  std::string rm_type;
+  std::string reward_key;
+  int calls_left = 0;  // guarded by Run::mu
+  Status error;        // guarded by Run::mu until the job is in Run::done
+  enum class Fate { kOpen, kKept, kDropped } fate = Fate::kOpen;  // main thread only
+};
+
+// The state of one Generate or Eval call, shared with the /generate callbacks (which may
+// outlive an abandoned call: they hold a shared_ptr).
+struct RolloutCoordinator::Run {
+  int64_t rollout_id = 0;
+  bool eval = false;
+  int64_t samples_target = 0;
+  reward::RewardModel* reward = nullptr;
+  Clock::time_point start = Clock::now();
+  Clock::time_point last_progress = Clock::now();
+  std::vector<std::unique_ptr<Job>> jobs;  // main thread only; Jobs never move
+  std::atomic<int64_t> samples_done{0};
+  std::atomic<int64_t> response_tokens{0};
+
+  absl::Mutex mu;
+  std::deque<Job*> done ABSL_GUARDED_BY(mu);  // generated (and scored) groups
+  bool aborting ABSL_GUARDED_BY(mu) = false;
+  int64_t calls_out ABSL_GUARDED_BY(mu) = 0;  // submitted, callback not finished
+};
+
+namespace {
+
+// Scores the generated samples of a group in one reward call (slime: aborted samples get no
+// reward). Runs on the worker thread of the group's last call.
+Status ScoreGroup(reward::RewardModel* model, const std::string& rm_type,
+                  const std::string& reward_key, data::SampleGroup* group) {
+  std::vector<data::Sample*> scored;
+  for (auto& s : *group) {
+    if (s.status == data::SampleStatus::kCompleted || s.status == data::SampleStatus::kTruncated) {
+      scored.push_back(&s);
+    }
+  }
+  if (scored.empty()) return absl::OkStatus();
+  std::vector<std::string> prompts;
+  std::vector<nlohmann::json> metadata;
+  prompts.reserve(scored.size());
+  metadata.reserve(scored.size());
+  std::vector<reward::RewardSample> views;
+  for (data::Sample* s : scored) {
+    prompts.push_back(!s->prompt_text.empty() ? s->prompt_text
+                      : s->prompt.is_string() ? s->prompt.get<std::string>()
+                                              : s->prompt.dump());
+    metadata.push_back(nlohmann::json::parse(s->metadata.dump()));
+  }
+  for (size_t i = 0; i < scored.size(); ++i) {
+    views.push_back(reward::RewardSample{prompts[i], scored[i]->response, scored[i]->label,
+                                         &metadata[i], rm_type});
+  }
+  StatusOr<std::vector<reward::RewardResult>> results = model->ScoreGroup(views);
+  if (!results.ok()) {
+    return Status(results.status().code(),
+                  fmt::format("reward of group {} (sample {}): {}", group->front().group_index,
+                              scored.front()->index, std::string(results.status().message())));
+  }
+  for (size_t i = 0; i < scored.size(); ++i) {
+    const reward::RewardResult& r = (*results)[i];
+    scored[i]->reward = r.reward;
+    scored[i]->raw_reward = r.fields.is_null() ? nlohmann::json(r.reward) : r.fields;
+    if (!reward_key.empty()) {
+      const auto it = r.fields.find(reward_key);
+      if (!r.fields.is_object() || it == r.fields.end() || !it->is_number()) {
+        return absl::InvalidArgumentError(
+            fmt::format("sample {}: reward_key '{}' is not a numeric field of the reward {}",
+                        scored[i]->index, reward_key, r.fields.dump()));
+      }
+      scored[i]->reward = it->get<double>();
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+RolloutCoordinator::RolloutCoordinator() = default;
+RolloutCoordinator::~RolloutCoordinator() = default;
+
+Status RolloutCoordinator::Configure(RolloutOptions options, GroupSource* source,
+                                     reward::RewardModel* reward,
+                                     std::vector<EvalDataset> eval_datasets) {
+  if (reward == nullptr) {
+    return absl::InvalidArgumentError("the rollout coordinator needs a reward model");
+  }
+  if (options.rollout_batch_size < 1 || options.n_samples_per_prompt < 1) {
+    return absl::InvalidArgumentError(
+        fmt::format("rollout_batch_size = {} and n_samples_per_prompt = {} must both be >= 1",
+                    options.rollout_batch_size, options.n_samples_per_prompt));
+  }
+  if (options.over_sampling_batch_size == 0) {
+    options.over_sampling_batch_size = options.rollout_batch_size;
+  }
+  if (options.over_sampling_batch_size < options.rollout_batch_size) {
+    return absl::InvalidArgumentError(
+        fmt::format("over_sampling_batch_size = {} must be at least rollout_batch_size = {}",
+                    options.over_sampling_batch_size, options.rollout_batch_size));
+  }
+  if (options.mask_offpolicy_in_partial_rollout && !options.partial_rollout) {
+    return absl::InvalidArgumentError(
+        "mask_offpolicy_in_partial_rollout needs partial_rollout: true");
+  }
+  for (const EvalDataset& d : eval_datasets) {
+    if (d.n_samples < 1) {
+      return absl::InvalidArgumentError(
+          fmt::format("eval dataset '{}': n_samples = {} must be >= 1", d.name, d.n_samples));
+    }
+  }
+  options.reward_postprocess.n_samples_per_prompt = options.n_samples_per_prompt;
+  options.reward_postprocess.rollout_batch_size = options.rollout_batch_size;
+  SLIME_RETURN_IF_ERROR(train::GroupRewardNormalizationFor(options.reward_postprocess).status());
+  SLIME_ASSIGN_OR_RETURN(std::unique_ptr<EnginePool> pool, EnginePool::Create(options.engines));
+  pool_ = std::move(pool);
+  options_ = std::move(options);
+  source_ = source;
+  reward_ = reward;
+  eval_datasets_ = std::move(eval_datasets);
+  return absl::OkStatus();
+}
+
+void RolloutCoordinator::SetProgressCallback(ProgressCallback callback) {
+  progress_ = std::move(callback);
+}
+
+Status RolloutCoordinator::CheckConfigured() const {
+  if (pool_ == nullptr) {
+    return absl::FailedPreconditionError("the rollout coordinator is not configured");
+  }
+  return absl::OkStatus();
+}
+
+void RolloutCoordinator::SubmitJob(const std::shared_ptr<Run>& run, Job* job, int64_t rollout_id) {
+  static std::atomic<uint64_t> rid_counter{0};
+  std::vector<std::pair<size_t, nlohmann::json>> calls;
+  for (size_t j = 0; j < job->group.size(); ++j) {
+    data::Sample& s = job->group[j];
+    if (!NeedsGeneration(s)) continue;
+    if (options_.mask_offpolicy_in_partial_rollout && !run->eval && s.response_length > 0) {
+      std::fill(s.loss_mask.begin(), s.loss_mask.end(), 0);  // tokens of an older policy
+    }
+    s.status = data::SampleStatus::kPending;
+    std::optional<int64_t> seed;
+    if (options_.deterministic) seed = options_.seed + static_cast<int64_t>(j);
+    const std::string rid = fmt::format("slime-{}{}-{}-{}", run->eval ? "eval" : "rollout",
+                                        rollout_id, s.index, rid_counter.fetch_add(1));
+    std::optional<nlohmann::json> body =
+        internal::BuildGenerateRequest(&s, *job->sampling, rid, seed);
+    if (body) calls.emplace_back(j, std::move(*body));
+  }
+  if (calls.empty()) {  // nothing left to generate (resumed finished group): score it now
+    Status st = ScoreGroup(run->reward, job->rm_type, job->reward_key, &job->group);
+    absl::MutexLock lock(&run->mu);
+    job->error = st;
+    run->done.push_back(job);
+    return;
+  }
+  const int engine = pool_->PickEngine(static_cast<int64_t>(calls.size()));
+  {
+    absl::MutexLock lock(&run->mu);
+    job->calls_left = static_cast<int>(calls.size());
+    run->calls_out += static_cast<int64_t>(calls.size());
+  }
+  const std::string engine_name = pool_->address(engine).ToString();
+  for (auto& [j, body] : calls) {
+    job->group[j].metadata["engine"] = engine_name;
+    pool_->Submit(engine, std::move(body), [run, job, j = j](StatusOr<nlohmann::json> r) {
+      data::Sample& s = job->group[j];
+      Status st;
+      if (r.ok()) {
+        const int64_t before = s.response_length;
+        st = internal::ApplyGenerateResponse(*r, &s);
+        run->response_tokens += s.response_length - before;
+        run->samples_done += 1;
+      } else if (absl::IsCancelled(r.status())) {
+        s.status = data::SampleStatus::kAborted;  // never sent: continued next time
+      } else {
+        st = r.status();
+      }
+      bool last = false;
+      bool aborting = false;
+      {
+        absl::MutexLock lock(&run->mu);
+        if (!st.ok() && job->error.ok()) job->error = st;
+        last = --job->calls_left == 0;
+        aborting = run->aborting;
+        st = job->error;
+      }
+      if (last) {
+        if (st.ok() && !aborting) {
+          st = ScoreGroup(run->reward, job->rm_type, job->reward_key, &job->group);
+        }
+        absl::MutexLock lock(&run->mu);
+        if (!st.ok()) job->error = st;
+        run->done.push_back(job);
+      }
+      absl::MutexLock lock(&run->mu);
+      --run->calls_out;
+    });
+  }
+}
+
+void RolloutCoordinator::ReportProgress(Run& run, bool force) {
+  if (!progress_) return;
+  const auto now = Clock::now();
+  if (!force && now - run.last_progress < options_.progress_interval) return;
+  run.last_progress = now;
+  RolloutProgress p;
+  p.rollout_id = run.rollout_id;
+  p.eval = run.eval;
+  p.samples_done = run.samples_done.load();
+  p.samples_target = run.samples_target;
+  p.response_tokens = run.response_tokens.load();
+  p.elapsed_s = Seconds(now - run.start);
+  p.tokens_per_s = p.elapsed_s > 0 ? static_cast<double>(p.response_tokens) / p.elapsed_s : 0;
+  progress_(p);
+}
+
+Status RolloutCoordinator::AbortAndDrain(const std::shared_ptr<Run>& run) {
+  {
+    absl::MutexLock lock(&run->mu);
+    run->aborting = true;
+  }
+  pool_->CancelQueued();
+  const auto deadline = Clock::now() + options_.abort_timeout;
+  while (true) {
+    int64_t out = 0;
+    {
+      absl::MutexLock lock(&run->mu);
+      out = run->calls_out;
+    }
+    if (out == 0) return absl::OkStatus();
+    // Repeated: a call sent just after an abort is not aborted by it.
+    Status s = pool_->AbortAll();
+    if (!s.ok()) spdlog::warn("rollout {}: abort: {}", run->rollout_id, s.ToString());
+    absl::MutexLock lock(&run->mu);
+    run->mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](Run* r) ABSL_NO_THREAD_SAFETY_ANALYSIS { return r->calls_out == 0; }, run.get()),
+        absl::FromChrono(options_.abort_poll_interval));
+    if (run->calls_out > 0 && Clock::now() > deadline) {
+      return absl::DeadlineExceededError(fmt::format(
+          "rollout {}: {} /generate calls still had not returned {:.0f} s after aborting them",
+          run->rollout_id, run->calls_out, Seconds(options_.abort_timeout)));
+    }
+  }
+}
+
+RolloutCoordinator::Job* RolloutCoordinator::WaitDone(Run* run) {
+  const auto tick = std::min(options_.progress_interval, std::chrono::milliseconds(1000));
+  while (true) {
+    {
+      absl::MutexLock lock(&run->mu);
+      run->mu.AwaitWithTimeout(
+          absl::Condition(
+              +[](Run* r) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !r->done.empty(); }, run),
+          absl::FromChrono(tick));
+      if (!run->done.empty()) {
+        Job* job = run->done.front();
+        run->done.pop_front();
+        return job;
+      }
+    }
+    ReportProgress(*run, false);
+  }
+}
+
+StatusOr<RolloutResult> RolloutCoordinator::Generate(int64_t rollout_id) {
+  SLIME_RETURN_IF_ERROR(CheckConfigured());
+  const int64_t target = options_.rollout_batch_size;
+  const int64_t n = options_.n_samples_per_prompt;
+  auto run = std::make_shared<Run>();
+  run->rollout_id = rollout_id;
+  run->samples_target = target * n;
+  run->reward = reward_;
+  pool_->ResetMaxInFlight();
+
+  std::vector<Job*> kept;
+  int64_t pending = 0;  // submitted, not yet handed back
+  int64_t fallback_kept = 0;
+  MetricMap drops;
+  Status failure;
+  while (static_cast<int64_t>(kept.size()) < target && failure.ok()) {
+    // Top up with whole waves until kept + in flight covers the target (slime's loop).
+    while (static_cast<int64_t>(kept.size()) + pending < target && failure.ok()) {
+      std::vector<data::SampleGroup> wave;
+      const int64_t want = options_.over_sampling_batch_size;
+      while (!buffer_.empty() && static_cast<int64_t>(wave.size()) < want) {
+        wave.push_back(std::move(buffer_.front()));
+        buffer_.erase(buffer_.begin());
+      }
+      if (static_cast<int64_t>(wave.size()) < want) {
+        if (source_ == nullptr) {
+          failure = absl::FailedPreconditionError("the rollout coordinator has no prompt source");
+          break;
+        }
+        StatusOr<std::vector<data::SampleGroup>> more =
+            source_->GetSamples(want - static_cast<int64_t>(wave.size()));
+        if (!more.ok()) {
+          failure = more.status();
+          break;
+        }
+        for (auto& g : *more) wave.push_back(std::move(g));
+      }
+      if (wave.empty()) {
+        if (pending == 0) {
+          failure = absl::FailedPreconditionError(
+              fmt::format("rollout {}: the prompt source ran out after {} of {} groups were kept",
+                          rollout_id, kept.size(), target));
+        }
+        break;
+      }
+      for (auto& g : wave) {
+        if (static_cast<int64_t>(g.size()) != n) {
+          failure = absl::InvalidArgumentError(
+              fmt::format("rollout {}: a prompt group (group_index {}) has {} samples, expected "
+                          "n_samples_per_prompt = {}",
+                          rollout_id, g.empty() ? -1 : g.front().group_index, g.size(), n));
+          break;
+        }
+        auto job = std::make_unique<Job>();
+        job->group = std::move(g);
+        job->sampling = &options_.sampling;
+        run->jobs.push_back(std::move(job));
+        SubmitJob(run, run->jobs.back().get(), rollout_id);
+        ++pending;
+      }
+    }
+    if (!failure.ok() || pending == 0) break;
+    Job* job = WaitDone(run.get());
+    --pending;
+    if (!job->error.ok()) {
+      failure = job->error;
+      break;
+    }
+    bool keep = true;
+    if (options_.dynamic_filter != DynamicFilter::kNone) {
+      std::vector<double> rewards;
+      for (const auto& s : job->group) rewards.push_back(s.reward);
+      if (train::SampleStd(rewards) <= 1e-6) {
+        keep = false;
+        if (options_.dynamic_filter == DynamicFilter::kNonzeroStdWithFallback &&
+            static_cast<int64_t>(kept.size()) + pending < target) {
+          keep = true;  // no candidate left to replace it: keep rather than start a new wave
+          ++fallback_kept;
+        } else {
+          drops["rollout/dynamic_filter/drop_zero_std_" + PyFloatString(rewards.front())] += 1;
+        }
+      }
+    }
+    job->fate = keep ? Job::Fate::kKept : Job::Fate::kDropped;
+    if (keep) kept.push_back(job);
+  }
+
+  SLIME_RETURN_IF_ERROR(AbortAndDrain(run));
+  ReportProgress(*run, true);
+  if (!failure.ok()) return failure;
+
+  // Leftovers: surplus finished groups and aborted ones.
+  int64_t recycled = 0;
+  int64_t aborted_samples = 0;
+  for (auto& job : run->jobs) {
+    if (job->fate != Job::Fate::kOpen) continue;
+    for (const auto& s : job->group) {
+      aborted_samples += s.status == data::SampleStatus::kAborted ? 1 : 0;
+    }
+    if (!options_.partial_rollout) continue;
+    for (auto& s : job->group) {
+      if (!s.metadata.contains("start_rollout_id")) s.metadata["start_rollout_id"] = rollout_id;
+    }
+    buffer_.push_back(std::move(job->group));
+    ++recycled;
+  }
+  std::sort(buffer_.begin(), buffer_.end(),
+            [](const auto& a, const auto& b) { return a.front().index < b.front().index; });
+
+  RolloutResult result;
+  result.rollout_id = rollout_id;
+  for (Job* job : kept) result.groups.push_back(std::move(job->group));
+  std::sort(result.groups.begin(), result.groups.end(),
+            [](const auto& a, const auto& b) { return a.front().index < b.front().index; });
+  for (auto& g : result.groups) {
+    for (auto& s : g) {
+      s.rollout_id = rollout_id;
+      result.raw_rewards.push_back(s.reward);
+    }
+  }
+  SLIME_ASSIGN_OR_RETURN(
+      train::NormalizedRewards normalized,
+      train::NormalizeGroupRewards(result.raw_rewards, options_.reward_postprocess));
+  result.rewards = std::move(normalized.rewards);
+
+  const double elapsed = Seconds(Clock::now() - run->start);
+  result.metrics = RolloutSampleMetrics(
+      result.groups, result.rewards,
+      /*zero_std=*/options_.reward_postprocess.advantage_estimator != "ppo", options_.log_passrate);
+  for (const auto& [k, v] : drops) result.metrics[k] = v;
+  if (fallback_kept > 0) result.metrics["rollout/dynamic_filter/kept_by_fallback"] = fallback_kept;
+  result.metrics["rollout/partial_rollout/recycled_groups"] = static_cast<double>(recycled);
+  result.metrics["rollout/aborted_samples"] = static_cast<double>(aborted_samples);
+  result.metrics["perf/rollout_time"] = elapsed;
+  result.metrics["perf/tokens_per_sec"] =
+      elapsed > 0 ? static_cast<double>(run->response_tokens.load()) / elapsed : 0;
+  int64_t longest = 0;
+  for (const auto& g : result.groups) {
+    for (const auto& s : g) longest = std::max(longest, s.response_length);
+  }
+  result.metrics["perf/longest_sample_tokens_per_sec"] =
+      elapsed > 0 ? static_cast<double>(longest) / elapsed : 0;
+  return result;
+}
+
+StatusOr<EvalResult> RolloutCoordinator::Eval(int64_t rollout_id) {
+  SLIME_RETURN_IF_ERROR(CheckConfigured());
+  auto run = std::make_shared<Run>();
+  run->rollout_id = rollout_id;
+  run->eval = true;
+  run->reward = reward_;
+  std::vector<std::pair<const EvalDataset*, Job*>> jobs;
+  for (const EvalDataset& d : eval_datasets_) {
+    for (size_t p = 0; p < d.prompts.size(); ++p) {
+      auto job = std::make_unique<Job>();
+      for (int j = 0; j < d.n_samples; ++j) {
+        data::Sample s = d.prompts[p];
+        s.group_index = static_cast<int64_t>(p);
+        s.index = static_cast<int64_t>(p) * d.n_samples + j;
+        s.rollout_id = rollout_id;
+        job->group.push_back(std::move(s));
+      }
+      job->sampling = &d.sampling;
+      job->rm_type = d.rm_type;
+      job->reward_key = d.reward_key;
+      run->samples_target += d.n_samples;
+      run->jobs.push_back(std::move(job));
+      jobs.emplace_back(&d, run->jobs.back().get());
+    }
+  }
+  for (auto& [d, job] : jobs) SubmitJob(run, job, rollout_id);
+  Status failure;
+  for (size_t i = 0; i < jobs.size() && failure.ok(); ++i) {
+    Job* job = WaitDone(run.get());
+    if (!job->error.ok()) failure = job->error;
+  }
+  SLIME_RETURN_IF_ERROR(AbortAndDrain(run));
+  ReportProgress(*run, true);
+  if (!failure.ok()) return failure;
+
+  EvalResult result;
+  result.rollout_id = rollout_id;
+  for (auto& [d, job] : jobs) result.datasets[d->name].push_back(std::move(job->group));
+  for (const auto& [name, groups] : result.datasets) {
+    for (const auto& [k, v] : EvalMetrics(name, groups)) result.metrics[k] = v;
+  }
+  return result;
+}
+
+}  // namespace slime::rollout
