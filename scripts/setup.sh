@@ -10,6 +10,8 @@ packages=(
   libpcre2-dev libboost-dev libboost-system-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   nodejs npm python3 curl ca-certificates
+  # tests/slurm: a one-node SLURM cluster started by the test (munge comes as a dependency)
+  slurmctld slurmd slurm-client
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -30,4 +32,18 @@ sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -q
-$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+# The SLURM and munge packages enable services; installing them must not start daemons (the
+# tests start their own with a private config): a policy-rc.d that denies starts, unless one
+# is already there, for the duration of the install.
+policy=/usr/sbin/policy-rc.d
+added_policy=0
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\n# scripts/setup.sh: no service starts during package installs\nexit 101\n' |
+    $sudo tee "$policy" > /dev/null
+  $sudo chmod 755 "$policy"
+  added_policy=1
+fi
+status=0
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}" || status=$?
+[ "$added_policy" = 0 ] || $sudo rm -f "$policy"
+exit "$status"
