@@ -69,6 +69,14 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
+# When this script is SIGKILLed (a ctest timeout), a watchdog in its own session kills the
+# daemons and the job processes: everything whose environment names this slurm.conf.
+env -u SLURM_CONF setsid bash -c '
+  while kill -0 "$1" 2> /dev/null; do sleep 1; done
+  for f in $(grep -lzx "SLURM_CONF=$2" /proc/[0-9]*/environ 2> /dev/null); do
+    p=${f#/proc/}
+    kill -KILL "${p%/environ}"
+  done' _ "$$" "$SLURM_CONF" > /dev/null 2>&1 < /dev/null &
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
