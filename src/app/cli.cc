@@ -8,6 +8,7 @@
 #include "CLI/CLI.hpp"
 #include "fmt/format.h"
 #include "slime/app/job_plan.h"
+#include "slime/app/runtime_commands.h"
 #include "slime/app/convert.h"
 #include "slime/app/demo_data.h"
 #include "slime/app/serve.h"
@@ -22,8 +23,9 @@
 namespace slime::app {
 namespace {
 
-constexpr const char* kSubcommands[] = {"train", "serve", "agent", "worker", "convert",
-                                        "init-model", "sft", "make-demo-data"};
+constexpr const char* kSubcommands[] = {"train", "serve", "agent", "worker", "status",
+                                        "runtime-check", "convert", "init-model", "sft",
+                                        "make-demo-data"};
 
 bool IsSubcommand(const char* arg) {
   for (const char* name : kSubcommands) {
@@ -114,17 +116,13 @@ int RunCli(int argc, char** argv) {
   train_cmd->add_option("--log-level", train.log_level,
                         "trace|debug|info|warn|error|critical|off (default: debug.log_level)");
 
-  std::string head, actor_id, init_config, init_tokenizer, init_out,
+  std::string init_config, init_tokenizer, init_out,
       init_dtype = "bf16";
   int64_t seed = 0;
   ServeOptions serve_options;
   CLI::App* serve = cli.add_subcommand("serve", "Run a standalone SGLang-compatible engine");
   AddServeOptions(serve, &serve_options);
-  CLI::App* agent = cli.add_subcommand("agent", "Run a node agent that joins a job's head");
-  agent->add_option("--head", head, "Head address HOST:PORT")->required();
-  CLI::App* worker = cli.add_subcommand("worker", "Internal: one actor process");
-  worker->add_option("--head", head, "Head address HOST:PORT")->required();
-  worker->add_option("--actor", actor_id, "Actor id")->required();
+  RuntimeCommands runtime_commands = AddRuntimeCommands(&cli);  // agent, worker, status
   train::HfExportOptions convert_options;
   CLI::App* convert = cli.add_subcommand("convert", "Convert a checkpoint to HF safetensors");
   AddConvertOptions(convert, &convert_options);
@@ -156,8 +154,7 @@ int RunCli(int argc, char** argv) {
   }
   if (train_cmd->parsed()) return RunTrain(train);
   if (serve->parsed()) return RunServe(serve_options);
-  if (agent->parsed()) return NotBuilt("agent", "the actor runtime");
-  if (worker->parsed()) return NotBuilt("worker", "the actor runtime");
+  if (int code = RunRuntimeCommand(runtime_commands); code >= 0) return code;
   if (convert->parsed()) return RunConvert(convert_options);
   if (sft->parsed()) return RunSftCommand(sft_options);
   if (make_demo_data->parsed()) return RunMakeDemoData(demo_data_options);

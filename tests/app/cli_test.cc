@@ -83,7 +83,8 @@ TEST(CliTest, VersionReportsTorchCudaAndNccl) {
 TEST(CliTest, HelpListsSubcommands) {
   RunResult r = RunSlime("--help");
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* sub : {"train", "serve", "agent", "worker", "convert", "init-model", "sft"}) {
+  for (const char* sub :
+       {"train", "serve", "agent", "worker", "status", "convert", "init-model", "sft"}) {
     EXPECT_NE(r.out.find(sub), std::string::npos) << sub << " missing from\n" << r.out;
   }
 }
@@ -210,10 +211,11 @@ TEST(CliTest, InitModelBadConfigIsNamed) {
   EXPECT_NE(r.err.find("/nonexistent/config.json"), std::string::npos) << r.err;
 }
 
-TEST(CliTest, SubcommandsNotBuiltYetSaySo) {
+TEST(CliTest, AgentWithoutJobTokenIsAUsageError) {
   RunResult r = RunSlime("agent --head 127.0.0.1:1");
-  EXPECT_EQ(r.exit_code, 3);
-  EXPECT_NE(r.err.find("not built yet"), std::string::npos) << r.err;
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("no job token"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--token-file"), std::string::npos) << r.err;
 }
 
 TEST(CliTest, MissingRequiredOptionIsAUsageError) {
