@@ -14,6 +14,8 @@
 
 #include "nlohmann/json.hpp"
 #include "engine_metrics.h"
+#include "slime/comm/process_group.h"
+#include "slime/comm/weight_sender.h"
 #include "slime/engine/model_runner.h"
 #include "slime/engine/output_text.h"
 #include "slime/engine/page_pool.h"
@@ -192,6 +194,37 @@ class Engine::Impl {
     if (live_.empty()) radix_.Reset();  // cached K/V came from the old weights
     else flush_when_idle_ = true;
     engine_->set_weight_version(version);
+    return absl::OkStatus();
+  }
+
+  // One /update_weights_from_distributed bucket (see Engine::UpdateWeightsFromDistributed).
+  Status ReceiveWeights(const DistributedWeightsUpdate& u, comm::ProcessGroup& group) {
+    const bool nccl = group.backend() == "nccl";
+    if (nccl && !runner_->device().is_cuda()) {
+      return absl::FailedPreconditionError(fmt::format(
+          "group '{}' uses nccl but this engine runs on {}", u.group_name, runner_->device().str()));
+    }
+    std::vector<torch::Tensor> buffers;
+    std::vector<model::NamedTensor> named;
+    try {
+      for (size_t i = 0; i < u.names.size(); ++i) {
+        SLIME_ASSIGN_OR_RETURN(torch::ScalarType dtype, comm::ParseDtypeName(u.dtypes[i]));
+        buffers.push_back(torch::empty(
+            u.shapes[i], torch::TensorOptions().dtype(dtype).device(
+                             nccl ? runner_->device() : torch::Device(torch::kCPU))));
+      }
+    } catch (const std::exception& e) {
+      return absl::ResourceExhaustedError(
+          fmt::format("allocating receive buffers: {}", std::string(e.what()).substr(0, 300)));
+    }
+    SLIME_RETURN_IF_ERROR(group.Broadcast(buffers, 0, u.names));
+    for (size_t i = 0; i < u.names.size(); ++i) named.push_back({u.names[i], buffers[i]});
+    SLIME_RETURN_IF_ERROR(runner_->UpdateWeights(named));
+    if (u.flush_cache) {
+      if (live_.empty()) radix_.Reset();  // cached K/V came from the old weights
+      else flush_when_idle_ = true;
+    }
+    if (u.weight_version) engine_->set_weight_version(*u.weight_version);
     return absl::OkStatus();
   }
 
@@ -717,6 +750,64 @@ std::future<Status> Engine::UpdateWeightsFromDisk(std::string model_path,
     promise->set_value(impl.UpdateWeightsFromDisk(p, v));
   });
   return f;
+}
+
+std::future<Status> Engine::InitWeightsUpdateGroup(const comm::ProcessGroupOptions& opts) {
+  comm::ProcessGroupOptions options = opts;
+  const torch::Device device = impl_->runner()->device();  // immutable after Create
+  if (device.is_cuda()) options.cuda_device = device.has_index() ? device.index() : 0;
+  return std::async(std::launch::async, [this, options]() -> Status {
+    {
+      std::lock_guard<std::mutex> lock(groups_mu_);
+      if (weight_groups_.count(options.group_name) || joining_groups_.count(options.group_name)) {
+        return absl::AlreadyExistsError(fmt::format(
+            "weight update group '{}' already exists (destroy it first)", options.group_name));
+      }
+      joining_groups_.insert(options.group_name);
+    }
+    StatusOr<std::unique_ptr<comm::ProcessGroup>> group = comm::ProcessGroup::Create(options);
+    std::lock_guard<std::mutex> lock(groups_mu_);
+    joining_groups_.erase(options.group_name);
+    if (!group.ok()) return group.status();
+    weight_groups_[options.group_name] = std::shared_ptr<comm::ProcessGroup>(std::move(*group));
+    return absl::OkStatus();
+  });
+}
+
+std::future<Status> Engine::UpdateWeightsFromDistributed(DistributedWeightsUpdate update) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  auto f = promise->get_future();
+  std::shared_ptr<comm::ProcessGroup> group;
+  {
+    std::lock_guard<std::mutex> lock(groups_mu_);
+    auto it = weight_groups_.find(update.group_name);
+    if (it != weight_groups_.end()) group = it->second;
+  }
+  if (!group) {
+    promise->set_value(absl::FailedPreconditionError(fmt::format(
+        "weight update group '{}' does not exist (call /init_weights_update_group first)",
+        update.group_name)));
+    return f;
+  }
+  Post([promise, group, u = std::move(update)](Impl& impl) {
+    promise->set_value(impl.ReceiveWeights(u, *group));
+  });
+  return f;
+}
+
+Status Engine::DestroyWeightsUpdateGroup(const std::string& group_name) {
+  std::shared_ptr<comm::ProcessGroup> group;
+  {
+    std::lock_guard<std::mutex> lock(groups_mu_);
+    auto it = weight_groups_.find(group_name);
+    if (it == weight_groups_.end()) {
+      return absl::NotFoundError("The group to be destroyed does not exist.");
+    }
+    group = std::move(it->second);
+    weight_groups_.erase(it);
+  }
+  group.reset();  // outside the lock: a c10d backend may take a while to shut down
+  return absl::OkStatus();
 }
 
 std::future<Status> Engine::ReleaseMemory(std::vector<std::string> tags) {

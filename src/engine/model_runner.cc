@@ -2,6 +2,7 @@
 #include "slime/engine/model_runner.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -237,6 +238,49 @@ Status ModelRunner::LoadWeightsFromDisk(const std::string& model_path) {
       const torch::Tensor& src = model::ParamSlot(fresh, spec);
       dst.copy_(src);
     }
+    return absl::OkStatus();
+  });
+}
+
+Status ModelRunner::UpdateWeights(const std::vector<model::NamedTensor>& tensors) {
+  return Guard("updating weights", [&]() -> Status {
+    const model::ModelConfig& c = model_->config();
+    const std::vector<model::ParamSpec> specs = model::ParameterSpecs(c);
+    std::map<std::string, const model::ParamSpec*> by_name;
+    for (const model::ParamSpec& spec : specs) by_name[spec.hf_name] = &spec;
+    const int tp_rank = model_->tp_group().rank();
+    const int tp_size = model_->tp_group().size();
+    std::vector<std::pair<torch::Tensor*, torch::Tensor>> plan;  // (destination, source)
+    for (const model::NamedTensor& nt : tensors) {
+      auto it = by_name.find(nt.name);
+      if (it == by_name.end()) {
+        if (c.tie_word_embeddings && nt.name == "lm_head.weight") continue;  // = embed_tokens
+        return absl::InvalidArgumentError(fmt::format(
+            "unknown parameter '{}': not a weight of this {} model (names look like '{}')",
+            nt.name, c.model_type, specs.size() > 1 ? specs[1].hf_name : specs[0].hf_name));
+      }
+      const model::ParamSpec& spec = *it->second;
+      if (nt.tensor.sizes().vec() != spec.shape) {
+        return absl::InvalidArgumentError(
+            fmt::format("parameter '{}': shape [{}] does not match the model's [{}]", nt.name,
+                        fmt::join(nt.tensor.sizes().vec(), ", "), fmt::join(spec.shape, ", ")));
+      }
+      torch::Tensor& dst = model::ParamSlot(model_->mutable_weights(), spec);
+      if (nt.tensor.scalar_type() != dst.scalar_type()) {
+        return absl::InvalidArgumentError(fmt::format(
+            "parameter '{}': dtype {} does not match the engine's {} (send {})", nt.name,
+            std::string(c10::toString(nt.tensor.scalar_type())),
+            std::string(c10::toString(dst.scalar_type())),
+            std::string(c10::toString(dst.scalar_type()))));
+      }
+      torch::Tensor src = nt.tensor;
+      if (tp_size > 1 && spec.shard != model::ShardDim::kReplicated) {
+        src = src.chunk(tp_size, static_cast<int64_t>(spec.shard))[tp_rank];
+      }
+      plan.emplace_back(&dst, std::move(src));
+    }
+    c10::InferenceMode guard;
+    for (auto& [dst, src] : plan) dst->copy_(src);
     return absl::OkStatus();
   });
 }

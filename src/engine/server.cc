@@ -24,6 +24,7 @@
 #include "slime/metrics/registry.h"
 #include "slime/model/config.h"
 #include "slime/tokenizer/tokenizer.h"
+#include "weights_routes.h"
 
 namespace slime::engine {
 
@@ -561,6 +562,9 @@ void EngineServer::Impl::AddRoutes(http::Router& r) {
                    {"num_paused_requests", 0}});
     });
   });
+  WeightsRoutesOptions wo;
+  wo.group_timeout_s = options_.weights_group_timeout_s;
+  AddWeightsRoutes(r, engine_, wo, [this](std::function<void()> fn) { OnWorker(std::move(fn)); });
   if (registry_ != nullptr) {
     metrics::Registry* reg = registry_;
     r.Add("GET", "/metrics", [reg](const http::Request&, Writer w) {

@@ -15,6 +15,11 @@
 //
 // Pause (SGLang's abort mode) aborts every in-flight request and holds new ones until
 // Continue. Memory release/resume and weight updates run on the engine thread between steps.
+//
+// Weight plane (SGLang's distributed update): InitWeightsUpdateGroup joins a c10d group (on a
+// helper thread; generation goes on), UpdateWeightsFromDistributed receives one bucket on the
+// engine thread between steps — requests in flight wait for it and continue on the new weights
+// (slime pauses first, so normally there are none) — and swaps it in all-or-nothing.
 #ifndef SLIME_ENGINE_ENGINE_H_
 #define SLIME_ENGINE_ENGINE_H_
 
@@ -25,7 +30,10 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <map>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +49,10 @@ struct ModelConfig;
 }
 namespace slime::metrics {
 class Registry;
+}
+namespace slime::comm {
+struct ProcessGroupOptions;
+class ProcessGroup;
 }
 
 namespace slime::engine {
@@ -65,6 +77,17 @@ struct EngineOptions {
   bool fuse_projections = true;          // CUDA: fused q|k|v and gate|up GEMMs + fused kernels
   std::string weight_version = "default";
   metrics::Registry* metrics = nullptr;  // not owned; null = no metrics
+};
+
+// One /update_weights_from_distributed bucket: tensors `names[i]` of `dtypes[i]` (torch names,
+// "bfloat16") and full HF `shapes[i]`, broadcast from rank 0 of `group_name` in list order.
+struct DistributedWeightsUpdate {
+  std::vector<std::string> names;
+  std::vector<std::string> dtypes;
+  std::vector<std::vector<int64_t>> shapes;
+  std::string group_name = "weight_update_group";
+  bool flush_cache = true;
+  std::optional<std::string> weight_version;  // stamped on success when set
 };
 
 // Counts the HTTP layer reports in /v1/loads and /metrics (updated by the engine thread).
@@ -102,6 +125,16 @@ class Engine {
   std::future<bool> FlushCache();
   // Loads new weights from an HF directory between steps; sets the weight version on success.
   std::future<Status> UpdateWeightsFromDisk(std::string model_path, std::string weight_version);
+  // Joins weight-update group `options.group_name` (blocks a helper thread until every rank has
+  // joined or options.timeout_s passes). AlreadyExists when the name is taken.
+  std::future<Status> InitWeightsUpdateGroup(const comm::ProcessGroupOptions& options);
+  // Receives one bucket from rank 0 into fresh buffers on the engine thread, then replaces the
+  // named weights (all or none: an unknown name or a shape/dtype mismatch changes nothing and
+  // names the tensor), flushes the prefix cache if asked and stamps the version. The bucket is
+  // received even when it is then rejected, so the group stays in step with the sender.
+  std::future<Status> UpdateWeightsFromDistributed(DistributedWeightsUpdate update);
+  // NotFound when no such group exists.
+  Status DestroyWeightsUpdateGroup(const std::string& group_name);
   // tags: "kv_cache", "weights" (empty = both). Release needs no request in flight.
   std::future<Status> ReleaseMemory(std::vector<std::string> tags);
   std::future<Status> ResumeMemory(std::vector<std::string> tags);
@@ -139,6 +172,9 @@ class Engine {
   bool stopping_ = false;                             // guarded by mu_
   std::string weight_version_;                        // guarded by mu_
   EngineLoad load_;                                   // guarded by mu_
+  std::mutex groups_mu_;
+  std::map<std::string, std::shared_ptr<comm::ProcessGroup>> weight_groups_;  // guarded by groups_mu_
+  std::set<std::string> joining_groups_;                                      // guarded by groups_mu_
   std::atomic<uint64_t> next_id_{1};
   std::atomic<bool> paused_{false};
   std::atomic<bool> memory_released_{false};

@@ -66,6 +66,13 @@ class ModelRunner {
   // Replaces every weight with the tensors of an HF safetensors directory (same architecture and
   // shapes; the error names the first mismatch). Copies in place, so views stay valid.
   Status LoadWeightsFromDisk(const std::string& model_path);
+  // Replaces the weights named in `tensors` (HF names, full unsharded shapes, the engine's
+  // dtype; any device) and leaves the others alone: any subset in any order, as SGLang's
+  // load_weights accepts. lm_head.weight of a tied model is ignored. All or nothing: an unknown
+  // name or a shape/dtype mismatch changes nothing and names the tensor (InvalidArgument).
+  // Copies in place, so the fused q|k|v and gate|up buffers and captured CUDA graphs see the
+  // new values.
+  Status UpdateWeights(const std::vector<model::NamedTensor>& tensors);
 
   // CUDA graphs for decode-only steps (CUDA builds with the paged decode kernel; elsewhere a
   // no-op): one graph per batch size up to max_batch (padded up to the next captured size),

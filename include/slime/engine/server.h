@@ -4,7 +4,8 @@
 // /server_info (+ /get_server_info), /model_info (+ /get_model_info), /flush_cache (GET/POST),
 // /abort_request, /pause_generation, /continue_generation, /v1/loads, /get_weight_version
 // (+ /weight_version), /release_memory_occupation, /resume_memory_occupation,
-// /update_weights_from_disk, OpenAI /v1/completions, /v1/chat/completions, /v1/models, and
+// /update_weights_from_disk, /init_weights_update_group, /update_weights_from_distributed,
+// /destroy_weights_update_group (src/engine/weights_routes.cc), OpenAI /v1/completions, /v1/chat/completions, /v1/models, and
 // Prometheus /metrics.
 //
 // Threads: the HTTP I/O threads parse JSON and tokenize, then hand requests to the engine
@@ -37,6 +38,9 @@ struct EngineServerOptions {
   int worker_threads = 2;        // serialization and blocking waits
   bool enable_memory_saver = false;  // reported in /server_info (slime checks it)
   double health_timeout_s = 20.0;    // /health_generate answers 503 after this long
+  // Weight-update groups: joining (/init_weights_update_group) and each bucket's broadcasts
+  // fail with a clear error after this long (SGLang's c10d default is 30 min).
+  double weights_group_timeout_s = 1800.0;
 };
 
 class EngineServer {

@@ -1,0 +1,101 @@
+// ProcessGroup: one torch c10d process group for the weight plane (trainer rank 0 + every engine
+// GPU), the way SGLang's /init_weights_update_group builds it: rank 0 hosts a c10d TCPStore at
+// master_address:master_port, every rank wraps it in PrefixStore(group_name), and the backend is
+// ProcessGroupGloo (CPU tensors) or ProcessGroupNCCL (CUDA tensors; NCCL builds only).
+//
+// Two phases, so rank 0 can tell its peers the port before it blocks:
+//   Open()  rank 0 starts the store (master_port 0 picks a free port: read port()); other ranks
+//           connect to it, retrying until the timeout. Does not wait for peers.
+//   Join()  creates the backend; blocks until every rank has joined or the timeout passes.
+// Create() does both.
+//
+// Watchdog: every collective waits for its work with a deadline (the group's timeout unless a
+// shorter one is given) and fails with DeadlineExceeded naming the group, the operation and the
+// ranks instead of hanging; the rendezvous in Join() is bounded the same way (store timeout).
+// After a failed or timed-out collective the group is `broken()`: later collectives fail fast
+// with FailedPrecondition; destroy it and create a new one. On NCCL, the backend's own watchdog
+// (timeout = the group's) also aborts the communicator.
+//
+// Compatibility: compiles against LibTorch 1.13 (c10d ProcessGroup backends) and 2.x (c10d
+// Backend); the differences are confined to process_group.cc. The store key layout is c10d's
+// own plus the group_name prefix; interop with a Python torch.distributed peer additionally
+// depends on that torch version's key conventions (see docs/architecture.md, weight plane).
+//
+// Thread-safety: collectives on one group must be issued in the same order on every rank, by one
+// thread at a time (the engine thread, or the sender). broken()/rank()/... may be read anywhere.
+#ifndef SLIME_COMM_PROCESS_GROUP_H_
+#define SLIME_COMM_PROCESS_GROUP_H_
+
+#include <torch/types.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "slime/common/status.h"
+
+namespace slime::comm {
+
+struct ProcessGroupOptions {
+  std::string master_address = "127.0.0.1";
+  int master_port = 0;  // rank 0: 0 = any free port; other ranks: rank 0's port (required)
+  int world_size = 1;
+  int rank = 0;
+  std::string group_name = "weight_update_group";
+  // "gloo" (CPU tensors), "nccl" (CUDA tensors), or "auto" (nccl when CUDA is available).
+  // SGLang's composite form "cpu:gloo,cuda:nccl" picks the entry for this machine's device.
+  std::string backend = "auto";
+  double timeout_s = 1800.0;  // rendezvous and each collective (SGLang's default is 30 min)
+  // Gloo: the address this rank's transport binds to. Empty: the loopback address when
+  // master_address is a loopback address, else GLOO_SOCKET_IFNAME or the host name.
+  std::string gloo_bind_address;
+  int cuda_device = 0;  // nccl: the device of this rank's tensors
+};
+
+// "gloo" or "nccl" for `backend` (see ProcessGroupOptions::backend); InvalidArgument otherwise,
+// Unimplemented for nccl in a build without NCCL.
+StatusOr<std::string> ResolveBackend(const std::string& backend);
+
+class ProcessGroup {
+ public:
+  static StatusOr<std::unique_ptr<ProcessGroup>> Open(const ProcessGroupOptions& options);
+  static StatusOr<std::unique_ptr<ProcessGroup>> Create(const ProcessGroupOptions& options);
+  ~ProcessGroup();
+
+  Status Join();
+
+  // Broadcasts `tensors` from `root` in list order, one c10d broadcast per tensor (SGLang's
+  // protocol), all posted before waiting. Receivers' tensors are overwritten in place; every
+  // tensor must be contiguous and on this backend's device (CPU for gloo, CUDA for nccl).
+  // `names` (optional, same length) only label errors. timeout_s <= 0: the group's timeout.
+  Status Broadcast(std::vector<torch::Tensor>& tensors, int root = 0,
+                   const std::vector<std::string>& names = {}, double timeout_s = 0);
+  // All ranks meet (a one-element broadcast from rank 0).
+  Status Barrier(double timeout_s = 0);
+
+  int rank() const { return options_.rank; }
+  int world_size() const { return options_.world_size; }
+  int port() const { return port_; }
+  const std::string& group_name() const { return options_.group_name; }
+  const std::string& backend() const { return backend_; }  // "gloo" | "nccl"
+  torch::Device device() const;  // where tensors must live (cpu, or cuda:cuda_device)
+  bool joined() const;
+  bool broken() const { return broken_.load(); }
+
+  struct State;  // c10d objects (process_group.cc)
+
+ private:
+  explicit ProcessGroup(ProcessGroupOptions options);
+  std::string Describe() const;
+
+  ProcessGroupOptions options_;
+  std::string backend_;
+  int port_ = 0;
+  std::atomic<bool> broken_{false};
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace slime::comm
+
+#endif  // SLIME_COMM_PROCESS_GROUP_H_

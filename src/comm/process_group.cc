@@ -1,0 +1,280 @@
+// c10d process groups for the weight plane (see include/slime/comm/process_group.h).
+//
+// LibTorch 1.13 vs 2.x: backends derive from c10d::ProcessGroup in 1.13 and from c10d::Backend
+// in 2.x; both expose broadcast(std::vector<at::Tensor>&, BroadcastOptions) returning a
+// c10d::Work with wait(timeout). Options structs: Gloo's create(timeout) exists in both; NCCL's
+// create() takes no timeout, which is a field of the base options in both.
+#include "slime/comm/process_group.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef SLIME_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
+
+namespace slime::comm {
+
+#if TORCH_VERSION_MAJOR >= 2
+using BackendPtr = c10::intrusive_ptr<c10d::Backend>;
+#else
+using BackendPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
+#endif
+
+struct ProcessGroup::State {
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  BackendPtr backend;
+};
+
+namespace {
+
+std::chrono::milliseconds Millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// Runs `fn`, turning LibTorch / Gloo / NCCL exceptions into a Status whose message starts with
+// `context`; `code` is the error a failure maps to.
+template <typename Fn>
+Status Guard(const std::string& context, absl::StatusCode code, Fn&& fn) {
+  try {
+    fn();
+    return absl::OkStatus();
+  } catch (const c10::Error& e) {
+    return Status(code, fmt::format("{}: {}", context, FirstLine(e.what_without_backtrace())));
+  } catch (const std::exception& e) {
+    return Status(code, fmt::format("{}: {}", context, FirstLine(e.what())));
+  }
+}
+
+bool LooksLikeTimeout(const Status& s) {
+  const std::string m(s.message());
+  return m.find("imed out") != std::string::npos || m.find("imeout") != std::string::npos ||
+         m.find("deadline") != std::string::npos;
+}
+
+}  // namespace
+
+StatusOr<std::string> ResolveBackend(const std::string& backend) {
+  const bool cuda = torch::cuda::is_available();
+  std::string b = backend;
+  if (b.find(':') != std::string::npos) {  // "cpu:gloo,cuda:nccl"
+    const std::string want = cuda ? "cuda:" : "cpu:";
+    std::string picked;
+    size_t start = 0;
+    while (start <= b.size()) {
+      const size_t end = std::min(b.find(',', start), b.size());
+      const std::string item = b.substr(start, end - start);
+      if (item.rfind(want, 0) == 0) picked = item.substr(want.size());
+      start = end + 1;
+    }
+    if (picked.empty()) {
+      return absl::InvalidArgumentError(fmt::format(
+          "backend '{}' names no backend for this machine's device ({})", backend, want));
+    }
+    b = picked;
+  }
+  if (b == "auto") b = cuda ? "nccl" : "gloo";
+  if (b == "gloo") return b;
+  if (b == "nccl") {
+#ifdef SLIME_WITH_NCCL
+    if (!cuda) return absl::FailedPreconditionError("backend 'nccl' needs CUDA, which is not available");
+    return b;
+#else
+    return absl::UnimplementedError(
+        "backend 'nccl' is not available: this build has no NCCL (use 'gloo' with CPU tensors)");
+#endif
+  }
+  return absl::InvalidArgumentError(
+      fmt::format("backend '{}' is not supported (use gloo, nccl, auto or cpu:gloo,cuda:nccl)", backend));
+}
+
+ProcessGroup::ProcessGroup(ProcessGroupOptions options)
+    : options_(std::move(options)), state_(std::make_unique<State>()) {}
+
+ProcessGroup::~ProcessGroup() {
+  // Backend first (it holds the store); c10d destructors may throw on broken transports.
+  try {
+    state_->backend.reset();
+    state_->store.reset();
+  } catch (const std::exception& e) {
+    spdlog::warn("comm: destroying group '{}': {}", options_.group_name, e.what());
+  }
+}
+
+std::string ProcessGroup::Describe() const {
+  return fmt::format("group '{}' ({}, rank {} of {}, store {}:{})", options_.group_name, backend_,
+                     options_.rank, options_.world_size, options_.master_address, port_);
+}
+
+torch::Device ProcessGroup::device() const {
+  return backend_ == "nccl"
+             ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(options_.cuda_device))
+             : torch::Device(torch::kCPU);
+}
+
+bool ProcessGroup::joined() const { return state_->backend.defined(); }
+
+StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Open(const ProcessGroupOptions& options) {
+  if (options.world_size < 1) {
+    return absl::InvalidArgumentError(fmt::format("world_size must be >= 1, got {}", options.world_size));
+  }
+  if (options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(fmt::format("rank {} is outside [0, world_size {})",
+                                                  options.rank, options.world_size));
+  }
+  if (options.master_port < 0 || options.master_port > 65535 ||
+      (options.rank != 0 && options.master_port == 0)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "master_port {} is not valid (1-65535; 0 only on rank 0 to pick a free port)",
+        options.master_port));
+  }
+  if (options.master_address.empty()) return absl::InvalidArgumentError("master_address is empty");
+  if (options.group_name.empty()) return absl::InvalidArgumentError("group_name is empty");
+  if (!(options.timeout_s > 0)) {
+    return absl::InvalidArgumentError(fmt::format("timeout must be > 0 s, got {}", options.timeout_s));
+  }
+  std::unique_ptr<ProcessGroup> pg(new ProcessGroup(options));
+  SLIME_ASSIGN_OR_RETURN(pg->backend_, ResolveBackend(options.backend));
+  const std::string what =
+      options.rank == 0
+          ? fmt::format("starting the c10d store of group '{}' on {}:{}", options.group_name,
+                        options.master_address, options.master_port)
+          : fmt::format("connecting rank {} of group '{}' to the c10d store at {}:{}", options.rank,
+                        options.group_name, options.master_address, options.master_port);
+  SLIME_RETURN_IF_ERROR(Guard(what, absl::StatusCode::kUnavailable, [&] {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<std::uint16_t>(options.master_port);
+    so.isServer = options.rank == 0;
+    so.waitWorkers = false;  // Join() is where peers are awaited
+    so.timeout = Millis(options.timeout_s);
+    // The server binds every interface; master_address is what clients dial.
+    pg->state_->store = c10::make_intrusive<c10d::TCPStore>(options.master_address, so);
+    pg->port_ = pg->state_->store->getPort();
+  }));
+  return pg;
+}
+
+Status ProcessGroup::Join() {
+  if (joined()) return absl::OkStatus();
+  const std::string what = fmt::format("joining {} (waited up to {} s for all {} ranks)",
+                                       Describe(), options_.timeout_s, options_.world_size);
+  Status s = Guard(what, absl::StatusCode::kDeadlineExceeded, [&] {
+    c10::intrusive_ptr<c10d::Store> base = state_->store;
+    auto prefix = c10::make_intrusive<c10d::PrefixStore>(options_.group_name, base);
+    const auto timeout = Millis(options_.timeout_s);
+    if (backend_ == "gloo") {
+      auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+      std::string bind = options_.gloo_bind_address;
+      if (bind.empty() && IsLoopback(options_.master_address)) bind = "127.0.0.1";
+      if (!bind.empty()) {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(bind));
+      } else if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+      } else {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      }
+      state_->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, options_.rank,
+                                                                    options_.world_size, opts);
+    } else {
+#ifdef SLIME_WITH_NCCL
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = timeout;
+      state_->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefix, options_.rank,
+                                                                    options_.world_size, opts);
+#else
+      throw std::runtime_error("NCCL is not compiled in");
+#endif
+    }
+  });
+  if (!s.ok()) return s;
+  spdlog::info("comm: joined {}", Describe());
+  // NCCL creates its communicator lazily; meet once so Join() means "everyone is here".
+  if (backend_ == "nccl") return Barrier();
+  return absl::OkStatus();
+}
+
+StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const ProcessGroupOptions& options) {
+  SLIME_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> pg, Open(options));
+  SLIME_RETURN_IF_ERROR(pg->Join());
+  return pg;
+}
+
+Status ProcessGroup::Broadcast(std::vector<torch::Tensor>& tensors, int root,
+                               const std::vector<std::string>& names, double timeout_s) {
+  if (!joined()) return absl::FailedPreconditionError(fmt::format("{} is not joined", Describe()));
+  if (broken()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "{} is broken by an earlier failed collective; destroy it and initialise a new one",
+        Describe()));
+  }
+  if (root < 0 || root >= options_.world_size) {
+    return absl::InvalidArgumentError(fmt::format("broadcast root {} is outside the group", root));
+  }
+  const torch::Device dev = device();
+  auto label = [&](size_t i) {
+    return i < names.size() ? fmt::format("'{}'", names[i]) : fmt::format("#{}", i);
+  };
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const torch::Tensor& t = tensors[i];
+    if (!t.defined() || !t.is_contiguous() || t.device().type() != dev.type()) {
+      return absl::InvalidArgumentError(fmt::format(
+          "broadcast tensor {} must be a defined, contiguous tensor on {} ({})", label(i),
+          dev.str(), t.defined() ? t.device().str() : std::string("undefined")));
+    }
+  }
+  const double limit = timeout_s > 0 ? timeout_s : options_.timeout_s;
+  const auto deadline = std::chrono::steady_clock::now() + Millis(limit);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  works.reserve(tensors.size());
+  size_t idx = 0;  // the tensor being posted or awaited
+  Status s = Guard(fmt::format("broadcast on {}", Describe()), absl::StatusCode::kInternal, [&] {
+    c10d::BroadcastOptions bo;
+    bo.rootRank = root;
+    bo.rootTensor = 0;
+    bo.timeout = Millis(limit);
+    for (idx = 0; idx < tensors.size(); ++idx) {
+      std::vector<at::Tensor> one{tensors[idx]};
+      works.push_back(state_->backend->broadcast(one, bo));
+    }
+    for (idx = 0; idx < works.size(); ++idx) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      works[idx]->wait(std::max(left, std::chrono::milliseconds(1)));
+    }
+  });
+  if (s.ok()) return s;
+  broken_ = true;
+  const bool timed_out = LooksLikeTimeout(s) || std::chrono::steady_clock::now() >= deadline;
+  return Status(timed_out ? absl::StatusCode::kDeadlineExceeded : s.code(),
+                fmt::format("{} of tensor {} ({} of {}) from rank {} {} after {:.1f} s: {}{}",
+                            "broadcast", idx < tensors.size() ? label(idx) : std::string("?"),
+                            idx + 1, tensors.size(), root,
+                            timed_out ? "timed out" : "failed", limit, std::string(s.message()),
+                            timed_out ? " (a peer did not take part: is every rank receiving "
+                                        "the same tensors in the same order?)"
+                                      : ""));
+}
+
+Status ProcessGroup::Barrier(double timeout_s) {
+  std::vector<torch::Tensor> one{torch::zeros({1}, torch::TensorOptions().device(device()))};
+  return Broadcast(one, 0, {"barrier"}, timeout_s);
+}
+
+}  // namespace slime::comm

@@ -1,0 +1,184 @@
+// Weight-plane HTTP routes (see src/engine/weights_routes.h).
+#include "weights_routes.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <future>
+#include <memory>
+
+#include "nlohmann/json.hpp"
+#include "slime/comm/process_group.h"
+#include "slime/comm/weight_sender.h"
+#include "slime/engine/engine.h"
+#include "slime/engine/protocol.h"
+#include "slime/http/response_writer.h"
+#include "slime/http/router.h"
+
+namespace slime::engine {
+namespace {
+
+using json = nlohmann::json;
+using Writer = std::shared_ptr<http::ResponseWriter>;
+
+void Reply(const Writer& w, const Status& s, const std::string& ok_message) {
+  w->SendJson(s.ok() ? 200 : 400,
+              {{"success", s.ok()}, {"message", s.ok() ? ok_message : std::string(s.message())}});
+}
+
+// The body as a JSON object, or an error naming the route.
+StatusOr<json> Body(const http::Request& req, const char* route) {
+  if (req.body.find_first_not_of(" \t\r\n") == std::string::npos) return json::object();
+  json j = json::parse(req.body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(fmt::format("{}: the body must be a JSON object", route));
+  }
+  return j;
+}
+
+StatusOr<std::string> String(const json& body, const char* key, const char* def = nullptr) {
+  const json& v = Member(body, key);
+  if (v.is_null() && def != nullptr) return std::string(def);
+  if (!v.is_string()) {
+    return absl::InvalidArgumentError(fmt::format("{} must be a string{}", key,
+                                                  def ? "" : " (required)"));
+  }
+  return v.get<std::string>();
+}
+
+StatusOr<int64_t> Int(const json& body, const char* key, int64_t lo, int64_t hi) {
+  const json& v = Member(body, key);
+  if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+    return absl::InvalidArgumentError(
+        fmt::format("{} must be an integer in [{}, {}] (required), got {}", key, lo, hi, v.dump()));
+  }
+  return v.get<int64_t>();
+}
+
+StatusOr<bool> Bool(const json& body, const char* key, bool def) {
+  const json& v = Member(body, key);
+  if (v.is_null()) return def;
+  if (!v.is_boolean()) return absl::InvalidArgumentError(fmt::format("{} must be a boolean", key));
+  return v.get<bool>();
+}
+
+StatusOr<comm::ProcessGroupOptions> ParseInit(const json& body, double timeout_s) {
+  comm::ProcessGroupOptions o;
+  SLIME_ASSIGN_OR_RETURN(o.master_address, String(body, "master_address"));
+  SLIME_ASSIGN_OR_RETURN(int64_t port, Int(body, "master_port", 1, 65535));
+  SLIME_ASSIGN_OR_RETURN(int64_t world, Int(body, "world_size", 2, 1 << 20));
+  SLIME_ASSIGN_OR_RETURN(int64_t offset, Int(body, "rank_offset", 1, world - 1));
+  SLIME_ASSIGN_OR_RETURN(o.group_name, String(body, "group_name", "weight_update_group"));
+  SLIME_ASSIGN_OR_RETURN(o.backend, String(body, "backend", "nccl"));
+  if (o.group_name.empty()) return absl::InvalidArgumentError("group_name must not be empty");
+  o.master_port = static_cast<int>(port);
+  o.world_size = static_cast<int>(world);
+  o.rank = static_cast<int>(offset);  // one GPU per engine: our rank is rank_offset + 0
+  o.timeout_s = timeout_s;
+  return o;
+}
+
+StatusOr<DistributedWeightsUpdate> ParseUpdate(const json& body) {
+  DistributedWeightsUpdate u;
+  const json& names = Member(body, "names");
+  const json& dtypes = Member(body, "dtypes");
+  const json& shapes = Member(body, "shapes");
+  if (!names.is_array() || !dtypes.is_array() || !shapes.is_array()) {
+    return absl::InvalidArgumentError("names, dtypes and shapes must be arrays (required)");
+  }
+  if (names.size() != dtypes.size() || names.size() != shapes.size()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "names, dtypes and shapes must have the same length, got {}, {} and {}", names.size(),
+        dtypes.size(), shapes.size()));
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!names[i].is_string() || names[i].get<std::string>().empty()) {
+      return absl::InvalidArgumentError(fmt::format("names[{}] must be a non-empty string", i));
+    }
+    const std::string name = names[i].get<std::string>();
+    if (!dtypes[i].is_string()) {
+      return absl::InvalidArgumentError(fmt::format("dtypes[{}] ('{}') must be a string", i, name));
+    }
+    StatusOr<torch::ScalarType> dt = comm::ParseDtypeName(dtypes[i].get<std::string>());
+    if (!dt.ok()) {
+      return absl::InvalidArgumentError(fmt::format("tensor '{}': {}", name, std::string(dt.status().message())));
+    }
+    std::vector<int64_t> shape;
+    bool valid = shapes[i].is_array();
+    for (size_t k = 0; valid && k < shapes[i].size(); ++k) {
+      valid = shapes[i][k].is_number_integer() && shapes[i][k].get<int64_t>() >= 0;
+      if (valid) shape.push_back(shapes[i][k].get<int64_t>());
+    }
+    if (!valid) {
+      return absl::InvalidArgumentError(fmt::format(
+          "tensor '{}': shapes[{}] must be a list of non-negative integers, got {}", name, i,
+          shapes[i].dump()));
+    }
+    u.names.push_back(name);
+    u.dtypes.push_back(dtypes[i].get<std::string>());
+    u.shapes.push_back(std::move(shape));
+  }
+  SLIME_ASSIGN_OR_RETURN(u.group_name, String(body, "group_name", "weight_update_group"));
+  SLIME_ASSIGN_OR_RETURN(u.flush_cache, Bool(body, "flush_cache", true));
+  const json& version = Member(body, "weight_version");
+  if (!version.is_null() && !version.is_string()) {
+    return absl::InvalidArgumentError("weight_version must be a string or null");
+  }
+  if (version.is_string()) u.weight_version = version.get<std::string>();
+  const json& format = Member(body, "load_format");
+  if (!format.is_null()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "load_format {} is not supported (null: one broadcast per tensor)", format.dump()));
+  }
+  return u;
+}
+
+}  // namespace
+
+void AddWeightsRoutes(http::Router& r, Engine* engine, WeightsRoutesOptions options,
+                      std::function<void(std::function<void()>)> on_worker) {
+  r.Add("POST", "/init_weights_update_group",
+        [engine, options, on_worker](const http::Request& req, Writer w) {
+          StatusOr<json> body = Body(req, "/init_weights_update_group");
+          StatusOr<comm::ProcessGroupOptions> o =
+              body.ok() ? ParseInit(*body, options.group_timeout_s)
+                        : StatusOr<comm::ProcessGroupOptions>(body.status());
+          if (!o.ok()) return Reply(w, o.status(), "");
+          auto f = std::make_shared<std::future<Status>>(engine->InitWeightsUpdateGroup(*o));
+          on_worker([f, w, name = o->group_name] {
+            Status s = f->get();
+            if (!s.ok()) spdlog::warn("engine: init_weights_update_group '{}': {}", name, std::string(s.message()));
+            Reply(w, s, "Succeeded to initialize custom process group.");
+          });
+        });
+  r.Add("POST", "/update_weights_from_distributed",
+        [engine, on_worker](const http::Request& req, Writer w) {
+          StatusOr<json> body = Body(req, "/update_weights_from_distributed");
+          StatusOr<DistributedWeightsUpdate> u =
+              body.ok() ? ParseUpdate(*body) : StatusOr<DistributedWeightsUpdate>(body.status());
+          if (!u.ok()) return Reply(w, u.status(), "");
+          StatusOr<bool> abort_all = Bool(*body, "abort_all_requests", false);
+          if (!abort_all.ok()) return Reply(w, abort_all.status(), "");
+          if (*abort_all) engine->Abort("", true);
+          auto f = std::make_shared<std::future<Status>>(
+              engine->UpdateWeightsFromDistributed(*std::move(u)));
+          on_worker([f, w] {
+            Status s = f->get();
+            if (!s.ok()) spdlog::warn("engine: update_weights_from_distributed: {}", std::string(s.message()));
+            Reply(w, s, "Succeeded to update parameter online.");
+          });
+        });
+  r.Add("POST", "/destroy_weights_update_group",
+        [engine, on_worker](const http::Request& req, Writer w) {
+          StatusOr<json> body = Body(req, "/destroy_weights_update_group");
+          StatusOr<std::string> name = body.ok() ? String(*body, "group_name", "weight_update_group")
+                                                 : StatusOr<std::string>(body.status());
+          if (!name.ok()) return Reply(w, name.status(), "");
+          on_worker([engine, w, n = *name] {
+            Reply(w, engine->DestroyWeightsUpdateGroup(n),
+                  "Succeeded to destroy custom process group.");
+          });
+        });
+}
+
+}  // namespace slime::engine

@@ -1,0 +1,30 @@
+// The weight-plane routes of the engine's HTTP API (SGLang's distributed weight update):
+// /init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group.
+// Request and response JSON follow SGLang (docs/http-api.md, "Weight sync"): every answer is
+// {"success": bool, "message": str}, 200 on success and 400 on failure.
+//
+// Handlers run on HTTP I/O threads only to parse; the blocking waits (joining a group, the
+// broadcast of a bucket) run through `on_worker` on the server's worker pool.
+#ifndef SLIME_ENGINE_WEIGHTS_ROUTES_H_
+#define SLIME_ENGINE_WEIGHTS_ROUTES_H_
+
+#include <functional>
+
+namespace slime::http {
+class Router;
+}
+
+namespace slime::engine {
+
+class Engine;
+
+struct WeightsRoutesOptions {
+  double group_timeout_s = 1800.0;  // rendezvous and each bucket's broadcasts
+};
+
+void AddWeightsRoutes(http::Router& router, Engine* engine, WeightsRoutesOptions options,
+                      std::function<void(std::function<void()>)> on_worker);
+
+}  // namespace slime::engine
+
+#endif  // SLIME_ENGINE_WEIGHTS_ROUTES_H_
