@@ -8,20 +8,13 @@
 #include <exception>
 #include <utility>
 
-namespace slime::train {
-namespace {
+#include "torch_guard.h"
 
-// Runs `fn` and turns a LibTorch exception into an InternalError prefixed with `context`.
-template <typename Fn>
-auto GuardTorch(std::string_view context, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(fmt::format("{}: {}", context, e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    return absl::InternalError(fmt::format("{}: {}", context, e.what()));
-  }
-}
+namespace slime::train {
+
+using internal::GuardTorch;
+
+namespace {
 
 // `t` must be a floating 1-D tensor of `tokens` elements (when `required` or defined).
 Status CheckTokens(std::string_view name, const torch::Tensor& t, int64_t tokens, bool required) {

@@ -16,8 +16,12 @@
 #include "slime/config/config.h"
 #include "slime/model/config.h"
 #include "slime/model/weights.h"
+#include "torch_guard.h"
 
 namespace slime::train {
+
+using internal::GuardTorch;
+
 namespace {
 
 constexpr char kMasterSuffix[] = ".master";
@@ -31,21 +35,6 @@ std::string ShapeString(c10::IntArrayRef shape) {
     s += std::to_string(shape[i]);
   }
   return s + "]";
-}
-
-// First line of a LibTorch error (the full text carries a backtrace).
-std::string FirstLine(const std::exception& e) {
-  std::string what = e.what();
-  return what.substr(0, what.find('\n'));
-}
-
-template <typename Fn>
-auto GuardTorch(const char* context, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    return absl::InternalError(fmt::format("{}: {}", context, FirstLine(e)));
-  }
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
