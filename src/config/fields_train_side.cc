@@ -169,6 +169,17 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
       .Slime("--min-lr")
       .Min(0)
       .Doc("Learning rate at the end of the decay; at most lr.");
+  b.Add("critic_lr", &TrainConfig::critic_lr)
+      .Slime("--megatron-config-path (role critic: lr)")
+      .Min(0)
+      .Doc(
+          "ppo: peak learning rate of the critic's own AdamW (same schedule shape as the "
+          "actor's). Unset: lr.");
+  b.Add("critic_min_lr", &TrainConfig::critic_min_lr)
+      .Slime("--megatron-config-path (role critic: min_lr)")
+      .Min(0)
+      .Doc("ppo: the critic's learning rate at the end of the decay; at most critic_lr. Unset: "
+           "min_lr.");
   b.Add("lr_decay_style", &TrainConfig::lr_decay_style)
       .Slime("--lr-decay-style")
       .Enum({"constant", "linear", "cosine"})
@@ -417,6 +428,12 @@ void AddCheckpointFields(std::vector<FieldSpec<Config>>* table) {
       .Slime("--ref-ckpt-step")
       .Min(0)
       .Doc("Step of the reference checkpoint to load.");
+  b.Add("critic_load", &CheckpointConfig::critic_load)
+      .Slime("--megatron-config-path (role critic: load)")
+      .Doc(
+          "ppo: initial critic weights: a critic checkpoint (a `<save>/critic` directory or one "
+          "of its iterations) or an HF directory (new value head). Unset: the actor's initial "
+          "weights with a new value head. Resuming from load reads `<load>/critic`.");
   b.Add("ckpt_step", &CheckpointConfig::ckpt_step)
       .Slime("--ckpt-step")
       .Min(0)

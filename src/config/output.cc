@@ -167,8 +167,9 @@ Applied in this order when a config is resolved (slime's `slime_validate_args`, 
   `apply_chat_template` from `data`). Dataset names are unique (*ours*).
 - `reward.rm_type: remote_rm` (also per dataset) requires `reward.rm_url`.
 - `sequence_parallel` is turned off when `tensor_model_parallel_size` is 1 (warning);
-  `min_lr <= lr`; only one of `lr_warmup_fraction` / `lr_warmup_iters`; recompute method and
-  layers need `recompute_granularity: full`; only one of the two parameter-name lists;
+  `min_lr <= lr` (and `critic_min_lr <= critic_lr`, each defaulting to the actor's); only
+  one of `lr_warmup_fraction` / `lr_warmup_iters`; recompute method and layers need
+  `recompute_granularity: full`; only one of the two parameter-name lists;
   `use_stateless_adam` requires `checkpoint.no_save_optim`.
 - `weight_sync.transport: disk` requires `disk_dir`; `mode: delta` requires disk transport,
   `local_checkpoint_dir` and no `colocate`.

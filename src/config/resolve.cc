@@ -481,6 +481,16 @@ class Resolver {
     if (t.min_lr > t.lr) {
       Error("train.min_lr ({}) must not exceed train.lr ({})", t.min_lr, t.lr);
     }
+    if (t.critic_lr.has_value() || t.critic_min_lr.has_value()) {
+      const double critic_lr = t.critic_lr.value_or(t.lr);
+      const double critic_min_lr = t.critic_min_lr.value_or(t.min_lr);
+      if (critic_min_lr > critic_lr) {
+        Error(
+            "train.critic_min_lr ({}) must not exceed train.critic_lr ({}) (unset, they are "
+            "min_lr and lr)",
+            critic_min_lr, critic_lr);
+      }
+    }
     if (t.lr_warmup_fraction.has_value() && t.lr_warmup_iters > 0) {
       Error("set only one of train.lr_warmup_fraction ({}) and train.lr_warmup_iters ({})",
             *t.lr_warmup_fraction, t.lr_warmup_iters);

@@ -32,8 +32,12 @@
 #include "slime/model/safetensors.h"
 #include "slime/model/weights.h"
 #include "slime/train/optimizer.h"
+#include "torch_guard.h"
 
 namespace slime::train {
+
+using internal::GuardTorch;
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -47,20 +51,6 @@ constexpr char kCpuRngName[] = "cpu";
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers: errors, dtypes, files.
-
-std::string FirstLine(const std::exception& e) {
-  std::string what = e.what();
-  return what.substr(0, what.find('\n'));
-}
-
-template <typename Fn>
-auto GuardTorch(const std::string& context, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    return absl::InternalError(fmt::format("{}: {}", context, FirstLine(e)));
-  }
-}
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
@@ -483,6 +473,15 @@ Status WriteCheckpointFiles(const fs::path& dir, const SaveCheckpointOptions& op
         (dir / kOptimizerStateFile).string(), cpu.entries,
         {{"format", "slime-cpp adamw"}, {"step", std::to_string(state.step)}}));
   }
+  if (!options.extra_weights.empty()) {
+    CpuTensors cpu;
+    for (const model::NamedTensor& nt : options.extra_weights) {
+      SLIME_RETURN_IF_ERROR(AddEntry(cpu, nt.name, nt.tensor.detach().to(torch::kFloat32),
+                                     model::SafetensorsDType::kF32));
+    }
+    SLIME_RETURN_IF_ERROR(model::WriteSafetensors((dir / kExtraWeightsFile).string(), cpu.entries,
+                                                  {{"format", "slime-cpp extra weights"}}));
+  }
   if (options.save_rng) {
     CpuTensors cpu;
     for (const std::string& name : RngNames()) {
@@ -500,6 +499,9 @@ Status WriteCheckpointFiles(const fs::path& dir, const SaveCheckpointOptions& op
   state["model_dtype"] = dtype_name;
   state["has_optimizer_state"] = with_optimizer;
   state["has_rng_state"] = options.save_rng;
+  Json extra = Json::array();
+  for (const model::NamedTensor& nt : options.extra_weights) extra.push_back(nt.name);
+  state["extra_weights"] = std::move(extra);
   SLIME_RETURN_IF_ERROR(WriteFileDurably((dir / kTrainerStateFile).string(), state.dump(2) + "\n"));
   return FsyncPath(dir.string());
 }
@@ -512,6 +514,8 @@ struct PendingLoad {
   std::vector<torch::Tensor> values;   // checkpoint values (CPU, stored dtype), same order
   std::optional<OptimizerState> optimizer_state;
   std::map<std::string, torch::Tensor> rng;
+  std::vector<torch::Tensor> extra_targets;  // LoadCheckpointOptions::extra_weights' tensors
+  std::vector<torch::Tensor> extra_values;   // float32 file tensors, same order
 };
 
 StatusOr<Json> ReadTrainerState(const fs::path& dir) {
@@ -593,6 +597,38 @@ Status ReadWeights(const fs::path& dir, model::ModelWeights& weights,
     SLIME_ASSIGN_OR_RETURN(torch::Tensor value, reader.Load(spec.hf_name, lo));
     out.params.push_back(&model::ParamSlot(weights, spec));
     out.values.push_back(std::move(value));
+  }
+  return absl::OkStatus();
+}
+
+Status ReadExtraWeights(const fs::path& dir, const std::vector<model::NamedTensor>& wanted,
+                        PendingLoad& out) {
+  const std::string path = (dir / kExtraWeightsFile).string();
+  SLIME_RETURN_IF_ERROR(RequireFile(
+      path, fmt::format("the loader needs \"{}\"; was the checkpoint saved by another kind of "
+                        "model?",
+                        wanted.front().name)
+                .c_str()));
+  SLIME_ASSIGN_OR_RETURN(std::shared_ptr<const model::SafetensorsFile> file,
+                         model::SafetensorsFile::Open(path));
+  for (const model::NamedTensor& nt : wanted) {
+    const model::SafetensorsTensorInfo* info = file->Find(nt.name);
+    if (info == nullptr) {
+      return absl::DataLossError(fmt::format("{}: tensor \"{}\" is missing", path, nt.name));
+    }
+    const std::vector<int64_t> shape(nt.tensor.sizes().begin(), nt.tensor.sizes().end());
+    if (info->shape != shape) {
+      return absl::DataLossError(fmt::format("{}: tensor \"{}\" has shape {}, the model needs {}",
+                                             path, nt.name, ShapeString(info->shape),
+                                             ShapeString(shape)));
+    }
+    if (info->dtype != model::SafetensorsDType::kF32) {
+      return absl::DataLossError(fmt::format("{}: tensor \"{}\" has dtype {}, F32 is required",
+                                             path, nt.name,
+                                             model::SafetensorsDTypeName(info->dtype)));
+    }
+    out.extra_targets.push_back(nt.tensor);
+    out.extra_values.push_back(FileTensor(file, *info, torch::kFloat32));
   }
   return absl::OkStatus();
 }
@@ -823,6 +859,9 @@ StatusOr<LoadedCheckpoint> LoadTrainerCheckpoint(const LoadCheckpointOptions& op
   PendingLoad pending;
   SLIME_RETURN_IF_ERROR(GuardTorch("checkpoint load " + dir.string(), [&]() -> Status {
     SLIME_RETURN_IF_ERROR(ReadWeights(dir, weights, config, pending));
+    if (!options.extra_weights.empty()) {
+      SLIME_RETURN_IF_ERROR(ReadExtraWeights(dir, options.extra_weights, pending));
+    }
     if (want_optimizer) {
       pending.optimizer_state.emplace();
       SLIME_RETURN_IF_ERROR(
@@ -838,6 +877,9 @@ StatusOr<LoadedCheckpoint> LoadTrainerCheckpoint(const LoadCheckpointOptions& op
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < pending.params.size(); ++i)
         pending.params[i]->copy_(pending.values[i]);
+      for (size_t i = 0; i < pending.extra_targets.size(); ++i) {
+        pending.extra_targets[i].copy_(pending.extra_values[i]);
+      }
     }
     if (want_optimizer) {
       SLIME_RETURN_IF_ERROR(optimizer->ImportState(*pending.optimizer_state));

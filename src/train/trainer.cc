@@ -109,6 +109,43 @@ Status CheckSupported(const config::Config& config) {
 
 }  // namespace
 
+namespace internal {
+
+StatusOr<LrSchedule> MakeRunLrSchedule(const config::Config& config,
+                                       std::optional<int64_t> train_iters, double lr_value,
+                                       double min_lr) {
+  LrScheduleConfig lr;
+  lr.lr = lr_value;
+  lr.min_lr = min_lr;
+  lr.lr_decay_style = config.train.lr_decay_style;
+  if (config.train.lr_decay_iters.has_value()) lr.lr_decay_iters = *config.train.lr_decay_iters;
+  lr.lr_warmup_iters = config.train.lr_warmup_iters;
+  lr.lr_warmup_fraction = config.train.lr_warmup_fraction;
+  lr.lr_warmup_init = config.train.lr_warmup_init;
+  lr.global_batch_size = config.train.global_batch_size.value_or(1);
+  if (train_iters.has_value()) {
+    lr.train_iters = *train_iters;
+  } else {
+    if (!config.data.num_rollout.has_value() || !config.train.global_batch_size.has_value()) {
+      return absl::InvalidArgumentError(
+          "trainer: the LR schedule length is unknown: data.num_rollout and "
+          "train.global_batch_size must be set (a resolved config), or TrainerOptions::"
+          "train_iters");
+    }
+    lr.train_iters = TrainIters(*config.data.num_rollout, config.data.rollout_batch_size,
+                                config.data.n_samples_per_prompt, *config.train.global_batch_size);
+  }
+  if (lr.train_iters < 1 && !config.train.lr_decay_iters.has_value()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "trainer: the run has {} optimizer steps (data.num_rollout × rollout_batch_size × "
+        "n_samples_per_prompt / global_batch_size); the LR schedule needs at least 1",
+        lr.train_iters));
+  }
+  return MakeLrSchedule(lr);
+}
+
+}  // namespace internal
+
 std::string_view PolicyWeightsName(PolicyWeights which) {
   switch (which) {
     case PolicyWeights::kActor:
@@ -153,12 +190,6 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   SLIME_ASSIGN_OR_RETURN(AdvantageEstimator estimator,
                          ParseAdvantageEstimator(config.algorithm.advantage_estimator));
   const bool sft = config.algorithm.loss_type == "sft_loss";
-  if (estimator == AdvantageEstimator::kPpo && !sft) {
-    return absl::UnimplementedError(
-        "algorithm.advantage_estimator = \"ppo\" needs a critic (value head and value loss), "
-        "which the trainer does not have yet; use grpo, gspo, cispo, reinforce_plus_plus or "
-        "reinforce_plus_plus_baseline");
-  }
   SLIME_ASSIGN_OR_RETURN(PolicyLossOptions policy, PolicyLossOptions::FromConfig(config.algorithm));
   SLIME_RETURN_IF_ERROR(ParseKlType(config.algorithm.kl_loss_type).status());
 
@@ -170,35 +201,9 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   BatchingOptions batching = MakeBatchingOptions(config.train, model->config(), options.dp_size);
   SLIME_RETURN_IF_ERROR(ValidateBatchingOptions(batching));
 
-  // The LR schedule, in samples (lr_schedule.h).
-  LrScheduleConfig lr;
-  lr.lr = config.train.lr;
-  lr.min_lr = config.train.min_lr;
-  lr.lr_decay_style = config.train.lr_decay_style;
-  if (config.train.lr_decay_iters.has_value()) lr.lr_decay_iters = *config.train.lr_decay_iters;
-  lr.lr_warmup_iters = config.train.lr_warmup_iters;
-  lr.lr_warmup_fraction = config.train.lr_warmup_fraction;
-  lr.lr_warmup_init = config.train.lr_warmup_init;
-  lr.global_batch_size = config.train.global_batch_size.value_or(1);
-  if (options.train_iters.has_value()) {
-    lr.train_iters = *options.train_iters;
-  } else {
-    if (!config.data.num_rollout.has_value() || !config.train.global_batch_size.has_value()) {
-      return absl::InvalidArgumentError(
-          "trainer: the LR schedule length is unknown: data.num_rollout and "
-          "train.global_batch_size must be set (a resolved config), or TrainerOptions::"
-          "train_iters");
-    }
-    lr.train_iters = TrainIters(*config.data.num_rollout, config.data.rollout_batch_size,
-                                config.data.n_samples_per_prompt, *config.train.global_batch_size);
-  }
-  if (lr.train_iters < 1 && !config.train.lr_decay_iters.has_value()) {
-    return absl::InvalidArgumentError(fmt::format(
-        "trainer: the run has {} optimizer steps (data.num_rollout × rollout_batch_size × "
-        "n_samples_per_prompt / global_batch_size); the LR schedule needs at least 1",
-        lr.train_iters));
-  }
-  SLIME_ASSIGN_OR_RETURN(LrSchedule schedule, MakeLrSchedule(lr));
+  SLIME_ASSIGN_OR_RETURN(LrSchedule schedule,
+                         internal::MakeRunLrSchedule(config, options.train_iters, config.train.lr,
+                                                     config.train.min_lr));
 
   auto impl = std::make_unique<Impl>();
   Status status = GuardTorch("trainer: create", [&]() -> Status {
@@ -270,6 +275,23 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
     }
   }
 
+  // ppo: the critic (critic.h), from critic_model_dir, checkpoint.critic_load or the actor's
+  // initial weights.
+  if (estimator == AdvantageEstimator::kPpo && !sft) {
+    CriticOptions co;
+    co.model_dir = options.critic_model_dir.value_or(
+        config.checkpoint.critic_load.value_or(options.model_dir));
+    co.device = options.device;
+    co.dtype = dtype;
+    co.config = config;
+    co.train_iters = options.train_iters;
+    co.lr_state_mismatch = options.lr_state_mismatch;
+    co.dp_size = options.dp_size;
+    co.dp_rank = options.dp_rank;
+    co.dp_all_reduce = options.dp_all_reduce;
+    SLIME_ASSIGN_OR_RETURN(impl->critic, Critic::Create(std::move(co)));
+  }
+
   std::vector<std::string> tags;
   for (const auto& [tag, tensors] : impl->copies) tags.push_back(tag);
   spdlog::info("trainer: {} on {} ({}), loss {}, estimator {}, CPU copies [{}], dp rank {}/{}",
@@ -286,6 +308,8 @@ model::DecoderModel& Trainer::model() {
   impl_->actor_backup_current = false;
   return *model_;
 }
+
+const Critic* Trainer::critic() const { return impl_->critic.get(); }
 
 bool Trainer::has_weights(PolicyWeights which) const {
   if (which == PolicyWeights::kActor) return true;
@@ -507,6 +531,12 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id, const Rol
                   algorithm.use_rollout_entropy, old));
     }
 
+    // ppo: the pre-update critic's values (GAE's V and the value loss's v_old).
+    std::vector<torch::Tensor> values(n);
+    if (impl_->critic != nullptr) {
+      SLIME_RETURN_IF_ERROR(impl_->critic->ComputeValues(batch, micro_batches, values));
+    }
+
     // 4. Advantages and returns over this rank's samples.
     AdvantageInputs in;
     std::vector<torch::Tensor> teacher_by_sample(n);
@@ -524,6 +554,7 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id, const Rol
           in.log_probs.push_back(torch::zeros_like(tensors.loss_masks[i]));
         }
         if (impl_->need_ref) in.ref_log_probs.push_back(ref.log_probs[i]);
+        if (values[i].defined()) in.values.push_back(values[i]);
         if (impl_->teacher_pass) {
           teacher_by_sample[i] = teacher.log_probs[i];
         } else if (impl_->teacher_given) {
@@ -542,6 +573,10 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id, const Rol
       const int64_t i = local[k];
       tensors.advantages[i] = adv.advantages[k];
       if (!adv.opd_reverse_kl.empty()) tensors.opd_reverse_kl[i] = adv.opd_reverse_kl[k];
+      if (impl_->critic != nullptr) {
+        tensors.values[i] = values[i];
+        tensors.returns[i] = adv.returns[k];
+      }
       if (impl_->need_ref) tensors.ref_log_probs[i] = ref.log_probs[i];
       if (algorithm.use_rollout_logprobs) {
         tensors.old_log_probs[i] = tensors.rollout_log_probs[i];
@@ -555,6 +590,10 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id, const Rol
         if (v.has_value()) result.rollout_values[name] = *v;
       };
       put("advantages", MeanOfSampleMeans(tensors.advantages, tensors.loss_masks, local));
+      if (impl_->critic != nullptr) {
+        put("values", MeanOfSampleMeans(tensors.values, tensors.loss_masks, local));
+        put("returns", MeanOfSampleMeans(tensors.returns, tensors.loss_masks, local));
+      }
       if (!skip_old) put("log_probs", MeanOfSampleMeans(old.log_probs, tensors.loss_masks, local));
       if (!old.entropy.empty()) {
         put("entropy", MeanOfSampleMeans(old.entropy, tensors.loss_masks, local));

@@ -18,15 +18,21 @@
 #include <cstdint>
 #include <exception>
 #include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "slime/common/status.h"
+#include "slime/config/config.h"
 #include "slime/train/batching.h"
+#include "slime/train/critic.h"
 #include "slime/train/logprobs.h"
 #include "slime/train/losses.h"
+#include "slime/train/lr_schedule.h"
 #include "slime/train/trainer.h"
+#include "torch_guard.h"
 
 namespace slime::model {
 class DecoderModel;
@@ -34,22 +40,6 @@ class DecoderModel;
 
 namespace slime::train {
 namespace internal {
-
-inline std::string FirstLine(const std::exception& e) {
-  std::string what = e.what();
-  const size_t nl = what.find('\n');
-  return nl == std::string::npos ? what : what.substr(0, nl);
-}
-
-// Runs `fn`, turning a LibTorch (or any) exception into InternalError with `context`.
-template <typename Fn>
-auto GuardTorch(const std::string& context, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    return absl::InternalError(fmt::format("{}: {}", context, FirstLine(e)));
-  }
-}
 
 // Tags of the CPU weight copies in Trainer::Impl::copies.
 constexpr const char* kRef = "ref";
@@ -73,6 +63,44 @@ StatusOr<std::vector<torch::Tensor>> LoadWeightCopy(const std::string& what, con
                                                     const std::vector<std::string>& names,
                                                     const std::vector<torch::Tensor>& like,
                                                     torch::ScalarType dtype);
+
+// The LR schedule of a run (lr_schedule.h, in samples) with peak `lr` and floor `min_lr`, the
+// rest from config.train; its length is `train_iters`, else slime's TrainIters from data.* and
+// train.global_batch_size (an error names data.num_rollout when that is unknown).
+StatusOr<LrSchedule> MakeRunLrSchedule(const config::Config& config,
+                                       std::optional<int64_t> train_iters, double lr,
+                                       double min_lr);
+
+// The scheduler state as stored in trainer_state.json's "lr_scheduler".
+nlohmann::json LrStateToJson(const LrSchedulerState& s);
+// `text` (an "lr_scheduler" JSON object read from `where`) loaded into a copy of `configured`
+// under `mismatch`; nullopt for an empty object (saved without a scheduler).
+StatusOr<std::optional<LrScheduler>> ParseLrState(const std::string& text, const std::string& where,
+                                                  const LrScheduler& configured,
+                                                  LrStateMismatch mismatch);
+// ParseLrState of the "lr_scheduler" of the trainer_state.json at `path`; nullopt when the
+// file or the key is missing (the checkpoint load reports those).
+StatusOr<std::optional<LrScheduler>> ReadLrState(const std::string& path,
+                                                 const LrScheduler& configured,
+                                                 LrStateMismatch mismatch);
+
+// One packed micro-batch: the token ids on the model's device and the layout.
+struct PackedInputs {
+  torch::Tensor ids;  // [T] int64
+  PackedSequences packed;
+};
+PackedInputs Pack(const RolloutBatch& batch, const std::vector<int64_t>& samples,
+                  torch::Device device);
+
+// Sums the named 0-dim metric tensors into `sums` (float64).
+void Accumulate(const std::map<std::string, torch::Tensor>& metrics,
+                std::map<std::string, torch::Tensor>& sums);
+
+// Data parallelism: sums the gradients of `trainable` (a zero gradient where undefined) and
+// the metric sums over the DP group through `all_reduce`.
+Status AllReduceGradsAndMetrics(const AllReduceSumFn& all_reduce,
+                                const std::vector<torch::Tensor>& trainable,
+                                std::map<std::string, torch::Tensor>& sums);
 
 // A float32 tensor of `values` on `device`.
 torch::Tensor FloatTensor(const std::vector<float>& values, torch::Device device);
@@ -116,6 +144,8 @@ struct Trainer::SampleTensors {
   std::vector<torch::Tensor> ref_log_probs;      // use_kl_loss
   std::vector<torch::Tensor> rollout_log_probs;  // when the batch has them
   std::vector<torch::Tensor> opd_reverse_kl;     // use_opd
+  std::vector<torch::Tensor> values;             // ppo: the pre-update critic's values
+  std::vector<torch::Tensor> returns;            // ppo: GAE returns (the critic's target)
 
   explicit SampleTensors(size_t n)
       : loss_masks(n),
@@ -123,7 +153,9 @@ struct Trainer::SampleTensors {
         old_log_probs(n),
         ref_log_probs(n),
         rollout_log_probs(n),
-        opd_reverse_kl(n) {}
+        opd_reverse_kl(n),
+        values(n),
+        returns(n) {}
 };
 
 struct Trainer::Impl {
@@ -143,6 +175,8 @@ struct Trainer::Impl {
   std::map<std::string, std::vector<torch::Tensor>> copies;
   std::vector<torch::Tensor> actor_backup;  // the actor while another policy is swapped in
   bool actor_backup_current = false;        // actor_backup equals the live parameters
+
+  std::unique_ptr<Critic> critic;  // advantage_estimator "ppo" (not with sft_loss)
 };
 
 }  // namespace slime::train

@@ -19,29 +19,6 @@
 namespace slime::train {
 namespace {
 
-// One packed micro-batch: the token ids on the model's device and the layout.
-struct PackedInputs {
-  torch::Tensor ids;  // [T] int64
-  PackedSequences packed;
-};
-
-PackedInputs Pack(const RolloutBatch& batch, const std::vector<int64_t>& samples,
-                  torch::Device device) {
-  PackedInputs in;
-  in.packed.cu_seqlens.reserve(samples.size() + 1);
-  in.packed.cu_seqlens.push_back(0);
-  std::vector<int64_t> ids;
-  for (int64_t i : samples) {
-    const TrainSample& s = batch.samples[i];
-    ids.insert(ids.end(), s.tokens.begin(), s.tokens.end());
-    in.packed.cu_seqlens.push_back(static_cast<int64_t>(ids.size()));
-    in.packed.prompt_lengths.push_back(s.prompt_length);
-    in.packed.response_lengths.push_back(s.response_length);
-  }
-  in.ids = torch::tensor(ids, torch::kLong).to(device);
-  return in;
-}
-
 std::string FormatValues(const std::map<std::string, double>& values) {
   std::string out;
   for (const auto& [name, value] : values) {
@@ -79,6 +56,27 @@ StepDenominators MakeDenominators(const RolloutBatch& batch, const std::vector<i
   return d;
 }
 
+}  // namespace
+
+namespace internal {
+
+PackedInputs Pack(const RolloutBatch& batch, const std::vector<int64_t>& samples,
+                  torch::Device device) {
+  PackedInputs in;
+  in.packed.cu_seqlens.reserve(samples.size() + 1);
+  in.packed.cu_seqlens.push_back(0);
+  std::vector<int64_t> ids;
+  for (int64_t i : samples) {
+    const TrainSample& s = batch.samples[i];
+    ids.insert(ids.end(), s.tokens.begin(), s.tokens.end());
+    in.packed.cu_seqlens.push_back(static_cast<int64_t>(ids.size()));
+    in.packed.prompt_lengths.push_back(s.prompt_length);
+    in.packed.response_lengths.push_back(s.response_length);
+  }
+  in.ids = torch::tensor(ids, torch::kLong).to(device);
+  return in;
+}
+
 // Sums the named 0-dim metric tensors into `sums` (float64).
 void Accumulate(const std::map<std::string, torch::Tensor>& metrics,
                 std::map<std::string, torch::Tensor>& sums) {
@@ -93,10 +91,27 @@ void Accumulate(const std::map<std::string, torch::Tensor>& metrics,
   }
 }
 
-}  // namespace
-
-namespace internal {
-
+Status AllReduceGradsAndMetrics(const AllReduceSumFn& all_reduce,
+                                const std::vector<torch::Tensor>& trainable,
+                                std::map<std::string, torch::Tensor>& sums) {
+  return GuardTorch("trainer: DP all-reduce", [&]() -> Status {
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor p : trainable) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      torch::Tensor g = p.grad();
+      SLIME_RETURN_IF_ERROR(all_reduce(g));
+    }
+    if (!sums.empty()) {
+      std::vector<torch::Tensor> values;
+      for (const auto& [name, v] : sums) values.push_back(v);
+      torch::Tensor stacked = torch::stack(values).cpu();
+      SLIME_RETURN_IF_ERROR(all_reduce(stacked));
+      size_t k = 0;
+      for (auto& [name, v] : sums) v = stacked[k++];
+    }
+    return absl::OkStatus();
+  });
+}
 torch::Tensor FloatTensor(const std::vector<float>& values, torch::Device device) {
   return torch::tensor(values, torch::kFloat32).to(device);
 }
@@ -184,12 +199,14 @@ Status ForwardOnly(model::DecoderModel& model, const RolloutBatch& batch,
 
 }  // namespace internal
 
+using internal::Accumulate;
 using internal::AllDefined;
 using internal::ForwardMicroBatch;
 using internal::Gather;
 using internal::GuardTorch;
 
-// One optimizer step over this rank's micro-batches of `step` (see the header comment).
+// One optimizer step over this rank's micro-batches of `step` (see the header comment): the
+// loss reducers of the micro-batches, the critic's step (ppo), then the actor's.
 StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_rollout,
                                             int64_t num_steps, bool sft, const RolloutBatch& batch,
                                             const std::vector<int64_t>& rollout_ids,
@@ -198,13 +215,11 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
   const bool per_token = options_.config.train.calculate_per_token_loss;
   const StepDenominators denominators =
       MakeDenominators(batch, rollout_ids, step.samples, per_token);
+  const std::vector<MicroBatch>& micro_batches = step.ranks[options_.dp_rank];
 
-  std::map<std::string, torch::Tensor> sums;
-  for (const MicroBatch& mb : step.ranks[options_.dp_rank]) {
-    SLIME_ASSIGN_OR_RETURN(
-        ResponseLogProbs r,
-        ForwardMicroBatch(*model_, batch, mb.samples, options_.config.train.log_probs_chunk_size,
-                          /*with_entropy=*/!sft));
+  std::vector<LossReducer> reducers;
+  reducers.reserve(micro_batches.size());
+  for (const MicroBatch& mb : micro_batches) {
     std::vector<int64_t> lengths;
     std::vector<double> sample_denominators;
     for (int64_t i : mb.samples) {
@@ -222,7 +237,44 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
     });
     SLIME_RETURN_IF_ERROR(gathered);
     SLIME_ASSIGN_OR_RETURN(LossReducer reducer, LossReducer::Create(lengths, mask, ro));
+    reducers.push_back(std::move(reducer));
+  }
 
+  TrainStepMetrics metrics;
+  metrics.rollout_id = rollout_id;
+  metrics.step = step_;
+  metrics.step_in_rollout = step_in_rollout;
+  metrics.num_samples = static_cast<int64_t>(step.samples.size());
+
+  // ppo: the critic's step on the same micro-batches and denominators (slime trains the critic
+  // first); in the first num_critic_only_steps rollouts it is the only step.
+  Critic* critic = impl_->critic.get();
+  if (critic != nullptr && !sft) {
+    std::vector<CriticMicroBatch> critic_mbs;
+    for (size_t k = 0; k < micro_batches.size(); ++k) {
+      critic_mbs.push_back({&micro_batches[k].samples, &reducers[k]});
+    }
+    SLIME_ASSIGN_OR_RETURN(
+        CriticStepResult critic_step,
+        critic->TrainStep(batch, critic_mbs, tensors.values, tensors.returns, metrics.num_samples));
+    metrics.values.insert(critic_step.values.begin(), critic_step.values.end());
+    if (rollout_id >= 0 && rollout_id < options_.config.algorithm.num_critic_only_steps) {
+      metrics.skipped = critic_step.skipped;
+      spdlog::info("train: rollout {} critic-only step {}/{} ({} samples): {}", rollout_id,
+                   step_in_rollout + 1, num_steps, metrics.num_samples,
+                   FormatValues(metrics.values));
+      return metrics;
+    }
+  }
+
+  std::map<std::string, torch::Tensor> sums;
+  for (size_t k = 0; k < micro_batches.size(); ++k) {
+    const MicroBatch& mb = micro_batches[k];
+    const LossReducer& reducer = reducers[k];
+    SLIME_ASSIGN_OR_RETURN(
+        ResponseLogProbs r,
+        ForwardMicroBatch(*model_, batch, mb.samples, options_.config.train.log_probs_chunk_size,
+                          /*with_entropy=*/!sft));
     StatusOr<LossOutput> loss = absl::InternalError("unset");
     if (sft) {
       loss = SftLoss(reducer, r.log_probs);
@@ -258,34 +310,16 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
 
   // DP: sum the gradients and the metrics over the group.
   if (options_.dp_size > 1) {
-    Status reduced = GuardTorch("trainer: DP all-reduce", [&]() -> Status {
-      torch::NoGradGuard no_grad;
-      for (const std::string& name : optimizer_->TrainableNames()) {
-        const auto k =
-            std::find(impl_->names.begin(), impl_->names.end(), name) - impl_->names.begin();
-        torch::Tensor& p = impl_->params[k];
-        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-        torch::Tensor g = p.grad();
-        SLIME_RETURN_IF_ERROR(options_.dp_all_reduce(g));
-      }
-      if (!sums.empty()) {
-        std::vector<torch::Tensor> values;
-        for (const auto& [name, v] : sums) values.push_back(v);
-        torch::Tensor stacked = torch::stack(values).cpu();
-        SLIME_RETURN_IF_ERROR(options_.dp_all_reduce(stacked));
-        size_t k = 0;
-        for (auto& [name, v] : sums) v = stacked[k++];
-      }
-      return absl::OkStatus();
-    });
-    SLIME_RETURN_IF_ERROR(reduced);
+    std::vector<torch::Tensor> trainable;
+    for (const std::string& name : optimizer_->TrainableNames()) {
+      const auto k =
+          std::find(impl_->names.begin(), impl_->names.end(), name) - impl_->names.begin();
+      trainable.push_back(impl_->params[k]);
+    }
+    SLIME_RETURN_IF_ERROR(
+        internal::AllReduceGradsAndMetrics(options_.dp_all_reduce, trainable, sums));
   }
 
-  TrainStepMetrics metrics;
-  metrics.rollout_id = rollout_id;
-  metrics.step = step_;
-  metrics.step_in_rollout = step_in_rollout;
-  metrics.num_samples = static_cast<int64_t>(step.samples.size());
   Status read = GuardTorch("trainer: read metrics", [&]() -> Status {
     for (const auto& [name, v] : sums) metrics.values[name] = v.item<double>();
     return absl::OkStatus();

@@ -117,16 +117,6 @@ StatusOr<std::vector<torch::Tensor>> LoadWeightCopy(const std::string& what, con
 
 namespace {
 
-nlohmann::json LrStateToJson(const LrSchedulerState& s) {
-  return nlohmann::json{{"num_steps", s.num_steps},
-                        {"max_lr", s.max_lr},
-                        {"min_lr", s.min_lr},
-                        {"init_lr", s.init_lr},
-                        {"warmup_steps", s.warmup_steps},
-                        {"decay_steps", s.decay_steps},
-                        {"decay_style", s.decay_style}};
-}
-
 StatusOr<LrSchedulerState> LrStateFromJson(const nlohmann::json& j, const std::string& where) {
   try {
     LrSchedulerState s;
@@ -146,12 +136,56 @@ StatusOr<LrSchedulerState> LrStateFromJson(const nlohmann::json& j, const std::s
 
 }  // namespace
 
+namespace internal {
+
+nlohmann::json LrStateToJson(const LrSchedulerState& s) {
+  return nlohmann::json{{"num_steps", s.num_steps},
+                        {"max_lr", s.max_lr},
+                        {"min_lr", s.min_lr},
+                        {"init_lr", s.init_lr},
+                        {"warmup_steps", s.warmup_steps},
+                        {"decay_steps", s.decay_steps},
+                        {"decay_style", s.decay_style}};
+}
+
+StatusOr<std::optional<LrScheduler>> ParseLrState(const std::string& text, const std::string& where,
+                                                  const LrScheduler& configured,
+                                                  LrStateMismatch mismatch) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(fmt::format("{}: lr_scheduler is not a JSON object", where));
+  }
+  if (j.empty()) return std::optional<LrScheduler>();  // saved without a scheduler
+  SLIME_ASSIGN_OR_RETURN(LrSchedulerState state, LrStateFromJson(j, where));
+  LrScheduler scheduler = configured;
+  Status loaded = scheduler.LoadState(state, mismatch);
+  if (!loaded.ok()) {
+    return absl::Status(loaded.code(),
+                        fmt::format("{}: LR scheduler: {}", where, std::string(loaded.message())));
+  }
+  return std::optional<LrScheduler>(std::move(scheduler));
+}
+
+StatusOr<std::optional<LrScheduler>> ReadLrState(const std::string& path,
+                                                 const LrScheduler& configured,
+                                                 LrStateMismatch mismatch) {
+  std::ifstream file(path);
+  nlohmann::json state = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+  if (state.is_discarded() || !state.is_object() || !state.contains("lr_scheduler")) {
+    return std::optional<LrScheduler>();
+  }
+  return ParseLrState(state["lr_scheduler"].dump(), path, configured, mismatch);
+}
+
+}  // namespace internal
+
 using internal::CopyInto;
 using internal::CopyTag;
 using internal::CpuCopy;
 using internal::GuardTorch;
 using internal::kOldActor;
 using internal::kRolloutActor;
+using internal::LrStateToJson;
 
 // ---- Weight swap -------------------------------------------------------------------------------
 
@@ -214,8 +248,27 @@ Status Trainer::OnWeightsSynced() {
 
 // ---- Checkpoints -------------------------------------------------------------------------------
 
+namespace {
+
+// The critic's <save> directory beside the actor's checkpoints: <save>/critic for a <save>
+// directory, <save>/critic for an iteration dir <save>/iter_N (checkpoint.h layout).
+std::string CriticCheckpointDir(const std::string& actor_dir) {
+  std::error_code ec;
+  const std::filesystem::path dir(actor_dir);
+  if (std::filesystem::exists(dir / kTrainerStateFile, ec)) {
+    return (dir.parent_path() / kCriticSubdir).string();
+  }
+  return (dir / kCriticSubdir).string();
+}
+
+}  // namespace
+
 StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout_id,
                                     const std::string& extra_state_json) {
+  // The critic first: the actor's tracker is the commit point of the pair.
+  if (impl_->critic != nullptr) {
+    SLIME_RETURN_IF_ERROR(impl_->critic->Save(CriticCheckpointDir(save_dir), rollout_id).status());
+  }
   SaveCheckpointOptions o;
   o.save_dir = save_dir;
   o.iteration = rollout_id;
@@ -231,30 +284,22 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
 
 StatusOr<LoadedTrainerState> Trainer::Load(const std::string& load_dir,
                                            std::optional<int64_t> ckpt_step) {
-  // Check the LR scheduler state before anything changes (trainer_state.json, checkpoint.h).
-  auto parse_lr = [&](const std::string& text,
-                      const std::string& where) -> StatusOr<std::optional<LrScheduler>> {
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) {
-      return absl::InvalidArgumentError(
-          fmt::format("{}: lr_scheduler is not a JSON object", where));
-    }
-    if (j.empty()) return std::optional<LrScheduler>();  // saved without a scheduler
-    SLIME_ASSIGN_OR_RETURN(LrSchedulerState state, LrStateFromJson(j, where));
-    LrScheduler scheduler = lr_scheduler_;
-    Status loaded = scheduler.LoadState(state, options_.lr_state_mismatch);
-    if (!loaded.ok()) {
-      return absl::Status(
-          loaded.code(), fmt::format("{}: LR scheduler: {}", where, std::string(loaded.message())));
-    }
-    return std::optional<LrScheduler>(std::move(scheduler));
-  };
+  // Check the LR scheduler state (trainer_state.json, checkpoint.h) and that the critic's
+  // checkpoint of the same iteration exists before anything changes.
   if (auto dir = ResolveCheckpointDir(load_dir, ckpt_step); dir.ok()) {
     const std::string path = (std::filesystem::path(*dir) / kTrainerStateFile).string();
-    std::ifstream file(path);
-    nlohmann::json state = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
-    if (!state.is_discarded() && state.is_object() && state.contains("lr_scheduler")) {
-      SLIME_RETURN_IF_ERROR(parse_lr(state["lr_scheduler"].dump(), path).status());
+    SLIME_RETURN_IF_ERROR(
+        internal::ReadLrState(path, lr_scheduler_, options_.lr_state_mismatch).status());
+    if (impl_->critic != nullptr) {
+      const std::string iteration = std::filesystem::path(*dir).filename().string();
+      const std::string critic_dir =
+          (std::filesystem::path(CriticCheckpointDir(load_dir)) / iteration).string();
+      auto critic_ok = ResolveCheckpointDir(critic_dir);
+      if (!critic_ok.ok()) {
+        return absl::Status(critic_ok.status().code(),
+                            fmt::format("ppo: the critic's checkpoint of {}: {}", *dir,
+                                        std::string(critic_ok.status().message())));
+      }
     }
   }
 
@@ -275,8 +320,10 @@ StatusOr<LoadedTrainerState> Trainer::Load(const std::string& load_dir,
   out.extra_state_json = loaded.progress.data_source_json;
   out.optimizer_loaded = loaded.optimizer_loaded;
 
-  auto scheduler = parse_lr(loaded.progress.lr_scheduler_json,
-                            (std::filesystem::path(loaded.dir) / kTrainerStateFile).string());
+  auto scheduler =
+      internal::ParseLrState(loaded.progress.lr_scheduler_json,
+                             (std::filesystem::path(loaded.dir) / kTrainerStateFile).string(),
+                             lr_scheduler_, options_.lr_state_mismatch);
   if (!scheduler.ok()) {
     return absl::Status(scheduler.status().code(),
                         fmt::format("{} (the weights and optimizer state were loaded)",
@@ -297,6 +344,13 @@ StatusOr<LoadedTrainerState> Trainer::Load(const std::string& load_dir,
       return absl::OkStatus();
     });
     SLIME_RETURN_IF_ERROR(copied);
+  }
+  if (impl_->critic != nullptr) {
+    Status critic = impl_->critic->Load(CriticCheckpointDir(load_dir), loaded.iteration);
+    if (!critic.ok()) {
+      return absl::Status(critic.code(), fmt::format("ppo critic: {} (the actor was loaded)",
+                                                     std::string(critic.message())));
+    }
   }
   return out;
 }

@@ -77,8 +77,6 @@ struct RolloutConfig {
   bool partial_rollout = false;
   bool mask_offpolicy_in_partial_rollout = false;
   int engine_concurrency = 512;
-  double request_timeout_s = 3600;  // one /generate call of the rollout
-  int request_max_attempts = 60;    // tries while an engine refuses connections
   std::optional<double> mem_fraction_static;
   bool operator==(const RolloutConfig&) const = default;
 };
@@ -150,12 +148,6 @@ struct RewardConfig {
   std::optional<std::string> reward_key;
   bool group_rm = false;
   std::optional<std::string> custom_rm_path;
-  double rm_timeout_s = 120;      // per remote_rm attempt
-  int rm_max_attempts = 10;       // remote_rm attempts (slime: 10)
-  double plugin_timeout_s = 60;   // per plugin call
-  std::string on_error = "fail";  // fail | value
-  double error_reward = 0;        // the reward of a failed sample with on_error: value
-  int num_workers = 8;            // concurrent reward calls (threads, plugin processes)
   bool operator==(const RewardConfig&) const = default;
 };
 
@@ -203,6 +195,8 @@ struct AlgorithmConfig {
 struct TrainConfig {
   double lr = 1e-6;
   double min_lr = 0.0;
+  std::optional<double> critic_lr;      // ppo critic; unset: lr
+  std::optional<double> critic_min_lr;  // ppo critic; unset: min_lr
   std::string lr_decay_style = "linear";
   std::optional<int> lr_decay_iters;
   int lr_warmup_iters = 0;
@@ -268,6 +262,7 @@ struct CheckpointConfig {
   std::optional<std::string> save_hf;
   std::optional<std::string> ref_load;
   std::optional<int> ref_ckpt_step;
+  std::optional<std::string> critic_load;  // ppo: initial critic weights
   std::optional<int> ckpt_step;
   std::optional<int> start_rollout_id;
   bool operator==(const CheckpointConfig&) const = default;

@@ -12,6 +12,8 @@
 //                                 metadata {"step": N}; absent with save_optimizer = false
 //     rng_state.safetensors       uint8 generator states: "cpu", and "cuda:<i>" per visible GPU;
 //                                 absent with save_rng = false
+//     extra_weights.safetensors   float32 tensors beyond the decoder's (the critic's
+//                                 "value_head.weight"); only when the caller passes some
 //     trainer_state.json          format + format_version, iteration, step, rollout_id,
 //                                 lr_scheduler and data_source (opaque JSON objects of their
 //                                 owners), model_config (the HF config), model_dtype, and which
@@ -40,8 +42,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "slime/common/status.h"
+#include "slime/model/checkpoint.h"
 
 namespace slime::model {
 struct ModelWeights;
@@ -57,6 +61,7 @@ inline constexpr char kCheckpointTrackerFile[] = "latest_checkpointed_iteration.
 inline constexpr char kTrainerStateFile[] = "trainer_state.json";
 inline constexpr char kOptimizerStateFile[] = "optimizer.safetensors";
 inline constexpr char kRngStateFile[] = "rng_state.safetensors";
+inline constexpr char kExtraWeightsFile[] = "extra_weights.safetensors";
 
 // "iter_0000010" (Megatron's 7-digit name).
 std::string IterationDirName(int64_t iteration);
@@ -78,6 +83,9 @@ struct SaveCheckpointOptions {
   bool save_optimizer = true;  // false = checkpoint.no_save_optim
   bool save_rng = true;
   int64_t max_shard_bytes = int64_t{4} << 30;  // model weights per safetensors file
+  // Trained tensors that are not decoder parameters (the critic's value head), written as
+  // float32 under their names into extra_weights.safetensors. Empty: no such file.
+  std::vector<model::NamedTensor> extra_weights;
 };
 
 // Saves a checkpoint as described above; returns the iteration directory. `optimizer` may be null
@@ -97,6 +105,10 @@ struct LoadCheckpointOptions {
   std::optional<int64_t> ckpt_step;
   bool load_optimizer = true;  // false = checkpoint.no_load_optim
   bool load_rng = true;
+  // Tensors to fill in place from extra_weights.safetensors, by name (see SaveCheckpointOptions);
+  // each must be there with the same shape. Checked with everything else, applied with the
+  // model's weights (before the optimizer state).
+  std::vector<model::NamedTensor> extra_weights;
 };
 
 struct LoadedCheckpoint {

@@ -15,9 +15,15 @@
 //        ppo. The loss then takes the detached current log-probs as π_old (ratio ≡ 1, ppo_kl ≡
 //        0). With use_rollout_logprobs the engine's log-probs are π_old and the pass is skipped
 //        too (slime recomputes it only for custom TIS functions, which we do not have).
+//     ppo: the values of the pre-update critic (critic.h), forward-only on the same
+//        micro-batches
 //     4. advantages and returns over all of the rank's samples (advantages.h; whitening
-//        all-reduced over the DP group)
-//     5. per optimizer step: per micro-batch forward with grad → response log-probs and entropy
+//        all-reduced over the DP group; ppo: GAE with algorithm.gamma / lambd)
+//     5. per optimizer step (ppo: first the critic's step — value loss on the returns, clipped by
+//        value_clip, with the same micro-batches and denominators, its own AdamW and LR; during
+//        the first algorithm.num_critic_only_steps rollouts the step ends there and the actor
+//        does not train):
+//        per micro-batch forward with grad → response log-probs and entropy
 //        (logprobs.h) → PolicyLoss with the step's denominators (losses.h: D_i = loss-mask
 //        tokens of the step's samples sharing sample i's rollout id, G = rollouts of the step,
 //        N = loss-mask tokens of the step) → backward; then the gradients (and metrics) are
@@ -43,8 +49,11 @@
 // schedule; options.dp_all_reduce sums whitening statistics, metrics and gradients over the
 // group (losses.h's denominators already count all ranks, so a SUM gives slime's objective).
 //
-// What is not here yet: the PPO critic (value head, ValueLoss; advantage_estimator "ppo" is
-// rejected at Create), custom loss / advantage / TIS functions, routing replay (no MoE model),
+// PPO. With advantage_estimator "ppo" the trainer owns a Critic (critic.h): the same decoder
+// with a hidden → 1 value head, its own optimizer and LR schedule. Save writes it under
+// <save>/critic/ (same iteration) before the actor; Load reads it back from there.
+//
+// What is not here yet: custom loss / advantage / TIS functions, routing replay (no MoE model),
 // padding micro-batches to TP × data_pad_size_multiplier (micro-batches are packed unpadded;
 // there is no tensor parallelism in training yet), and tensor / pipeline / context parallelism.
 //
@@ -78,6 +87,7 @@ class DecoderModel;
 namespace slime::train {
 
 class AdamW;
+class Critic;
 
 // ---- Data --------------------------------------------------------------------------------------
 
@@ -116,7 +126,9 @@ std::string_view PolicyWeightsName(PolicyWeights which);  // "actor", "ref", "ol
 // One optimizer step. `values` holds slime's names: loss, pg_loss, pg_clipfrac, ppo_kl,
 // entropy_loss, and when they apply kl_loss, tis, ois, tis_clipfrac, tis_abs, opsm_clipfrac,
 // opd_reverse_kl, train_rollout_logprob_abs_diff (policy loss; the SFT loss has loss only);
-// plus grad_norm and lr. Loss-side values are the step's reduced values (losses.h: the sum
+// plus grad_norm and lr; with ppo also the critic's value_loss, value_clipfrac,
+// critic_grad_norm and critic_lr (critic-only steps carry only those, and `step` does not
+// advance). Loss-side values are the step's reduced values (losses.h: the sum
 // over micro-batches and DP ranks of the scaled micro-batch values).
 struct TrainStepMetrics {
   int64_t rollout_id = 0;
@@ -136,7 +148,8 @@ struct TrainRolloutResult {
   // raw_reward, response_length, truncated; and, as the mean over samples of each sample's
   // loss-masked token mean, advantages, log_probs (when the old-actor pass ran), entropy
   // (use_rollout_entropy), ref_log_probs, rollout_log_probs, teacher_log_probs when they were
-  // computed or given. Not reduced over DP ranks.
+  // computed or given; with ppo also values (the pre-update critic's) and returns. Not reduced
+  // over DP ranks.
   std::map<std::string, double> rollout_values;
 };
 
@@ -171,6 +184,9 @@ struct TrainerOptions {
   // kl_coef != 0): a trainer checkpoint (its <save> dir or an iteration dir) or an HF
   // directory. Unset: config.checkpoint.ref_load, else model_dir (the initial actor).
   std::optional<std::string> ref_model_dir;
+  // ppo: the critic's initial weights (CriticOptions::model_dir). Unset:
+  // config.checkpoint.critic_load, else model_dir (the actor's weights, a new value head).
+  std::optional<std::string> critic_model_dir;
   // Optimizer steps of the whole run for the LR schedule. Unset: slime's TrainIters from
   // data.num_rollout, data.rollout_batch_size, data.n_samples_per_prompt and
   // train.global_batch_size (an error names data.num_rollout when it is unset).
@@ -191,9 +207,10 @@ class Trainer {
   // parameters require grad, builds AdamW (AdamWOptions::FromTrainConfig) and the LR schedule,
   // and loads the CPU copies the configuration needs: ref (see ref_model_dir), teacher
   // (algorithm.opd_teacher_load, opd_teacher_ckpt_step), old_actor (= the initial actor, with
-  // keep_old_actor). Errors name the option or file: unsupported settings (ppo, custom_loss,
-  // routing replay, policy_loss without compute_advantages_and_returns), invalid loss or
-  // batching options, a teacher or reference whose parameters differ from the actor's.
+  // keep_old_actor), and the critic with ppo. Errors name the option or file: unsupported
+  // settings (custom_loss, routing replay, policy_loss without compute_advantages_and_returns),
+  // invalid loss or batching options, a teacher or reference whose parameters differ from the
+  // actor's.
   static StatusOr<std::unique_ptr<Trainer>> Create(TrainerOptions options);
   ~Trainer();
   Trainer(const Trainer&) = delete;
@@ -250,6 +267,8 @@ class Trainer {
   const AdamW& optimizer() const { return *optimizer_; }
   const LrScheduler& lr_scheduler() const { return lr_scheduler_; }
   int64_t step() const { return step_; }
+  // The PPO critic; nullptr unless advantage_estimator is "ppo".
+  const Critic* critic() const;
   bool has_weights(PolicyWeights which) const;
   // True when TrainRollout skips the old-actor pass for a rollout of `num_steps` optimizer
   // steps (slime's can_reuse_log_probs_in_loss; header comment, step 3).
