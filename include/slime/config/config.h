@@ -77,6 +77,8 @@ struct RolloutConfig {
   bool partial_rollout = false;
   bool mask_offpolicy_in_partial_rollout = false;
   int engine_concurrency = 512;
+  double request_timeout_s = 3600;  // one /generate call of the rollout
+  int request_max_attempts = 60;    // tries while an engine refuses connections
   std::optional<double> mem_fraction_static;
   bool operator==(const RolloutConfig&) const = default;
 };
@@ -148,6 +150,12 @@ struct RewardConfig {
   std::optional<std::string> reward_key;
   bool group_rm = false;
   std::optional<std::string> custom_rm_path;
+  double rm_timeout_s = 120;      // per remote_rm attempt
+  int rm_max_attempts = 10;       // remote_rm attempts (slime: 10)
+  double plugin_timeout_s = 60;   // per plugin call
+  std::string on_error = "fail";  // fail | value
+  double error_reward = 0;        // the reward of a failed sample with on_error: value
+  int num_workers = 8;            // concurrent reward calls (threads, plugin processes)
   bool operator==(const RewardConfig&) const = default;
 };
 
