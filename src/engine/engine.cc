@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -676,6 +677,9 @@ void Engine::Post(std::function<void(Impl&)> command) {
 
 void Engine::ThreadMain() {
   Impl& impl = *impl_;
+  // Everything this thread launches (cuBLAS handles, our kernels on the current stream, graph
+  // replays) must target the model's device, which need not be device 0.
+  c10::DeviceGuard device_guard(impl.runner()->device());
   while (true) {
     std::deque<std::function<void(Impl&)>> commands;
     {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -65,6 +66,7 @@ StatusOr<torch::ScalarType> ParseDtype(const std::string& name, const torch::Dev
 StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelRunnerOptions& options) {
   SLIME_ASSIGN_OR_RETURN(torch::Device device, ParseDevice(options.device));
   SLIME_ASSIGN_OR_RETURN(torch::ScalarType dtype, ParseDtype(options.dtype, device));
+  c10::DeviceGuard device_guard(device);  // loading, the KV cache and graph capture on `device`
   if (options.page_size < 1 || options.page_size > 256) {
     return absl::InvalidArgumentError(
         fmt::format("page_size must be in [1, 256], got {}", options.page_size));
@@ -325,6 +327,7 @@ Status ModelRunner::CaptureDecodeGraphs(int64_t max_batch, int64_t context_lengt
   }
   if (kv_->released() || weights_offloaded_) return absl::OkStatus();  // captured on resume
   return Guard("capturing decode CUDA graphs", [&]() -> Status {
+    c10::DeviceGuard device_guard(device());
     const auto t0 = std::chrono::steady_clock::now();
     auto g = std::make_unique<DecodeGraphs>();
     for (int64_t b : {1, 2, 4, 8, 12, 16, 24, 32}) {
