@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "remove_tree.h"
 #include "CLI/CLI.hpp"
 #include "slime/comm/process_group.h"
 #include "slime/comm/weight_sender.h"
@@ -108,7 +109,7 @@ int main(int argc, char** argv) {
   const char* src = std::getenv("SLIME_SOURCE_DIR");
   const std::string source = src != nullptr && *src != '\0' ? src : SLIME_SOURCE_DIR_DEFAULT;
   const std::string tmp = (fs::temp_directory_path() / ("slime-wsync-bench-" + std::to_string(::getpid()))).string();
-  fs::remove_all(tmp);
+  slime::testing::RemoveTree(tmp);
   fs::create_directories(tmp);
   {
     std::ofstream cfg(tmp + "/config.json");
@@ -189,6 +190,6 @@ int main(int argc, char** argv) {
   }
   servers.clear();
   engines.clear();
-  fs::remove_all(tmp);
+  slime::testing::RemoveTree(tmp);
   return 0;
 }

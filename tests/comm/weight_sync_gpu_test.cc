@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "remove_tree.h"
 #include "nlohmann/json.hpp"
 #include "slime/comm/weight_sender.h"
 #include "slime/engine/engine.h"
@@ -76,8 +77,8 @@ TEST(WeightSyncGpuTest, NcclSyncMatchesAFreshEngine) {
   const std::string tok = SourceDir() + "/.cache/testdata/qwen3";
   const std::string base = (fs::temp_directory_path() / "slime-wsync-gpu-base").string();
   const std::string moved = (fs::temp_directory_path() / "slime-wsync-gpu-moved").string();
-  fs::remove_all(base);
-  fs::remove_all(moved);
+  slime::testing::RemoveTree(base);
+  slime::testing::RemoveTree(moved);
   ASSERT_TRUE(model::InitRandomModel(SourceDir() + "/tests/data/model/configs/qwen3-engine-test.json",
                                      tok, base, 0, "bf16")
                   .ok());
@@ -137,8 +138,8 @@ TEST(WeightSyncGpuTest, NcclSyncMatchesAFreshEngine) {
     EXPECT_NEAR(a[i][0].get<double>(), b[i][0].get<double>(), 1e-5) << i;
   }
   EXPECT_TRUE((*sender)->Disconnect().ok());
-  fs::remove_all(base);
-  fs::remove_all(moved);
+  slime::testing::RemoveTree(base);
+  slime::testing::RemoveTree(moved);
 }
 
 }  // namespace

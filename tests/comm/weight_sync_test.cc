@@ -13,6 +13,7 @@
 #include <future>
 #include <thread>
 
+#include "remove_tree.h"
 #include "nlohmann/json.hpp"
 #include "slime/comm/process_group.h"
 #include "slime/comm/weight_sender.h"
@@ -178,8 +179,8 @@ class WeightSyncTest : public ::testing::Test {
         << "Qwen3 tokenizer missing at " << tok << ": run scripts/fetch_test_data.sh";
     base_dir_ = TempPath("base");
     perturbed_dir_ = TempPath("perturbed");
-    fs::remove_all(base_dir_);
-    fs::remove_all(perturbed_dir_);
+    slime::testing::RemoveTree(base_dir_);
+    slime::testing::RemoveTree(perturbed_dir_);
     Status s = model::InitRandomModel(
         SourceDir() + "/tests/data/model/configs/qwen3-engine-test.json", tok, base_dir_, 0, "fp32");
     ASSERT_TRUE(s.ok()) << s;
@@ -213,8 +214,8 @@ class WeightSyncTest : public ::testing::Test {
     delete engines_;
     delete perturbed_;
     delete config_;
-    fs::remove_all(base_dir_);
-    fs::remove_all(perturbed_dir_);
+    slime::testing::RemoveTree(base_dir_);
+    slime::testing::RemoveTree(perturbed_dir_);
   }
 
   static int Port(int e) { return (*engines_)[e].server->port(); }
@@ -224,7 +225,7 @@ class WeightSyncTest : public ::testing::Test {
     o.engines = {{"127.0.0.1", Port(0), 1}, {"127.0.0.1", Port(1), 1}};
     o.group_name = group;
     o.backend = "gloo";
-    o.bucket_bytes = 1 << 20;  // many buckets; the embedding table is one of its own
+    o.bucket_bytes = 64 << 10;  // many buckets; the embedding table is one of its own
     o.timeout_s = 60;
     return o;
   }
