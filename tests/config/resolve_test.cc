@@ -427,6 +427,12 @@ TEST(ConfigResolveTrain, SequenceParallelNeedsTensorParallel) {
 TEST(ConfigResolveTrain, OptimizerAndScheduleChecks) {
   EXPECT_TRUE(FailsWith(LoadMinimal({"train.min_lr=1e-5"}),
                         {"train.min_lr (1e-05) must not exceed train.lr (1e-06)"}));
+  // The PPO critic's LR pair defaults to the actor's values and obeys the same rule.
+  EXPECT_TRUE(LoadMinimal({"train.critic_lr=1e-7", "train.min_lr=1e-7"}).ok());
+  EXPECT_TRUE(FailsWith(LoadMinimal({"train.critic_min_lr=1e-5"}),
+                        {"train.critic_min_lr (1e-05) must not exceed train.critic_lr (1e-06)"}));
+  EXPECT_TRUE(LoadMinimal({"train.critic_lr=1e-5", "train.critic_min_lr=1e-6"}).ok());
+  EXPECT_TRUE(FailsWith(LoadMinimal({"train.critic_lr=-1"}), {"train.critic_lr"}));
   EXPECT_TRUE(
       FailsWith(LoadMinimal({"train.lr_warmup_fraction=0.1", "train.lr_warmup_iters=10"}),
                 {"set only one of train.lr_warmup_fraction (0.1) and train.lr_warmup_iters (10)"}));

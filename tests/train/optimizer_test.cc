@@ -486,35 +486,6 @@ TEST(AdamWTest, ExportImportContinuesIdentically) {
   EXPECT_EQ((*opt2)->step(), 3);
 }
 
-// On the GPU machine: the same bf16 update on CUDA and on the CPU, states on the device.
-TEST(AdamWTest, CudaBf16StepMatchesCpu) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  torch::manual_seed(3);
-  torch::Tensor cpu = torch::randn({8, 16}).to(torch::kBFloat16).set_requires_grad(true);
-  torch::Tensor gpu = cpu.detach().to(torch::kCUDA).set_requires_grad(true);
-  auto cpu_opt = AdamW::Create({{"w", cpu}}, AdamWOptions{});
-  auto gpu_opt = AdamW::Create({{"w", gpu}}, AdamWOptions{});
-  ASSERT_TRUE(cpu_opt.ok() && gpu_opt.ok());
-  for (int i = 0; i < 3; ++i) {
-    const torch::Tensor g = torch::randn({8, 16}).to(torch::kBFloat16);
-    cpu.mutable_grad() = g.clone();
-    gpu.mutable_grad() = g.to(torch::kCUDA);
-    auto rc = (*cpu_opt)->Step(1e-2);
-    auto rg = (*gpu_opt)->Step(1e-2);
-    ASSERT_TRUE(rc.ok() && rg.ok());
-    EXPECT_NEAR(rc->grad_norm, rg->grad_norm, 1e-5 * rc->grad_norm);
-  }
-  const OptimizerState sc = (*cpu_opt)->ExportState();
-  const OptimizerState sg = (*gpu_opt)->ExportState();
-  ASSERT_EQ(sc.tensors.size(), sg.tensors.size());
-  for (size_t i = 0; i < sc.tensors.size(); ++i) {
-    EXPECT_TRUE(sg.tensors[i].tensor.is_cuda()) << sg.tensors[i].name;
-    EXPECT_TRUE(torch::allclose(sg.tensors[i].tensor.cpu(), sc.tensors[i].tensor, 1e-5, 1e-7))
-        << sg.tensors[i].name;
-  }
-  EXPECT_EQ(gpu.scalar_type(), torch::kBFloat16);
-}
-
 TEST(AdamWTest, BadLearningRateAndShapeChange) {
   torch::Tensor p = Param({1.0f, 2.0f}, {1, 2});
   auto opt = AdamW::Create({{"p", p}}, AdamWOptions{});

@@ -1,0 +1,113 @@
+// The CUDA cases of the train module (label gpu; each skips without a CUDA device): AdamW's
+// bf16 step on CUDA equal to the CPU's, the Trainer's first-step gates in bfloat16 on a GPU, and
+// a PPO rollout with the critic on the GPU.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "slime/train/critic.h"
+#include "slime/train/optimizer.h"
+#include "slime/train/trainer.h"
+#include "trainer_test_util.h"
+
+namespace slime::train {
+namespace {
+
+using model::testing::TempDir;
+using test_util::BaseConfig;
+using test_util::ExpectBitwiseEqual;
+using test_util::LogProbs;
+using test_util::MakeBatch;
+using test_util::MakeModelDir;
+using test_util::Train;
+using test_util::Value;
+
+// On the GPU machine: the same bf16 update on CUDA and on the CPU, states on the device.
+TEST(AdamWTest, CudaBf16StepMatchesCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(3);
+  torch::Tensor cpu = torch::randn({8, 16}).to(torch::kBFloat16).set_requires_grad(true);
+  torch::Tensor gpu = cpu.detach().to(torch::kCUDA).set_requires_grad(true);
+  auto cpu_opt = AdamW::Create({{"w", cpu}}, AdamWOptions{});
+  auto gpu_opt = AdamW::Create({{"w", gpu}}, AdamWOptions{});
+  ASSERT_TRUE(cpu_opt.ok() && gpu_opt.ok());
+  for (int i = 0; i < 3; ++i) {
+    const torch::Tensor g = torch::randn({8, 16}).to(torch::kBFloat16);
+    cpu.mutable_grad() = g.clone();
+    gpu.mutable_grad() = g.to(torch::kCUDA);
+    auto rc = (*cpu_opt)->Step(1e-2);
+    auto rg = (*gpu_opt)->Step(1e-2);
+    ASSERT_TRUE(rc.ok() && rg.ok());
+    EXPECT_NEAR(rc->grad_norm, rg->grad_norm, 1e-5 * rc->grad_norm);
+  }
+  const OptimizerState sc = (*cpu_opt)->ExportState();
+  const OptimizerState sg = (*gpu_opt)->ExportState();
+  ASSERT_EQ(sc.tensors.size(), sg.tensors.size());
+  for (size_t i = 0; i < sc.tensors.size(); ++i) {
+    EXPECT_TRUE(sg.tensors[i].tensor.is_cuda()) << sg.tensors[i].name;
+    EXPECT_TRUE(torch::allclose(sg.tensors[i].tensor.cpu(), sc.tensors[i].tensor, 1e-5, 1e-7))
+        << sg.tensors[i].name;
+  }
+  EXPECT_EQ(gpu.scalar_type(), torch::kBFloat16);
+}
+
+// The same gates on a GPU in bfloat16 (the default dtype there): the forward-only passes and the
+// training forward run the same kernels on the same micro-batches.
+TEST(TrainerTest, CudaBf16FirstStepGates) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  TempDir dir;
+  config::Config c = BaseConfig();
+  c.algorithm.use_kl_loss = true;
+  c.algorithm.kl_loss_coef = 0.1;
+  c.train.global_batch_size = 2;
+  TrainerOptions o;
+  o.model_dir = MakeModelDir(dir, "m", 1);
+  o.config = c;
+  o.device = torch::Device(torch::kCUDA, 0);
+  auto trainer = Trainer::Create(o);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  EXPECT_EQ((*trainer)->model().dtype(), torch::kBFloat16);
+  const RolloutBatch batch = MakeBatch(4, 11);
+  const SampleLogProbs actor = LogProbs(**trainer, batch);
+  EXPECT_TRUE(actor.log_probs[0].is_cuda());
+  ExpectBitwiseEqual(LogProbs(**trainer, batch, PolicyWeights::kRef), actor);
+  TrainRolloutResult r = Train(**trainer, 0, batch);
+  ASSERT_EQ(r.steps.size(), 2u);
+  EXPECT_EQ(Value(r.steps[0], "ppo_kl"), 0.0);
+  EXPECT_EQ(Value(r.steps[0], "pg_clipfrac"), 0.0);
+  EXPECT_EQ(Value(r.steps[0], "kl_loss"), 0.0);
+  EXPECT_NE(Value(r.steps[1], "ppo_kl"), 0.0);
+  EXPECT_TRUE(std::isfinite(Value(r.steps[1], "grad_norm")));
+}
+
+// PPO on a GPU in bfloat16: the critic lives on the device, the first step's gates hold and the
+// value loss is finite.
+TEST(TrainerTest, CudaBf16PpoRollout) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  TempDir dir;
+  config::Config c = BaseConfig();
+  c.algorithm.advantage_estimator = "ppo";
+  c.algorithm.gamma = 1.0;
+  c.algorithm.lambd = 0.95;
+  TrainerOptions o;
+  o.model_dir = MakeModelDir(dir, "m", 1);
+  o.config = c;
+  o.device = torch::Device(torch::kCUDA, 0);
+  auto trainer = Trainer::Create(o);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  ASSERT_NE((*trainer)->critic(), nullptr);
+  EXPECT_TRUE((*trainer)->critic()->value_head().is_cuda());
+  EXPECT_EQ((*trainer)->critic()->value_head().scalar_type(), torch::kBFloat16);
+  TrainRolloutResult r = Train(**trainer, 0, MakeBatch(4, 11));
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_EQ(Value(r.steps[0], "ppo_kl"), 0.0);
+  EXPECT_EQ(Value(r.steps[0], "pg_clipfrac"), 0.0);
+  EXPECT_TRUE(std::isfinite(Value(r.steps[0], "value_loss")));
+  EXPECT_TRUE(std::isfinite(Value(r.steps[0], "critic_grad_norm")));
+}
+
+}  // namespace
+}  // namespace slime::train
