@@ -250,7 +250,12 @@ Status ProcessGroup::Broadcast(std::vector<torch::Tensor>& tensors, int root,
     bo.rootTensor = 0;
     bo.timeout = Millis(limit);
     for (idx = 0; idx < tensors.size(); ++idx) {
-      std::vector<at::Tensor> one{tensors[idx]};
+      // Gloo has no bfloat16/bool/float8 kernels, and a broadcast only moves bytes: send every
+      // tensor as its raw bytes (a view, so receivers are filled in place).
+      const at::Tensor& t = tensors[idx];
+      std::vector<at::Tensor> one{backend_ == "gloo" && t.numel() > 0
+                                      ? t.reshape({-1}).view(torch::kUInt8)
+                                      : t};
       works.push_back(state_->backend->broadcast(one, bo));
     }
     for (idx = 0; idx < works.size(); ++idx) {
