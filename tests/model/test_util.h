@@ -11,6 +11,8 @@
 #include <fstream>
 #include <string>
 
+#include "remove_tree.h"
+
 namespace slime::model::testing {
 
 // A fresh directory under the system temp dir, removed with everything in it on destruction.
@@ -21,13 +23,11 @@ class TempDir {
     path_ =
         std::filesystem::temp_directory_path() / ("slime_model_test_" + std::to_string(::getpid()) +
                                                   "_" + std::to_string(counter.fetch_add(1)));
-    std::filesystem::remove_all(path_);
+    slime::testing::RemoveTree(path_.string());
     std::filesystem::create_directories(path_);
   }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
+  // nftw, not std::filesystem::remove_all: that one crashes in CUDA-build executables.
+  ~TempDir() { slime::testing::RemoveTree(path_.string()); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 
