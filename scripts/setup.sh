@@ -10,6 +10,7 @@ packages=(
   libpcre2-dev libboost-dev libboost-system-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   nodejs npm python3 curl ca-certificates
+  python3-matplotlib  # scripts/plot_metrics
   # tests/slurm: a one-node SLURM cluster started by the test (munge comes as a dependency)
   slurmctld slurmd slurm-client
 )
