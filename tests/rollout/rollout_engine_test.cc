@@ -1,0 +1,431 @@
+// The rollout coordinator against two real engines behind their real HTTP servers (tiny
+// random-weight Qwen3 on CPU, real Qwen3 tokenizer), prompts from a real PromptDataSource and
+// rewards from the reward module (a remote reward model served over HTTP by this test, and
+// exact_match). Covers routing (a group stays on one engine, both engines are used), the
+// per-engine concurrency limit seen from the engines, the dynamic filter, abort at the end of a
+// rollout, partial-rollout resumption with off-policy masking, and eval with pass@k.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <thread>
+
+#include "nlohmann/json.hpp"
+#include "remove_tree.h"
+#include "slime/data/prompt_dataset.h"
+#include "slime/engine/engine.h"
+#include "slime/engine/server.h"
+#include "slime/http/server.h"
+#include "slime/metrics/registry.h"
+#include "slime/model/init_random_model.h"
+#include "slime/reward/reward.h"
+#include "slime/rollout/coordinator.h"
+
+namespace slime::rollout {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string SourceDir() {
+  const char* env = std::getenv("SLIME_SOURCE_DIR");
+  return env != nullptr && *env != '\0' ? env : SLIME_SOURCE_DIR_DEFAULT;
+}
+
+struct EngineUnderTest {
+  std::unique_ptr<metrics::Registry> registry;
+  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<engine::EngineServer> server;
+  std::string address() const { return "http://127.0.0.1:" + std::to_string(server->port()); }
+};
+
+class RolloutEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string tok = SourceDir() + "/.cache/testdata/qwen3";
+    if (!fs::exists(tok + "/tokenizer.json")) {
+      skip_ = "Qwen3 tokenizer missing at " + tok + ": run scripts/fetch_test_data.sh";
+      return;
+    }
+    model_dir_ =
+        (fs::temp_directory_path() / ("slime-rollout-test-" + std::to_string(::getpid()))).string();
+    testing::RemoveTree(model_dir_);
+    Status s =
+        model::InitRandomModel(SourceDir() + "/tests/data/model/configs/qwen3-engine-test.json",
+                               tok, model_dir_, 0, "fp32");
+    ASSERT_TRUE(s.ok()) << s;
+    for (int i = 0; i < 2; ++i) {
+      auto e = std::make_unique<EngineUnderTest>();
+      e->registry = std::make_unique<metrics::Registry>();
+      engine::EngineOptions o;
+      o.model_path = model_dir_;
+      o.device = "cpu";
+      o.dtype = "float32";
+      o.page_size = 4;
+      o.max_total_tokens = 16384;
+      o.context_length = 512;
+      o.random_seed = 1;
+      o.weight_version = i == 0 ? "engine-a" : "engine-b";  // shows who served a sample
+      o.metrics = e->registry.get();
+      auto engine = engine::Engine::Create(o);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      e->engine = std::move(*engine);
+      engine::EngineServerOptions so;
+      so.port = 0;
+      auto server = engine::EngineServer::Start(e->engine.get(), e->registry.get(), so);
+      ASSERT_TRUE(server.ok()) << server.status();
+      e->server = std::move(*server);
+      engines_.push_back(e.release());
+    }
+    // The remote reward model: label "zero" → 0, "one" → 1, otherwise a number derived from
+    // the response text (different responses get different rewards).
+    http::Router router;
+    router.Add(
+        "POST", "/rm", [](const http::Request& req, std::shared_ptr<http::ResponseWriter> w) {
+          json body = json::parse(req.body);
+          const std::string label = body.value("label", "");
+          double r = 0;
+          if (label == "one") {
+            r = 1;
+          } else if (label != "zero") {
+            r = static_cast<double>(std::hash<std::string>()(body.value("response", "")) % 1000) /
+                1000.0;
+          }
+          w->SendJson(200, r);
+        });
+    auto rm = http::Server::Start({}, std::move(router));
+    ASSERT_TRUE(rm.ok()) << rm.status();
+    rm_server_ = rm->release();
+  }
+  static void TearDownTestSuite() {
+    if (rm_server_ != nullptr) rm_server_->Stop();
+    delete rm_server_;
+    for (auto* e : engines_) {
+      e->server->Stop();
+      delete e;
+    }
+    engines_.clear();
+    if (!model_dir_.empty()) testing::RemoveTree(model_dir_);
+  }
+
+  void SetUp() override {
+    if (!skip_.empty()) GTEST_SKIP() << skip_;
+    ASSERT_EQ(engines_.size(), 2u) << "the engines did not start (see the suite set-up)";
+    ASSERT_NE(rm_server_, nullptr) << "the reward server did not start";
+    reward::RewardOptions ro;
+    ro.rm_type = "remote_rm";
+    ro.remote.url = "http://127.0.0.1:" + std::to_string(rm_server_->port()) + "/rm";
+    ro.remote.timeout = std::chrono::seconds(10);
+    ro.remote.max_attempts = 2;
+    auto rm = reward::RewardModel::Create(ro);
+    ASSERT_TRUE(rm.ok()) << rm.status();
+    reward_ = std::move(*rm);
+    for (auto* e : engines_) {
+      e->engine->Continue();  // a failed test may have left an engine paused
+      WaitIdle(e);
+    }
+  }
+
+  static double RequestsReceived(EngineUnderTest* e) {
+    return e->registry->GetCounter("slime_engine_requests_total", "Generation requests received.")
+        .Value();
+  }
+
+  static void WaitIdle(EngineUnderTest* e) {
+    for (int i = 0; i < 1000; ++i) {
+      const auto load = e->engine->load();
+      if (load.num_running == 0 && load.num_waiting == 0) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    FAIL() << "engine still busy after 10 s";
+  }
+
+  // A PromptDataSource over JSONL rows {"input", "label"}.
+  std::unique_ptr<data::PromptDataSource> Source(
+      const std::vector<std::pair<std::string, std::string>>& rows, int n) {
+    std::string text;
+    for (const auto& [input, label] : rows) {
+      text += json{{"input", input}, {"label", label}}.dump() + "\n";
+    }
+    data::PromptDatasetOptions po;
+    po.label_key = "label";
+    auto ds = data::PromptDataset::Parse(text, "test.jsonl", engines_[0]->engine->tokenizer(), po);
+    EXPECT_TRUE(ds.ok()) << ds.status();
+    dataset_ = std::make_shared<const data::PromptDataset>(std::move(*ds));
+    data::PromptDataSourceOptions so;
+    so.n_samples_per_prompt = n;
+    auto src = data::PromptDataSource::Create(dataset_, so);
+    EXPECT_TRUE(src.ok()) << src.status();
+    return std::make_unique<data::PromptDataSource>(std::move(*src));
+  }
+
+  RolloutOptions Options(int batch, int n, int concurrency) {
+    RolloutOptions o;
+    o.engines.addresses = {engines_[0]->address(), engines_[1]->address()};
+    o.engines.concurrency_per_engine = concurrency;
+    o.engines.max_attempts = 2;
+    o.engines.retry_interval = std::chrono::milliseconds(50);
+    o.rollout_batch_size = batch;
+    o.n_samples_per_prompt = n;
+    o.sampling.max_response_len = 8;
+    o.deterministic = true;
+    return o;
+  }
+
+  static std::string skip_;
+  static std::string model_dir_;
+  static std::vector<EngineUnderTest*> engines_;
+  static http::Server* rm_server_;
+  std::shared_ptr<const data::PromptDataset> dataset_;
+  std::unique_ptr<reward::RewardModel> reward_;
+};
+
+std::string RolloutEngineTest::skip_;
+std::string RolloutEngineTest::model_dir_;
+std::vector<EngineUnderTest*> RolloutEngineTest::engines_;
+http::Server* RolloutEngineTest::rm_server_ = nullptr;
+
+TEST_F(RolloutEngineTest, GroupsStayOnOneEngineWithinTheConcurrencyLimit) {
+  std::vector<std::pair<std::string, std::string>> rows;
+  for (int i = 0; i < 8; ++i) rows.push_back({"Question number " + std::to_string(i), "x"});
+  auto source = Source(rows, 4);
+  PromptGroupSource groups(source.get());
+  RolloutCoordinator c;
+  RolloutOptions o = Options(8, 4, 3);
+  o.log_passrate = true;
+  ASSERT_TRUE(c.Configure(o, &groups, reward_.get()).ok());
+  std::vector<RolloutProgress> progress;
+  c.SetProgressCallback([&](const RolloutProgress& p) { progress.push_back(p); });
+
+  // The engines start paused, so every request the coordinator sends stays queued there: each
+  // engine must hold exactly its limit (3) and no more, however long we wait. Then they run,
+  // watched (the engine's load snapshot, taken between engine steps, never shows a request after
+  // its answer was sent together with the one sent in its place).
+  double received_before[2];
+  for (int i = 0; i < 2; ++i) {
+    received_before[i] = RequestsReceived(engines_[i]);
+    engines_[i]->engine->Pause();  // ordered before any request the rollout submits
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> max_load[2] = {0, 0};
+  std::thread watcher([&] {
+    while (!stop) {
+      for (int i = 0; i < 2; ++i) {
+        const auto l = engines_[i]->engine->load();
+        max_load[i] = std::max<int64_t>(max_load[i], l.num_running + l.num_waiting);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  auto generate = std::async(std::launch::async, [&] { return c.Generate(0); });
+  auto held = [&](int i) {
+    const auto l = engines_[i]->engine->load();
+    return l.num_running + l.num_waiting;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((held(0) < 3 || held(1) < 3) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // room to overshoot
+  for (int i = 0; i < 2; ++i) {
+    const auto l = engines_[i]->engine->load();
+    EXPECT_EQ(l.num_running, 0) << "engine " << i << " is paused";
+    EXPECT_EQ(l.num_waiting, 3) << "engine " << i << " should hold exactly the limit";
+    EXPECT_EQ(c.engine_pool()->stats(i).in_flight, 3) << "engine " << i;
+  }
+  for (auto* e : engines_) e->engine->Continue();
+  auto r = generate.get();
+  stop = true;
+  watcher.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+
+  ASSERT_EQ(r->groups.size(), 8u);
+  std::map<std::string, int> per_engine;
+  int64_t last_index = -1;
+  for (const auto& g : r->groups) {
+    ASSERT_EQ(g.size(), 4u);
+    const std::string version = g.front().weight_versions.at(0);
+    ++per_engine[version];
+    for (const auto& s : g) {
+      EXPECT_EQ(s.weight_versions, std::vector<std::string>{version}) << "group split";
+      EXPECT_EQ(s.metadata["engine"], g.front().metadata["engine"]);
+      EXPECT_GT(s.index, last_index);  // sorted by sample index
+      last_index = s.index;
+      EXPECT_EQ(s.rollout_id, 0);
+      EXPECT_GE(s.response_length, 1);
+      EXPECT_LE(s.response_length, 8);
+      EXPECT_EQ(s.rollout_log_probs.size(), static_cast<size_t>(s.response_length));
+      for (float lp : s.rollout_log_probs) EXPECT_LE(lp, 0.0f);
+      EXPECT_TRUE(s.status == data::SampleStatus::kTruncated ||
+                  s.status == data::SampleStatus::kCompleted);
+      EXPECT_TRUE(s.Validate().ok()) << s.Validate();
+    }
+  }
+  EXPECT_EQ(per_engine.size(), 2u) << "both engines should serve groups";
+  EXPECT_GE(per_engine["engine-a"], 2);
+  EXPECT_GE(per_engine["engine-b"], 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_LE(max_load[i].load(), 3) << "engine " << i;
+    EXPECT_EQ(c.engine_pool()->stats(i).max_in_flight, 3) << "engine " << i;
+    // One /generate per sample of the groups it served: no retry, no duplicate.
+    const std::string version = i == 0 ? "engine-a" : "engine-b";
+    EXPECT_EQ(RequestsReceived(engines_[i]) - received_before[i], per_engine[version] * 4.0)
+        << "engine " << i;
+  }
+  // Post-processed rewards: each group of 4 has mean 0 (grpo).
+  ASSERT_EQ(r->rewards.size(), 32u);
+  for (size_t g = 0; g < 8; ++g) {
+    double sum = 0;
+    for (size_t k = 0; k < 4; ++k) sum += r->rewards[g * 4 + k];
+    EXPECT_NEAR(sum, 0, 1e-9);
+  }
+  for (const char* key : {"rollout/raw_reward", "rollout/response_len/mean",
+                          "rollout/truncated_ratio", "perf/rollout_time", "passrate/pass@4"}) {
+    EXPECT_EQ(r->metrics.count(key), 1u) << key;
+  }
+  ASSERT_FALSE(progress.empty());
+  EXPECT_EQ(progress.back().samples_done, 32);
+  EXPECT_EQ(progress.back().samples_target, 32);
+  EXPECT_GT(progress.back().response_tokens, 0);
+}
+
+TEST_F(RolloutEngineTest, DynamicFilterDropsZeroStdGroups) {
+  // First wave: 4 groups whose reward is always 0 (dropped); then groups with varied rewards.
+  std::vector<std::pair<std::string, std::string>> rows;
+  for (int i = 0; i < 4; ++i) rows.push_back({"Zero prompt " + std::to_string(i), "zero"});
+  for (int i = 0; i < 4; ++i) rows.push_back({"Vary prompt " + std::to_string(i), "vary"});
+  auto source = Source(rows, 3);
+  PromptGroupSource groups(source.get());
+  RolloutCoordinator c;
+  RolloutOptions o = Options(2, 3, 8);
+  o.over_sampling_batch_size = 4;
+  o.dynamic_filter = DynamicFilter::kNonzeroStd;
+  ASSERT_TRUE(c.Configure(o, &groups, reward_.get()).ok());
+  auto r = c.Generate(0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->groups.size(), 2u);
+  for (const auto& g : r->groups) {
+    EXPECT_EQ(g.front().label, "vary");
+    std::vector<double> rewards;
+    for (const auto& s : g) rewards.push_back(s.reward);
+    EXPECT_GT(train::SampleStd(rewards), 1e-6);
+  }
+  EXPECT_GE(r->metrics["rollout/dynamic_filter/drop_zero_std_0.0"], 3);
+  EXPECT_LE(r->metrics["rollout/dynamic_filter/drop_zero_std_0.0"], 4);
+
+  // With the fallback, a source of nothing but zero-std groups still completes the rollout.
+  auto zeros = Source({{"Only zeros A", "zero"}, {"Only zeros B", "zero"}}, 2);
+  PromptGroupSource zero_groups(zeros.get());
+  o = Options(2, 2, 8);
+  o.dynamic_filter = DynamicFilter::kNonzeroStdWithFallback;
+  ASSERT_TRUE(c.Configure(o, &zero_groups, reward_.get()).ok());
+  r = c.Generate(1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->groups.size(), 2u);
+  EXPECT_EQ(r->metrics["rollout/dynamic_filter/kept_by_fallback"], 2);
+  EXPECT_EQ(r->metrics["rollout/zero_std/count_0.0"], 2);
+}
+
+TEST_F(RolloutEngineTest, AbortAtTheEndAndPartialRolloutResumes) {
+  // The first prompt nearly fills max_context_len (a few new tokens), the others have room for
+  // many: the short group is kept, the long ones are cut by the end-of-rollout abort.
+  std::string long_prompt;
+  for (int i = 0; i < 24; ++i) long_prompt += "alpha beta ";
+  auto source = Source({{long_prompt, "x"}, {"Hi", "x"}, {"Yo", "x"}}, 2);
+  const int64_t long_len = dataset_->prompt(0).tokens.size();
+  ASSERT_GE(long_len, 40);
+  PromptGroupSource groups(source.get());
+  RolloutCoordinator c;
+  RolloutOptions o = Options(1, 2, 4);
+  o.over_sampling_batch_size = 3;
+  o.partial_rollout = true;
+  o.mask_offpolicy_in_partial_rollout = true;
+  o.sampling.max_response_len = 400;
+  o.sampling.max_context_len = static_cast<int>(long_len + 3);
+  ASSERT_TRUE(c.Configure(o, &groups, reward_.get()).ok());
+  auto r = c.Generate(1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->groups.size(), 1u);
+  EXPECT_EQ(r->groups[0][0].group_index, 0);
+  for (const auto& s : r->groups[0]) EXPECT_EQ(s.response_length, 3);  // context cap
+  // Nothing of ours is left running on the engines.
+  for (auto* e : engines_) WaitIdle(e);
+  ASSERT_EQ(c.partial_rollout_buffer().size(), 2u);
+  int partial = 0;
+  std::map<int64_t, std::vector<int32_t>> before;
+  for (const auto& g : c.partial_rollout_buffer()) {
+    for (const auto& s : g) {
+      EXPECT_EQ(s.status, data::SampleStatus::kAborted);
+      EXPECT_EQ(s.metadata["start_rollout_id"], 1);
+      EXPECT_LT(s.response_length, long_len + 3 - s.PromptLength());
+      partial += s.response_length > 0 ? 1 : 0;
+      before[s.index] = s.tokens;
+    }
+  }
+  EXPECT_GE(partial, 1) << "the abort should cut at least one response mid-way";
+  EXPECT_GE(r->metrics["rollout/aborted_samples"], 4);
+  EXPECT_EQ(r->metrics["rollout/partial_rollout/recycled_groups"], 2);
+
+  // The buffer survives a checkpoint.
+  RolloutCoordinator restored;
+  ASSERT_TRUE(restored.RestoreState(c.State()).ok());
+  ASSERT_EQ(restored.State(), c.State());
+
+  // Next rollout: both recycled groups are continued to their full budget.
+  o.rollout_batch_size = 2;
+  o.over_sampling_batch_size = 2;
+  ASSERT_TRUE(restored.Configure(o, &groups, reward_.get()).ok());
+  r = restored.Generate(2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->groups.size(), 2u);
+  for (const auto& g : r->groups) {
+    for (const auto& s : g) {
+      const std::vector<int32_t>& old = before.at(s.index);
+      const int64_t old_response = static_cast<int64_t>(old.size()) - s.PromptLength();
+      ASSERT_GE(s.tokens.size(), old.size());
+      EXPECT_TRUE(std::equal(old.begin(), old.end(), s.tokens.begin())) << "not a continuation";
+      EXPECT_EQ(s.response_length, long_len + 3 - s.PromptLength());
+      EXPECT_EQ(s.status, data::SampleStatus::kTruncated);
+      EXPECT_EQ(s.rollout_log_probs.size(), static_cast<size_t>(s.response_length));
+      for (int64_t t = 0; t < s.response_length; ++t) {
+        EXPECT_EQ(s.loss_mask[t], t < old_response ? 0 : 1) << "token " << t;
+      }
+      EXPECT_EQ(s.metadata["start_rollout_id"], 1);
+      EXPECT_EQ(s.rollout_id, 2);
+    }
+  }
+  EXPECT_TRUE(restored.partial_rollout_buffer().empty());
+}
+
+TEST_F(RolloutEngineTest, EvalReportsRewardsAndPassAtK) {
+  auto source = Source({{"Eval one", "one"}, {"Eval two", "one"}}, 1);
+  RolloutCoordinator c;
+  EvalDataset right{"right", {}, 4, {}, "", ""};
+  for (const auto& p : dataset_->prompts()) right.prompts.push_back(data::MakeGroup(p, 1, 0, 0)[0]);
+  right.sampling.max_response_len = 4;
+  EvalDataset wrong = right;
+  wrong.name = "wrong";
+  wrong.n_samples = 2;
+  wrong.rm_type = "exact_match";  // label "one" never equals a random response
+  ASSERT_TRUE(c.Configure(Options(1, 1, 4), nullptr, reward_.get(), {right, wrong}).ok());
+  auto r = c.Eval(3);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->datasets["right"].size(), 2u);
+  EXPECT_EQ(r->datasets["right"][0].size(), 4u);
+  EXPECT_EQ(r->datasets["wrong"][1].size(), 2u);
+  EXPECT_DOUBLE_EQ(r->metrics["eval/right"], 1.0);
+  EXPECT_DOUBLE_EQ(r->metrics["eval/right-pass@1"], 1.0);
+  EXPECT_DOUBLE_EQ(r->metrics["eval/right-pass@4"], 1.0);
+  EXPECT_DOUBLE_EQ(r->metrics["eval/wrong"], 0.0);
+  EXPECT_DOUBLE_EQ(r->metrics["eval/wrong-pass@2"], 0.0);
+  EXPECT_EQ(r->metrics.count("eval/wrong-pass@4"), 0u);
+  EXPECT_DOUBLE_EQ(r->metrics["eval/right-truncated_ratio"], 1.0);
+}
+
+}  // namespace
+}  // namespace slime::rollout
