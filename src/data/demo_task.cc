@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "atomic_file.h"
+#include "slime/common/atomic_file.h"
 #include "slime/data/sft_dataset.h"
 
 namespace slime::data {
@@ -84,9 +84,9 @@ Status WriteDemoTask(const std::string& out_dir, const DemoTaskOptions& options)
     return absl::InternalError(
         fmt::format("{}: cannot create directory: {}", out_dir, ec.message()));
   }
-  SLIME_RETURN_IF_ERROR(internal::WriteFileAtomically(out_dir + "/train.jsonl", files.train));
-  SLIME_RETURN_IF_ERROR(internal::WriteFileAtomically(out_dir + "/eval.jsonl", files.eval));
-  SLIME_RETURN_IF_ERROR(internal::WriteFileAtomically(out_dir + "/sft.jsonl", files.sft));
+  SLIME_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/train.jsonl", files.train));
+  SLIME_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/eval.jsonl", files.eval));
+  SLIME_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/sft.jsonl", files.sft));
   return absl::OkStatus();
 }
 

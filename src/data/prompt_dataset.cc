@@ -16,7 +16,7 @@
 #include <sstream>
 #include <utility>
 
-#include "atomic_file.h"
+#include "slime/common/atomic_file.h"
 #include "slime/config/config.h"
 
 namespace slime::data {
@@ -462,7 +462,7 @@ Status PromptDataSource::Save(const std::string& path) const {
           fmt::format("{}: cannot create directory: {}", parent.string(), ec.message()));
     }
   }
-  return internal::WriteFileAtomically(path, state().ToJson().dump(2) + "\n");
+  return WriteFileAtomically(path, state().ToJson().dump(2) + "\n");
 }
 
 Status PromptDataSource::Load(const std::string& path) {

@@ -1,4 +1,4 @@
-#include "atomic_file.h"
+#include "slime/common/atomic_file.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
-namespace slime::data::internal {
+namespace slime {
 
 Status WriteFileAtomically(const std::string& path, const std::string& contents) {
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
@@ -41,4 +41,4 @@ Status WriteFileAtomically(const std::string& path, const std::string& contents)
   return absl::OkStatus();
 }
 
-}  // namespace slime::data::internal
+}  // namespace slime
