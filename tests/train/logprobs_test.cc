@@ -218,7 +218,9 @@ TEST(LogProbsTest, ChunkedEqualsUnchunked) {
     EXPECT_LT(MaxAbsDiff(c.out.log_probs, all.out.log_probs), 1e-6) << chunk;
     EXPECT_LT(MaxAbsDiff(c.out.entropy, all.out.entropy), 1e-6) << chunk;
     EXPECT_LT(MaxAbsDiff(c.grads.hidden, all.grads.hidden), 1e-6) << chunk;
-    EXPECT_LT(MaxAbsDiff(c.grads.weight, all.grads.weight), 1e-6) << chunk;
+    // The weight gradient sums over tokens in a different order per chunking: with an optimized
+    // BLAS (OpenBLAS) that is a few float32 ulps of the O(1) values, not a chunking error.
+    EXPECT_LT(MaxAbsDiff(c.grads.weight, all.grads.weight), 1e-5) << chunk;
   }
 }
 
