@@ -282,8 +282,8 @@ void AddEvalFields(std::vector<FieldSpec<Config>>* table) {
       .Doc("Default number of samples per evaluation prompt.");
   b.Add("temperature", &EvalConfig::temperature)
       .Slime("--eval-temperature")
-      .Above(0)
-      .Doc("Unset: rollout.temperature.");
+      .Min(0)
+      .Doc("Unset: rollout.temperature. 0 = greedy (the eval reward is then deterministic).");
   b.Add("top_p", &EvalConfig::top_p)
       .Slime("--eval-top-p")
       .Above(0)
@@ -338,8 +338,8 @@ void AddEvalDatasetFields(std::vector<FieldSpec<EvalDatasetConfig>>* table) {
       .Doc("Samples per prompt. Unset: eval.n_samples_per_eval_prompt.");
   b.Add("temperature", &EvalDatasetConfig::temperature)
       .Slime("temperature")
-      .Above(0)
-      .Doc("Unset: eval.temperature.");
+      .Min(0)
+      .Doc("Unset: eval.temperature. 0 = greedy.");
   b.Add("top_p", &EvalDatasetConfig::top_p)
       .Slime("top_p")
       .Above(0)

@@ -225,6 +225,14 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
       .Slime("--clip-grad")
       .Min(0)
       .Doc("Clip the global gradient norm to this value; 0 = no clipping.");
+  b.Add("override_opt_param_scheduler", &TrainConfig::override_opt_param_scheduler)
+      .Slime("--override-opt_param-scheduler")
+      .Doc(
+          "On resume, keep the configured LR schedule even when the checkpoint's differs (e.g. a "
+          "run extended with a larger data.num_rollout); default: such a resume is refused.");
+  b.Add("use_checkpoint_opt_param_scheduler", &TrainConfig::use_checkpoint_opt_param_scheduler)
+      .Slime("--use-checkpoint-opt_param-scheduler")
+      .Doc("On resume, continue the checkpoint's LR schedule whatever is configured.");
   b.Add("reset_optimizer_states", &TrainConfig::reset_optimizer_states)
       .Slime("--reset-optimizer-states")
       .Doc("Zero the Adam moments and step count before every rollout's training.");
@@ -452,8 +460,9 @@ void AddMetricsFields(std::vector<FieldSpec<Config>>* table) {
       .Min(0)
       .Max(65535)
       .Doc(
-          "Serve Prometheus metrics on this port of the head (0 = any free port); unset = "
-          "off.");
+          "The driver serves Prometheus GET /metrics on this port of all interfaces (0 = any "
+          "free port); unset = a free port on 127.0.0.1. The address is in "
+          "<cluster.run_dir>/driver.json.");
   b.Add("tensorboard_dir", &MetricsConfig::tensorboard_dir)
       .Slime("--use-tensorboard / --tb-project-name")
       .Doc("Write TensorBoard event files here; unset = off.");

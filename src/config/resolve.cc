@@ -375,6 +375,11 @@ class Resolver {
       Error("rollout.over_sampling_batch_size ({}) must be >= data.rollout_batch_size ({})",
             *r.over_sampling_batch_size, d.rollout_batch_size);
     }
+    if (c_.train.override_opt_param_scheduler && c_.train.use_checkpoint_opt_param_scheduler) {
+      Error(
+          "train.override_opt_param_scheduler and train.use_checkpoint_opt_param_scheduler "
+          "contradict each other; set at most one");
+    }
     if (!d.num_rollout.has_value() && !d.num_epoch.has_value()) {
       Error("set data.num_rollout or data.num_epoch (how long to train)");
     } else if (d.num_rollout.has_value() && d.num_epoch.has_value()) {

@@ -215,6 +215,8 @@ struct TrainConfig {
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
   double clip_grad = 1.0;
+  bool override_opt_param_scheduler = false;        // resume: keep the configured LR schedule
+  bool use_checkpoint_opt_param_scheduler = false;  // resume: keep the checkpoint's
   bool reset_optimizer_states = false;
   bool use_stateless_adam = false;
   int seed = 1234;
