@@ -149,7 +149,11 @@ Status RolloutCoordinator::Configure(RolloutOptions options, GroupSource* source
   options.reward_postprocess.rollout_batch_size = options.rollout_batch_size;
   SLIME_RETURN_IF_ERROR(train::GroupRewardNormalizationFor(options.reward_postprocess).status());
   SLIME_ASSIGN_OR_RETURN(std::unique_ptr<EnginePool> pool, EnginePool::Create(options.engines));
-  pool_ = std::move(pool);
+  {
+    std::lock_guard<std::mutex> lock(cancel_mu_);
+    if (cancelled_) pool->Shutdown();
+    pool_ = std::move(pool);
+  }
   options_ = std::move(options);
   source_ = source;
   reward_ = reward;
@@ -252,6 +256,12 @@ void RolloutCoordinator::ReportProgress(Run& run, bool force) {
   p.elapsed_s = Seconds(now - run.start);
   p.tokens_per_s = p.elapsed_s > 0 ? static_cast<double>(p.response_tokens) / p.elapsed_s : 0;
   progress_(p);
+}
+
+void RolloutCoordinator::Cancel() {
+  std::lock_guard<std::mutex> lock(cancel_mu_);
+  cancelled_ = true;
+  if (pool_ != nullptr) pool_->Shutdown();
 }
 
 Status RolloutCoordinator::AbortAndDrain(const std::shared_ptr<Run>& run) {

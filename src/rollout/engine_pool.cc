@@ -102,6 +102,11 @@ EnginePool::~EnginePool() {
   }
 }
 
+void EnginePool::Shutdown() {
+  shutdown_.store(true);
+  CancelQueued();
+}
+
 int EnginePool::num_engines() const { return static_cast<int>(engines_.size()); }
 
 const EngineAddress& EnginePool::address(int engine) const { return engines_.at(engine)->address; }
@@ -177,7 +182,7 @@ void EnginePool::WorkerMain(Engine* e) {
     for (int attempt = 1;; ++attempt) {
       StatusOr<http::Response> r = client.Post("/generate", body);
       if (!r.ok()) {
-        if (Retryable(r.status()) && attempt < options_.max_attempts) {
+        if (Retryable(r.status()) && attempt < options_.max_attempts && !shutdown_.load()) {
           std::this_thread::sleep_for(options_.retry_interval);
           continue;
         }

@@ -253,6 +253,30 @@ TEST_F(BrokenEngineTest, AnEngineThatIsDownFailsTheRolloutNamingIt) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
+TEST_F(BrokenEngineTest, CancelEndsAGenerateThatWouldRetryForAMinute) {
+  int port = 0;
+  {
+    http::Router router;
+    auto s = http::Server::Start({}, std::move(router));
+    ASSERT_TRUE(s.ok());
+    port = (*s)->port();
+  }
+  RolloutOptions o = Options("http://127.0.0.1:" + std::to_string(port));
+  o.engines.max_attempts = 60;  // slime's: a minute of retries against a dead engine
+  o.engines.retry_interval = std::chrono::seconds(1);
+  RolloutCoordinator c;
+  ASSERT_TRUE(c.Configure(o, &source_, reward_.get()).ok());
+  std::thread canceller([&c] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    c.Cancel();  // what the driver does on SIGTERM
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto r = c.Generate(0);
+  canceller.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << r.status();
+}
+
 TEST_F(BrokenEngineTest, HangingAndRefusingEnginesGiveClearErrors) {
   std::mutex mu;
   std::vector<std::shared_ptr<http::ResponseWriter>> parked;  // never answered

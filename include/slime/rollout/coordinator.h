@@ -41,6 +41,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -192,6 +193,11 @@ class RolloutCoordinator {
   StatusOr<RolloutResult> Generate(int64_t rollout_id);
   StatusOr<EvalResult> Eval(int64_t rollout_id);
 
+  // From any thread, when the job stops: the running Generate or Eval ends soon with an error
+  // (queued calls are cancelled, unreachable engines are no longer retried). Irreversible: a
+  // later Configure builds a pool that is shut down too.
+  void Cancel();
+
   // {"version": 1, "partial_rollout_buffer": [[sample, ...], ...]}.
   nlohmann::json State() const;
   // Replaces the buffer; errors name the bad group/sample and field.
@@ -214,6 +220,8 @@ class RolloutCoordinator {
   GroupSource* source_ = nullptr;
   reward::RewardModel* reward_ = nullptr;
   std::vector<EvalDataset> eval_datasets_;
+  std::mutex cancel_mu_;  // guards the pool_ pointer against Cancel from another thread
+  bool cancelled_ = false;
   std::unique_ptr<EnginePool> pool_;
   std::vector<data::SampleGroup> buffer_;  // partial rollout: groups to continue
   ProgressCallback progress_;

@@ -26,6 +26,7 @@
 #ifndef SLIME_ROLLOUT_ENGINE_POOL_H_
 #define SLIME_ROLLOUT_ENGINE_POOL_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -90,6 +91,9 @@ class EnginePool {
 
   // Completes every queued (unsent) call with Cancelled; calls in flight are not touched.
   void CancelQueued();
+  // For a job that is stopping: CancelQueued, and calls in flight stop retrying unreachable
+  // engines (they fail at once with their last error). Irreversible.
+  void Shutdown();
   // POST /abort_request {"abort_all": true} to every engine. Returns the first failure (every
   // engine is still tried).
   Status AbortAll();
@@ -106,6 +110,7 @@ class EnginePool {
 
   const EnginePoolOptions options_;
   std::vector<std::unique_ptr<Engine>> engines_;
+  std::atomic<bool> shutdown_{false};
 };
 
 }  // namespace slime::rollout
