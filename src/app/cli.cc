@@ -16,7 +16,9 @@
 #include "slime/app/version.h"
 #include "slime/comm/accelerator.h"
 #include "slime/common/logging.h"
+#include "slime/common/signal_watcher.h"
 #include "slime/config/config.h"
+#include "slime/job/driver.h"
 #include "slime/model/init_random_model.h"
 #include "spdlog/spdlog.h"
 
@@ -40,12 +42,6 @@ int UsageError(const std::string& message) {
   return kExitUsage;
 }
 
-int NotBuilt(const std::string& what, const std::string& where) {
-  std::cerr << "slime_train " << what << ": not built yet in this version; it arrives with "
-            << where << ". Run `slime_train --help` for what is available.\n";
-  return kExitNotBuilt;
-}
-
 struct TrainOptions {
   std::string config_path;
   std::vector<std::string> overrides;
@@ -54,6 +50,8 @@ struct TrainOptions {
 };
 
 int RunTrain(const TrainOptions& options) {
+  // Before any thread starts (CUDA's included), so only the watcher receives SIGINT/SIGTERM.
+  SignalWatcher signals;
   if (!options.log_level.empty()) {
     if (Status s = CheckLogLevel(options.log_level); !s.ok()) {
       return UsageError(fmt::format("--log-level: {}", std::string(s.message())));
@@ -85,7 +83,10 @@ int RunTrain(const TrainOptions& options) {
   }
   spdlog::info("config {} resolved; placement: {} actors on {} node(s)", options.config_path,
                job->plan.actors.size(), runtime::NumNodesUsed(job->plan));
-  return NotBuilt("train", "the end-to-end RL loop (rollout coordinator, weight sync, driver)");
+  job::DriverOptions driver;
+  driver.config = std::move(config);
+  driver.placement = job->request;
+  return job::RunDriver(std::move(driver), &signals);
 }
 
 }  // namespace

@@ -15,7 +15,9 @@
 #include "slime/app/cli.h"
 #include "slime/comm/accelerator.h"
 #include "slime/common/logging.h"
+#include "slime/common/signal_watcher.h"
 #include "slime/config/config.h"
+#include "slime/job/actors.h"
 #include "slime/runtime/actor.h"
 #include "slime/runtime/agent.h"
 #include "slime/runtime/head.h"
@@ -34,50 +36,6 @@ struct RuntimeCommands::Values {
 };
 
 namespace {
-
-// Blocks SIGINT/SIGTERM/SIGUSR1 in this thread (so every thread started later inherits the
-// mask) and delivers them to `handler` on its own thread. Construct before any other thread.
-class SignalWatcher {
- public:
-  SignalWatcher() {
-    sigemptyset(&set_);
-    for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGUSR2}) sigaddset(&set_, sig);
-    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
-    thread_ = std::thread([this] {
-      while (true) {
-        int sig = 0;
-        if (sigwait(&set_, &sig) != 0) continue;
-        if (sig == SIGUSR2) return;  // our own stop request
-        std::function<void(int)> handler;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          handler = handler_;
-          if (sig != SIGUSR1) last_ = sig;
-        }
-        if (handler) handler(sig);
-      }
-    });
-  }
-  ~SignalWatcher() {
-    pthread_kill(thread_.native_handle(), SIGUSR2);
-    thread_.join();
-  }
-  void SetHandler(std::function<void(int)> handler) {
-    std::lock_guard<std::mutex> lock(mu_);
-    handler_ = std::move(handler);
-  }
-  int last_signal() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return last_;
-  }
-
- private:
-  sigset_t set_;
-  std::mutex mu_;
-  std::function<void(int)> handler_;
-  int last_ = 0;
-  std::thread thread_;
-};
 
 int Fail(const std::string& command, const std::string& message, int code = kExitFailure) {
   std::cerr << "slime_train " << command << ": error: " << message << "\n";
@@ -309,6 +267,7 @@ const runtime::ActorRegistry& WorkerActorRegistry() {
   static const runtime::ActorRegistry* registry = [] {
     auto* r = new runtime::ActorRegistry();
     Status s = runtime::RegisterTestActor(r);
+    if (s.ok()) s = job::RegisterJobActors(r);
     if (!s.ok()) spdlog::error("actor registry: {}", std::string(s.message()));
     return r;
   }();

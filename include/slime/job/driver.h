@@ -1,0 +1,59 @@
+// The driver: what `slime_train --config F` runs — slime's train.py loop over our runtime
+// (../shared/reference/slime-inventory.md §1.1, §1.4, §1.5).
+//
+//   setup     load the tokenizer and the prompt data (bad data fails here, before any process
+//             starts; data.num_rollout defaults to dataset size / rollout_batch_size ×
+//             num_epoch), start the runtime head and this node's agent, wait for
+//             cluster.num_nodes nodes, place and start the actors (engines, trainers) as worker
+//             processes, ask every engine for its HTTP address, `init` the trainers (which resume
+//             from checkpoint.load when it holds a checkpoint: the next rollout is the loaded one
+//             + 1, the data source continues where it was saved), connect trainer rank 0 to the
+//             engines' weight-update group and push the weights once (slime always does, so the
+//             engines' hf_checkpoint only has to have the right architecture).
+//   loop      for rollout_id in [start, num_rollout):
+//               eval before training (rollout 0, eval.interval set, not skip_eval_before_train);
+//               generate (the rollout coordinator runs in this process, against the engines over
+//               the SGLang HTTP API; progress on the console);
+//               train (the batch goes to every trainer as a protobuf over gRPC);
+//               save (checkpoint.save_interval, and at the last rollout): the data source and
+//               coordinator state under <save>/rollout/, then the trainer checkpoint, whose
+//               tracker is written last;
+//               sync the weights (every weight_sync.interval rollouts; weight_version = the
+//               next rollout id);
+//               eval (every eval.interval rollouts).
+//   debug     debug.rollout_only: generate (and save_debug_rollout_data) only;
+//             debug.load_debug_rollout_data: train only, on rollouts saved earlier by
+//             save_debug_rollout_data (no engines).
+//   metrics   one JSON line per rollout and per optimizer step in metrics.jsonl_path (slime's
+//             names: rollout/*, train/*, perf/*, eval/*), the same values as Prometheus gauges
+//             (slime_<name with / and other symbols as _>) plus the runtime head's on GET
+//             /metrics of the driver's HTTP server (metrics.prometheus_port, else a free port;
+//             the address is in <run_dir>/driver.json), a one-line summary per rollout.
+//
+// Exit codes: 0 done; 1 the job failed (an actor died, a call failed: one message names what);
+// 2 bad configuration or data; 128+N after signal N (SIGINT/SIGTERM stop every actor first).
+#ifndef SLIME_JOB_DRIVER_H_
+#define SLIME_JOB_DRIVER_H_
+
+#include <string>
+
+#include "slime/common/signal_watcher.h"
+#include "slime/config/config.h"
+#include "slime/runtime/placement.h"
+
+namespace slime::job {
+
+struct DriverOptions {
+  config::Config config;                 // resolved
+  runtime::PlacementRequest placement;   // what to place (app::PlanJob's request)
+  std::string head_node_name = "node0";  // this node's name in the runtime
+  double start_timeout_s = 600;          // nodes and actors must be up within this
+};
+
+// Runs the job to the end; returns the process exit code (see above). `signals` (constructed
+// before any other thread started) gets the handler that stops every actor on SIGINT/SIGTERM.
+int RunDriver(DriverOptions options, SignalWatcher* signals);
+
+}  // namespace slime::job
+
+#endif  // SLIME_JOB_DRIVER_H_

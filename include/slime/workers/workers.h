@@ -1,0 +1,96 @@
+// The LibTorch side of the job's worker processes: one TrainerWorker or EngineWorker per process,
+// wrapped as runtime actors by job/actors.h (which holds the gRPC/protobuf side; this header
+// includes neither LibTorch nor protobuf, so both sides compile apart — docs/architecture.md,
+// "Build").
+//
+// TrainerWorker: one trainer replica (train::Trainer) plus, on DP rank 0, the trainer side of
+// the weight sync (comm::WeightSender) to the rollout engines.
+//   Init()            builds the Trainer from the resolved config (model.hf_checkpoint) and, when
+//                     checkpoint.load holds a trainer checkpoint, loads it (model, optimizer,
+//                     RNG, LR state). An empty or missing load directory is a fresh start, as
+//                     slime's "set --load to your --save dir" idiom expects.
+//   Train(id, batch)  TrainRollout; the step and rollout metrics as JSON.
+//   Save(id, extra)   a checkpoint under checkpoint.save at iteration `id`.
+//   ConnectEngines / SyncWeights / DisconnectEngines   SGLang's distributed update: pause the
+//                     engines, flush, broadcast every parameter in buckets, continue.
+//   ExportHf(dir)     the current weights as an HF directory (checkpoint.save_hf).
+// EngineWorker: an inference engine (engine::Engine) and its SGLang-compatible HTTP server on
+// a free port of `host`.
+//
+// Threads: a worker belongs to its actor thread (the runtime calls actor methods one at a
+// time). Errors come back as Status naming the operation; nothing throws.
+#ifndef SLIME_WORKERS_WORKERS_H_
+#define SLIME_WORKERS_WORKERS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "nlohmann/json.hpp"
+#include "slime/common/status.h"
+#include "slime/config/config.h"
+#include "slime/train/rollout_batch.h"
+
+namespace slime::workers {
+
+struct WorkerOptions {
+  config::Config config;   // the job's resolved config
+  std::string device;      // "cpu" or "cuda" (the process sees its GPUs as cuda:0..)
+  int num_threads = 0;     // CPU: LibTorch intra-op threads (0 = LibTorch's default)
+  int rank = 0;            // trainer: DP rank; engine: engine index
+  int world_size = 1;      // trainer: DP size
+};
+
+class TrainerWorker {
+ public:
+  static std::unique_ptr<TrainerWorker> Create(WorkerOptions options);
+  ~TrainerWorker();
+  TrainerWorker(const TrainerWorker&) = delete;
+  TrainerWorker& operator=(const TrainerWorker&) = delete;
+
+  // {"loaded": bool, "dir": "...", "rollout_id": I, "step": S, "extra_state": {...},
+  //  "num_parameters": N, "device": "cpu"}; rollout_id is −1 on a fresh start.
+  StatusOr<nlohmann::json> Init();
+  // {"steps": [{"step", "step_in_rollout", "num_samples", "skipped", "values": {...}}],
+  //  "rollout_values": {...}, "dropped_samples": n, "seconds": s}
+  StatusOr<nlohmann::json> Train(int64_t rollout_id, const train::RolloutBatch& batch);
+  // {"dir": iteration directory, "seconds": s}. FailedPrecondition without checkpoint.save.
+  StatusOr<nlohmann::json> Save(int64_t rollout_id, const nlohmann::json& extra_state);
+  // request: {"engines": [{"host", "port", "num_gpus"}], "master_address": host,
+  //           "group_name": "..."}; backend gloo on CPU, nccl on CUDA.
+  Status ConnectEngines(const nlohmann::json& request);
+  // Pause → send every parameter (weight_sync.buffer_size buckets) → continue; then the
+  // trainer's keep_old_actor queue. {"bytes", "tensors", "buckets", "seconds", "gb_per_s"}.
+  StatusOr<nlohmann::json> SyncWeights(const std::string& weight_version);
+  Status DisconnectEngines();
+  // {"dir": dir}
+  StatusOr<nlohmann::json> ExportHf(const std::string& dir);
+
+ private:
+  struct Impl;
+  explicit TrainerWorker(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class EngineWorker {
+ public:
+  // Loads model.hf_checkpoint, starts the engine thread and the HTTP server on `host`, any free
+  // port. The engine's sampling seed base is rollout.seed + rank.
+  static StatusOr<std::unique_ptr<EngineWorker>> Start(WorkerOptions options,
+                                                       const std::string& host);
+  ~EngineWorker();  // stops the server (in-flight requests abort), then the engine
+  EngineWorker(const EngineWorker&) = delete;
+  EngineWorker& operator=(const EngineWorker&) = delete;
+
+  const std::string& host() const;
+  int port() const;
+
+ private:
+  struct Impl;
+  explicit EngineWorker(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace slime::workers
+
+#endif  // SLIME_WORKERS_WORKERS_H_

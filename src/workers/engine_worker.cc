@@ -1,0 +1,58 @@
+// EngineWorker (include/slime/workers/workers.h).
+#include <torch/torch.h>
+
+#include <utility>
+
+#include "fmt/format.h"
+#include "slime/engine/engine.h"
+#include "slime/engine/server.h"
+#include "slime/metrics/registry.h"
+#include "slime/workers/workers.h"
+#include "spdlog/spdlog.h"
+
+namespace slime::workers {
+
+struct EngineWorker::Impl {
+  std::string host;
+  metrics::Registry registry;
+  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<engine::EngineServer> server;
+};
+
+EngineWorker::EngineWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+EngineWorker::~EngineWorker() {
+  if (impl_->server) impl_->server->Stop();
+  if (impl_->engine) impl_->engine->Stop();
+}
+
+const std::string& EngineWorker::host() const { return impl_->host; }
+int EngineWorker::port() const { return impl_->server->port(); }
+
+StatusOr<std::unique_ptr<EngineWorker>> EngineWorker::Start(WorkerOptions options,
+                                                            const std::string& host) {
+  const config::Config& config = options.config;
+  if (options.num_threads > 0) at::set_num_threads(options.num_threads);
+  auto impl = std::make_unique<Impl>();
+  impl->host = host;
+  engine::EngineOptions eo;
+  eo.model_path = config.model.hf_checkpoint;
+  eo.served_model_name = config.model.model_name.value_or(config.model.hf_checkpoint);
+  eo.device = options.device == "cuda" ? "cuda" : "cpu";
+  eo.dtype = "auto";
+  if (config.rollout.mem_fraction_static) eo.mem_fraction_static = *config.rollout.mem_fraction_static;
+  eo.random_seed = static_cast<uint64_t>(config.rollout.seed + options.rank);
+  eo.metrics = &impl->registry;
+  SLIME_ASSIGN_OR_RETURN(impl->engine, engine::Engine::Create(eo));
+  engine::EngineServerOptions so;
+  so.host = host;
+  so.port = 0;
+  so.weights_group_timeout_s = 60.0 * config.cluster.distributed_timeout_minutes;
+  SLIME_ASSIGN_OR_RETURN(impl->server,
+                         engine::EngineServer::Start(impl->engine.get(), &impl->registry, so));
+  spdlog::info("engine {}: serving {} on http://{}:{} ({})", options.rank, eo.model_path, host,
+               impl->server->port(), eo.device);
+  return std::unique_ptr<EngineWorker>(new EngineWorker(std::move(impl)));
+}
+
+}  // namespace slime::workers

@@ -1,0 +1,226 @@
+// TrainerWorker (include/slime/workers/workers.h).
+#include <torch/torch.h>
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <utility>
+
+#include "fmt/format.h"
+#include "slime/comm/weight_sender.h"
+#include "slime/model/decoder.h"
+#include "slime/model/weights.h"
+#include "slime/train/checkpoint.h"
+#include "slime/train/hf_export.h"
+#include "slime/train/trainer.h"
+#include "slime/workers/workers.h"
+#include "spdlog/spdlog.h"
+
+namespace slime::workers {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+nlohmann::json StepToJson(const train::TrainStepMetrics& m) {
+  return {{"step", m.step},
+          {"step_in_rollout", m.step_in_rollout},
+          {"num_samples", m.num_samples},
+          {"skipped", m.skipped},
+          {"values", m.values}};
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+struct TrainerWorker::Impl {
+  WorkerOptions options;
+  std::unique_ptr<train::Trainer> trainer;
+  std::unique_ptr<comm::WeightSender> sender;
+
+  Status CheckInit() const {
+    if (trainer == nullptr) return absl::FailedPreconditionError("trainer: init has not run");
+    return absl::OkStatus();
+  }
+};
+
+TrainerWorker::TrainerWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TrainerWorker::~TrainerWorker() = default;
+
+std::unique_ptr<TrainerWorker> TrainerWorker::Create(WorkerOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  return std::unique_ptr<TrainerWorker>(new TrainerWorker(std::move(impl)));
+}
+
+StatusOr<nlohmann::json> TrainerWorker::Init() {
+  if (impl_->trainer != nullptr) return absl::FailedPreconditionError("trainer: init ran twice");
+  const WorkerOptions& o = impl_->options;
+  const config::Config& config = o.config;
+  if (o.num_threads > 0) at::set_num_threads(o.num_threads);
+  train::TrainerOptions to;
+  to.model_dir = config.model.hf_checkpoint;
+  const bool cuda = o.device == "cuda";
+  if (cuda && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError("trainer: device cuda requested but CUDA is not available");
+  }
+  to.device = cuda ? torch::Device("cuda:0") : torch::Device(torch::kCPU);
+  to.dtype = config.train.bf16 ? torch::kBFloat16 : torch::kFloat32;
+  to.config = config;
+  if (config.train.override_opt_param_scheduler) {
+    to.lr_state_mismatch = train::LrStateMismatch::kUseConfigured;
+  } else if (config.train.use_checkpoint_opt_param_scheduler) {
+    to.lr_state_mismatch = train::LrStateMismatch::kUseCheckpoint;
+  }
+  to.dp_size = o.world_size;
+  to.dp_rank = o.rank;
+  if (o.world_size != 1) {
+    return absl::UnimplementedError(fmt::format(
+        "trainer: {} data-parallel trainer processes requested; training across trainer "
+        "processes is not built yet (use actor_num_nodes × actor_num_gpus_per_node = 1)",
+        o.world_size));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  SLIME_ASSIGN_OR_RETURN(impl_->trainer, train::Trainer::Create(std::move(to)));
+  nlohmann::json reply = {{"loaded", false},
+                          {"rollout_id", -1},
+                          {"step", 0},
+                          {"extra_state", nlohmann::json::object()},
+                          {"device", o.device}};
+  int64_t num_parameters = 0;
+  for (const model::NamedTensor& t :
+       model::NamedParameters(std::as_const(*impl_->trainer).model().weights(),
+                              std::as_const(*impl_->trainer).model().config())) {
+    num_parameters += t.tensor.numel();
+  }
+  reply["num_parameters"] = num_parameters;
+  const std::optional<std::string>& load = config.checkpoint.load;
+  std::optional<int64_t> ckpt_step;
+  if (config.checkpoint.ckpt_step) ckpt_step = *config.checkpoint.ckpt_step;
+  // checkpoint.load: a trainer checkpoint (a <save> dir with a tracker, or an iteration dir);
+  // a missing or still empty directory is a fresh start, anything else unreadable an error.
+  const bool resume = load && (ckpt_step || FileExists(*load + "/" + train::kCheckpointTrackerFile) ||
+                                FileExists(*load + "/" + train::kTrainerStateFile));
+  if (resume) {
+    SLIME_ASSIGN_OR_RETURN(train::LoadedTrainerState loaded,
+                           impl_->trainer->Load(*load, ckpt_step));
+    reply["loaded"] = true;
+    reply["dir"] = loaded.dir;
+    reply["rollout_id"] = loaded.rollout_id;
+    reply["step"] = loaded.step;
+    nlohmann::json extra = nlohmann::json::parse(loaded.extra_state_json, nullptr, false);
+    if (extra.is_discarded()) {
+      return absl::DataLossError(
+          fmt::format("trainer: checkpoint {}: extra state is not valid JSON", loaded.dir));
+    }
+    reply["extra_state"] = std::move(extra);
+    spdlog::info("trainer: resumed from {} (rollout {}, step {})", loaded.dir, loaded.rollout_id,
+                 loaded.step);
+  } else if (load) {
+    spdlog::info("trainer: no checkpoint in {} yet; starting from {}", *load,
+                 config.model.hf_checkpoint);
+  }
+  reply["seconds"] = SecondsSince(start);
+  return reply;
+}
+
+StatusOr<nlohmann::json> TrainerWorker::Train(int64_t rollout_id, const train::RolloutBatch& batch) {
+  SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  const auto start = std::chrono::steady_clock::now();
+  SLIME_ASSIGN_OR_RETURN(train::TrainRolloutResult result,
+                         impl_->trainer->TrainRollout(rollout_id, batch));
+  nlohmann::json steps = nlohmann::json::array();
+  for (const train::TrainStepMetrics& m : result.steps) steps.push_back(StepToJson(m));
+  return nlohmann::json{{"steps", std::move(steps)},
+                        {"rollout_values", result.rollout_values},
+                        {"dropped_samples", result.dropped_samples.size()},
+                        {"seconds", SecondsSince(start)}};
+}
+
+StatusOr<nlohmann::json> TrainerWorker::Save(int64_t rollout_id, const nlohmann::json& extra_state) {
+  SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  const std::optional<std::string>& save = impl_->options.config.checkpoint.save;
+  if (!save) return absl::FailedPreconditionError("trainer: save called without checkpoint.save");
+  const auto start = std::chrono::steady_clock::now();
+  SLIME_ASSIGN_OR_RETURN(std::string dir,
+                         impl_->trainer->Save(*save, rollout_id, extra_state.dump()));
+  return nlohmann::json{{"dir", dir}, {"seconds", SecondsSince(start)}};
+}
+
+Status TrainerWorker::ConnectEngines(const nlohmann::json& request) {
+  SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  if (impl_->sender != nullptr) SLIME_RETURN_IF_ERROR(DisconnectEngines());
+  const config::Config& config = impl_->options.config;
+  comm::WeightSenderOptions so;
+  try {
+    for (const nlohmann::json& e : request.at("engines")) {
+      comm::EngineEndpoint endpoint;
+      endpoint.host = e.at("host").get<std::string>();
+      endpoint.port = e.at("port").get<int>();
+      endpoint.num_gpus = e.value("num_gpus", 1);
+      so.engines.push_back(endpoint);
+    }
+    so.master_address = request.value("master_address", std::string("127.0.0.1"));
+    so.group_name = request.value("group_name", so.group_name);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(fmt::format("connect_engines: bad request: {}", e.what()));
+  }
+  if (so.engines.empty()) return absl::InvalidArgumentError("connect_engines: no engines");
+  so.backend = impl_->options.device == "cuda" ? "nccl" : "gloo";
+  so.bucket_bytes = config.weight_sync.buffer_size;
+  so.timeout_s = 60.0 * config.cluster.distributed_timeout_minutes;
+  SLIME_ASSIGN_OR_RETURN(impl_->sender, comm::WeightSender::Connect(std::move(so)));
+  return absl::OkStatus();
+}
+
+StatusOr<nlohmann::json> TrainerWorker::SyncWeights(const std::string& weight_version) {
+  SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  if (impl_->sender == nullptr) {
+    return absl::FailedPreconditionError("sync_weights: connect_engines has not run");
+  }
+  comm::WeightSender& sender = *impl_->sender;
+  const auto start = std::chrono::steady_clock::now();
+  SLIME_RETURN_IF_ERROR(sender.PauseEngines());
+  const model::DecoderModel& model = std::as_const(*impl_->trainer).model();
+  StatusOr<comm::SyncStats> stats =
+      sender.Send(model::NamedParameters(model.weights(), model.config()), weight_version);
+  // Engines continue even after a failed bucket, so they never stay paused.
+  Status resumed = sender.ContinueEngines();
+  if (!stats.ok()) return stats.status();
+  SLIME_RETURN_IF_ERROR(resumed);
+  SLIME_RETURN_IF_ERROR(impl_->trainer->OnWeightsSynced());
+  return nlohmann::json{{"bytes", stats->bytes},
+                        {"tensors", stats->tensors},
+                        {"buckets", stats->buckets},
+                        {"send_seconds", stats->seconds},
+                        {"seconds", SecondsSince(start)},
+                        {"gb_per_s", stats->gb_per_s()}};
+}
+
+Status TrainerWorker::DisconnectEngines() {
+  if (impl_->sender == nullptr) return absl::OkStatus();
+  Status s = impl_->sender->Disconnect();
+  impl_->sender.reset();
+  return s;
+}
+
+StatusOr<nlohmann::json> TrainerWorker::ExportHf(const std::string& dir) {
+  SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  const config::Config& config = impl_->options.config;
+  if (!config.checkpoint.save) {
+    return absl::FailedPreconditionError("export_hf: needs checkpoint.save (it converts the newest checkpoint)");
+  }
+  train::HfExportOptions eo;
+  eo.from = *config.checkpoint.save;
+  eo.to_hf = dir;
+  eo.tokenizer = config.model.hf_checkpoint;
+  SLIME_ASSIGN_OR_RETURN(std::string from, train::ExportCheckpointToHf(eo));
+  return nlohmann::json{{"dir", dir}, {"from", from}};
+}
+
+}  // namespace slime::workers
