@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# README command 1: install dependencies, build, and run slime_train on the default tiny CPU
-# config (configs/grpo-tiny-cpu.yaml), printing progress and the final reward.
+# README command 1: install dependencies, build, warm-start a tiny model on the demo task and run
+# slime_train's GRPO loop on it on the CPU (configs/grpo-tiny-cpu.yaml): 1 trainer + 2 engines as
+# separate processes, Gloo weight sync. Prints rollout progress, one line per rollout, the eval
+# reward before/after, and where the metrics and checkpoints are.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -9,17 +11,18 @@ cd "$repo"
 bin="${SLIME_BUILD_DIR:-$repo/build}/src/app/slime_train"
 "$bin" --version
 echo
-echo "== placement and resolved config of configs/grpo-tiny-cpu.yaml"
+echo "== warm start: Qwen3 tokenizer, a tiny random model, a short SFT on the demo task"
+SLIME_BIN="$bin" ./scripts/warm_start.sh
+echo
+echo "== placement of configs/grpo-tiny-cpu.yaml"
 "$bin" --config configs/grpo-tiny-cpu.yaml --dry-run | sed -n '/# placement plan/,$p'
 echo
-echo "== training run"
-set +e
+# A fresh demo run each time (the config resumes from runs/grpo-tiny-cpu/ckpt when it is there).
+rm -rf runs/grpo-tiny-cpu
+echo "== GRPO (slime_train --config configs/grpo-tiny-cpu.yaml)"
+start=$(date +%s)
 "$bin" --config configs/grpo-tiny-cpu.yaml
-rc=$?
-set -e
-if [ "$rc" -eq 3 ]; then
-  echo "quickstart: the RL loop itself is not built yet in this version (see README, Status);"
-  echo "quickstart: everything before it (build, config, placement) ran."
-  exit 0
-fi
-exit "$rc"
+echo
+echo "quickstart: GRPO took $(( $(date +%s) - start )) s. Metrics: runs/grpo-tiny-cpu/metrics.jsonl"
+echo "quickstart: plot them with scripts/plot_metrics runs/grpo-tiny-cpu -o runs/grpo-tiny-cpu/curves.png"
+echo "quickstart: checkpoints in runs/grpo-tiny-cpu/ckpt (`slime_train --config configs/grpo-tiny-cpu.yaml --set data.num_rollout=30` continues from them)"
