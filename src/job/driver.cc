@@ -20,6 +20,7 @@
 #include "slime/common/atomic_file.h"
 #include "slime/common/signal_watcher.h"
 #include "slime/data/prompt_dataset.h"
+#include "slime/http/client.h"
 #include "slime/http/metrics_route.h"
 #include "slime/http/server.h"
 #include "slime/job/actors.h"
@@ -234,6 +235,10 @@ class Driver {
   Status Evaluate(int64_t rollout_id, MetricValues* perf);
   Status SaveCheckpoint(int64_t rollout_id);
   StatusOr<Json> SyncWeights(const std::string& version);
+  // Colocated with offload_rollout: the engines give their GPU memory (weights, K/V, CUDA
+  // graphs) back while the trainer works, and take it again before the weight sync.
+  Status EngineMemory(bool release);
+  bool offload_engines_ = false;
   Status WriteDriverFile();
   std::chrono::milliseconds LongCall() const { return std::chrono::hours(24); }
 
@@ -429,6 +434,8 @@ Status Driver::StartActors() {
   }
   if (trainer_ids_.empty()) return absl::InvalidArgumentError("placement: no trainer actor");
   has_engines_ = !engine_ids_.empty();
+  offload_engines_ = has_engines_ && gpus && config_.cluster.colocate &&
+                     config_.cluster.offload_rollout.value_or(false);
   if (!has_engines_ && !train_only_) {
     return absl::InvalidArgumentError(
         "placement: no engines (cluster.rollout_num_gpus is 0); external engines "
@@ -514,6 +521,19 @@ Status Driver::InitTrainers() {
   return absl::OkStatus();
 }
 
+Status Driver::EngineMemory(bool release) {
+  const std::string path = release ? "/release_memory_occupation" : "/resume_memory_occupation";
+  for (const std::string& address : engine_addresses_) {
+    SLIME_ASSIGN_OR_RETURN(auto hp, runtime::SplitHostPort(address));
+    http::ClientOptions co;
+    co.timeout = std::chrono::minutes(10);
+    http::Client client(hp.first, hp.second, co);
+    SLIME_ASSIGN_OR_RETURN(http::Response r, client.Post(path, "{}"));
+    if (r.status != 200) return http::StatusFromHttp(r.status, "engine " + address + " " + path, r.body);
+  }
+  return absl::OkStatus();
+}
+
 StatusOr<Json> Driver::SyncWeights(const std::string& version) {
   return CallJson(head_->Handle(trainer_ids_.front()), "sync_weights",
                   {{"weight_version", version}}, LongCall());
@@ -582,6 +602,11 @@ Status Driver::Loop() {
     report_->EndProgress();
     values.insert(result.metrics.begin(), result.metrics.end());
     values["perf/rollout_time"] = Since(t);
+    if (offload_engines_ && !debug.rollout_only) {
+      t = Clock::now();
+      SLIME_RETURN_IF_ERROR(EngineMemory(/*release=*/true));
+      values["perf/offload_rollout_time"] = Since(t);
+    }
     if (debug.save_debug_rollout_data) {
       SLIME_RETURN_IF_ERROR(
           SaveDebugRollout(DebugRolloutPath(*debug.save_debug_rollout_data, rollout_id), result));
@@ -614,7 +639,12 @@ Status Driver::Loop() {
       SLIME_RETURN_IF_ERROR(SaveCheckpoint(rollout_id));
       values["perf/save_time"] = Since(t);
     }
-    // 4. Weight sync.
+    // 4. Weight sync (the engines take their memory back first).
+    if (offload_engines_ && !debug.rollout_only) {
+      t = Clock::now();
+      SLIME_RETURN_IF_ERROR(EngineMemory(/*release=*/false));
+      values["perf/onload_rollout_time"] = Since(t);
+    }
     if (!debug.rollout_only && has_engines_ && (rollout_id + 1) % config_.weight_sync.interval == 0) {
       t = Clock::now();
       SLIME_ASSIGN_OR_RETURN(Json sync, SyncWeights(std::to_string(rollout_id + 1)));

@@ -1,13 +1,17 @@
 // TrainerWorker (include/slime/workers/workers.h).
 #include <torch/torch.h>
 
+#include <ftw.h>
 #include <sys/stat.h>
+
+#include <fstream>
 
 #include <chrono>
 #include <utility>
 
 #include "fmt/format.h"
 #include "slime/comm/weight_sender.h"
+#include "slime/http/client.h"
 #include "slime/model/decoder.h"
 #include "slime/model/weights.h"
 #include "slime/train/checkpoint.h"
@@ -41,7 +45,17 @@ bool FileExists(const std::string& path) {
 struct TrainerWorker::Impl {
   WorkerOptions options;
   std::unique_ptr<train::Trainer> trainer;
-  std::unique_ptr<comm::WeightSender> sender;
+  std::unique_ptr<comm::WeightSender> sender;       // distributed transport
+  std::vector<comm::EngineEndpoint> disk_engines;   // disk transport
+  std::string last_disk_dir;
+
+  // weight_sync.transport, where two processes on one GPU force disk: NCCL refuses a
+  // communicator with two ranks on the same device (the CUDA-IPC handover is not built).
+  bool UseDisk() const {
+    const config::Config& c = options.config;
+    return c.weight_sync.transport == "disk" || (c.cluster.colocate && options.device == "cuda");
+  }
+  StatusOr<nlohmann::json> SyncFromDisk(const std::string& version);
 
   Status CheckInit() const {
     if (trainer == nullptr) return absl::FailedPreconditionError("trainer: init has not run");
@@ -171,6 +185,12 @@ Status TrainerWorker::ConnectEngines(const nlohmann::json& request) {
     return absl::InvalidArgumentError(fmt::format("connect_engines: bad request: {}", e.what()));
   }
   if (so.engines.empty()) return absl::InvalidArgumentError("connect_engines: no engines");
+  if (impl_->UseDisk()) {
+    impl_->disk_engines = so.engines;
+    spdlog::info("weight sync: disk transport ({} engine(s){})", so.engines.size(),
+                 config.weight_sync.transport == "disk" ? "" : "; colocated on one GPU");
+    return absl::OkStatus();
+  }
   so.backend = impl_->options.device == "cuda" ? "nccl" : "gloo";
   so.bucket_bytes = config.weight_sync.buffer_size;
   so.timeout_s = 60.0 * config.cluster.distributed_timeout_minutes;
@@ -180,6 +200,7 @@ Status TrainerWorker::ConnectEngines(const nlohmann::json& request) {
 
 StatusOr<nlohmann::json> TrainerWorker::SyncWeights(const std::string& weight_version) {
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  if (!impl_->disk_engines.empty()) return impl_->SyncFromDisk(weight_version);
   if (impl_->sender == nullptr) {
     return absl::FailedPreconditionError("sync_weights: connect_engines has not run");
   }
@@ -202,7 +223,68 @@ StatusOr<nlohmann::json> TrainerWorker::SyncWeights(const std::string& weight_ve
                         {"gb_per_s", stats->gb_per_s()}};
 }
 
+// Disk transport: the weights as an HF directory (safetensors + the model's config.json) under
+// weight_sync.disk_dir (default <run_dir>/weight_sync), then on every engine: pause, POST
+// /update_weights_from_disk (the engine reloads and flushes its prefix cache), continue. The
+// previous version's directory is removed unless weight_sync.disk_keep_files.
+StatusOr<nlohmann::json> TrainerWorker::Impl::SyncFromDisk(const std::string& version) {
+  const config::Config& c = options.config;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string root = c.weight_sync.disk_dir.value_or(c.cluster.run_dir + "/weight_sync");
+  const std::string dir = fmt::format("{}/v{}", root, version);
+  const model::DecoderModel& model = std::as_const(*trainer).model();
+  SLIME_RETURN_IF_ERROR(model::SaveWeights(dir, model.weights(), model.config()));
+  {
+    std::ifstream in(c.model.hf_checkpoint + "/config.json", std::ios::binary);
+    std::ofstream out(dir + "/config.json", std::ios::binary);
+    out << in.rdbuf();
+    if (!in || !out) {
+      return absl::InternalError(fmt::format("weight sync: cannot copy {}/config.json to {}",
+                                             c.model.hf_checkpoint, dir));
+    }
+  }
+  const double write_s = SecondsSince(start);
+  int64_t bytes = 0;
+  for (const model::NamedTensor& t : model::NamedParameters(model.weights(), model.config())) {
+    bytes += t.tensor.numel() * t.tensor.element_size();
+  }
+  http::ClientOptions co;
+  co.timeout = std::chrono::seconds(60 * c.cluster.distributed_timeout_minutes);
+  for (const comm::EngineEndpoint& e : disk_engines) {
+    http::Client client(e.host, e.port, co);
+    const std::string where = fmt::format("engine {}:{}", e.host, e.port);
+    auto post = [&](const std::string& path, const nlohmann::json& body) -> Status {
+      SLIME_ASSIGN_OR_RETURN(http::Response r, client.Post(path, body.dump()));
+      if (r.status != 200) return http::StatusFromHttp(r.status, where + " " + path, r.body);
+      return absl::OkStatus();
+    };
+    SLIME_RETURN_IF_ERROR(post("/pause_generation", nlohmann::json::object()));
+    Status updated = post("/update_weights_from_disk", {{"model_path", dir}, {"weight_version", version}});
+    Status resumed = post("/continue_generation", nlohmann::json::object());
+    SLIME_RETURN_IF_ERROR(updated);
+    SLIME_RETURN_IF_ERROR(resumed);
+  }
+  if (!last_disk_dir.empty() && last_disk_dir != dir && !c.weight_sync.disk_keep_files) {
+    if (::nftw(last_disk_dir.c_str(),
+               [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); },
+               16, FTW_DEPTH | FTW_PHYS) != 0) {
+      spdlog::warn("weight sync: could not remove {}", last_disk_dir);
+    }
+  }
+  last_disk_dir = dir;
+  SLIME_RETURN_IF_ERROR(trainer->OnWeightsSynced());
+  const double seconds = SecondsSince(start);
+  return nlohmann::json{{"bytes", bytes},
+                        {"tensors", 0},
+                        {"buckets", 0},
+                        {"transport", "disk"},
+                        {"write_seconds", write_s},
+                        {"seconds", seconds},
+                        {"gb_per_s", seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0}};
+}
+
 Status TrainerWorker::DisconnectEngines() {
+  impl_->disk_engines.clear();
   if (impl_->sender == nullptr) return absl::OkStatus();
   Status s = impl_->sender->Disconnect();
   impl_->sender.reset();
