@@ -1,5 +1,8 @@
 // TrainerWorker (include/slime/workers/workers.h).
 #include <torch/torch.h>
+#ifdef SLIME_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include <ftw.h>
 #include <sys/stat.h>
@@ -148,6 +151,13 @@ StatusOr<nlohmann::json> TrainerWorker::Train(int64_t rollout_id, const train::R
   const auto start = std::chrono::steady_clock::now();
   SLIME_ASSIGN_OR_RETURN(train::TrainRolloutResult result,
                          impl_->trainer->TrainRollout(rollout_id, batch));
+#ifdef SLIME_WITH_CUDA
+  // Colocated: the engine on this GPU needs its K/V cache back; return the allocator's cached
+  // blocks (slime's clear_memory after training).
+  if (impl_->options.device == "cuda" && impl_->options.config.cluster.colocate) {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  }
+#endif
   nlohmann::json steps = nlohmann::json::array();
   for (const train::TrainStepMetrics& m : result.steps) steps.push_back(StepToJson(m));
   return nlohmann::json{{"steps", std::move(steps)},
