@@ -4,24 +4,29 @@
 #   scripts/warm_start.sh            # -> runs/tiny-model (model.hf_checkpoint of grpo-tiny-cpu)
 #
 # 1. the Qwen3 tokenizer (scripts/fetch_test_data.sh, into .cache/testdata/qwen3);
-# 2. `slime_train init-model` of configs/tiny-model/config.json into runs/tiny-model-init;
-# 3. `slime_train sft` on data/demo/sft.jsonl into runs/tiny-model (HF directory).
+# 2. `slime_train make-demo-data --digits 1` into runs/demo-add1 (the quickstart's prompts: 80
+#    train, 20 held-out eval, the 80 train problems as SFT conversations);
+# 3. `slime_train init-model` of configs/tiny-model/config.json into runs/tiny-model-init;
+# 4. `slime_train sft` on runs/demo-add1/sft.jsonl into runs/tiny-model (HF directory).
 # Idempotent: a step is skipped when its output directory exists with a stamp file
 # (runs/<name>.done) holding the same recipe; a missing or different stamp (interrupted run,
 # changed recipe) redoes the step and everything after it.
 #
 # Environment: SLIME_BIN (default build/src/app/slime_train); SLIME_WARM_START_EPOCHS (SFT
-# passes over data/demo/sft.jsonl, default 3); SLIME_RUNS (default runs).
+# passes over the 80 conversations, default 40); SLIME_RUNS (default runs).
+# OPENBLAS_NUM_THREADS defaults to 1: the recipe was measured so, and one BLAS thread per
+# process keeps the two-core machine's other processes responsive.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${repo_root}"
 bin="${SLIME_BIN:-build/src/app/slime_train}"
 runs="${SLIME_RUNS:-runs}"
-epochs="${SLIME_WARM_START_EPOCHS:-3}"
+epochs="${SLIME_WARM_START_EPOCHS:-40}"
 tok_dir=".cache/testdata/qwen3"
 model_config="configs/tiny-model/config.json"
-sft_data="data/demo/sft.jsonl"
+data_dir="${runs}/demo-add1"
+sft_data="${data_dir}/sft.jsonl"
 init_dir="${runs}/tiny-model-init"
 sft_dir="${runs}/tiny-model"
 ckpt_dir="${runs}/tiny-model-sft-checkpoint"
@@ -30,7 +35,7 @@ if [[ ! -x "${bin}" ]]; then
   echo "warm_start: ${bin} is not an executable; build it (scripts/build.sh) or set SLIME_BIN" >&2
   exit 1
 fi
-for f in "${model_config}" "${sft_data}"; do
+for f in "${model_config}"; do
   [[ -f "${f}" ]] || { echo "warm_start: ${f} is missing" >&2; exit 1; }
 done
 if ! [[ "${epochs}" =~ ^[1-9][0-9]*$ ]]; then
@@ -43,14 +48,17 @@ fi
 # step time. Keep freed memory in the heap instead.
 export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-4294967296}"
 export MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-4294967296}"
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 
 sft_args=(--device cpu --dtype fp32 --epochs "${epochs}" --batch-size 8 --micro-batch-size 8
           --lr 1e-2 --min-lr 1e-3 --lr-decay-style cosine --warmup-steps 20 --clip-grad 1.0
           --seed 1234)
 init_args=(--seed 1 --dtype fp32)
+data_args=(--digits 1 --train 80 --eval 20 --sft 80 --seed 1)
 hash_of() { sha256sum | cut -c1-16; }
+data_recipe="make-demo-data ${data_args[*]}"
 init_recipe="init $(cat "${model_config}" | hash_of) ${init_args[*]}"
-sft_recipe="${init_recipe} | sft $(cat "${sft_data}" | hash_of) ${sft_args[*]}"
+sft_recipe="${init_recipe} | ${data_recipe} | sft ${sft_args[*]}"
 
 # done_with NAME RECIPE: the output directory and its stamp with this recipe exist.
 done_with() {
@@ -63,7 +71,7 @@ start_all="$(now)"
 echo "warm_start: load $(cut -d' ' -f1-3 /proc/loadavg), ${bin}"
 
 t="$(now)"
-echo "warm_start: [1/3] Qwen3 tokenizer -> ${tok_dir}"
+echo "warm_start: [1/4] Qwen3 tokenizer -> ${tok_dir}"
 if [[ -f "${tok_dir}/tokenizer.json" && -f "${tok_dir}/tokenizer_config.json" ]]; then
   echo "warm_start:       present"
 else
@@ -73,7 +81,18 @@ echo "warm_start:       $(took "${t}")"
 
 mkdir -p "${runs}"
 t="$(now)"
-echo "warm_start: [2/3] init-model ${model_config} -> ${init_dir}"
+echo "warm_start: [2/4] make-demo-data ${data_args[*]} -> ${data_dir}"
+if done_with demo-add1 "${data_recipe}"; then
+  echo "warm_start:       up to date"
+else
+  rm -rf "${data_dir}" "${runs}/demo-add1.done" "${runs}/tiny-model.done"
+  "${bin}" make-demo-data --out "${data_dir}" "${data_args[@]}"
+  echo "${data_recipe}" > "${runs}/demo-add1.done"
+fi
+echo "warm_start:       $(took "${t}")"
+
+t="$(now)"
+echo "warm_start: [3/4] init-model ${model_config} -> ${init_dir}"
 if done_with tiny-model-init "${init_recipe}"; then
   echo "warm_start:       up to date"
 else
@@ -85,7 +104,7 @@ fi
 echo "warm_start:       $(took "${t}")"
 
 t="$(now)"
-echo "warm_start: [3/3] sft ${sft_data} (${epochs} epochs) -> ${sft_dir}"
+echo "warm_start: [4/4] sft ${sft_data} (${epochs} epochs) -> ${sft_dir}"
 if done_with tiny-model "${sft_recipe}"; then
   echo "warm_start:       up to date"
 else
