@@ -44,9 +44,9 @@ TEST_F(ConfigShipped, GrpoTinyCpu) {
   EXPECT_EQ(DataParallelSize(*c), 1);
   EXPECT_EQ(c->model.hf_checkpoint, "runs/tiny-model");
   EXPECT_EQ(c->data.rollout_batch_size, 8);
-  EXPECT_EQ(c->data.n_samples_per_prompt, 4);
-  EXPECT_EQ(c->train.global_batch_size, 32);
-  EXPECT_EQ(c->rollout.max_response_len, 32);
+  EXPECT_EQ(c->data.n_samples_per_prompt, 8);
+  EXPECT_EQ(c->train.global_batch_size, 64);
+  EXPECT_EQ(c->rollout.max_response_len, 12);
   EXPECT_EQ(c->algorithm.advantage_estimator, "grpo");
   EXPECT_FALSE(c->algorithm.use_kl_loss);
   EXPECT_FALSE(c->train.bf16);
