@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -39,6 +40,23 @@ struct RolloutCoordinator::Job {
   int calls_left = 0;  // guarded by Run::mu
   Status error;        // guarded by Run::mu until the job is in Run::done
   enum class Fate { kOpen, kKept, kDropped } fate = Fate::kOpen;  // main thread only
+  // Engine recovery: the group as first submitted (a retried group starts over from it), a
+  // call lost to an unreachable engine (guarded by Run::mu), and what this attempt counted
+  // in Run's progress.
+  data::SampleGroup original;
+  bool retry = false;
+  std::atomic<int64_t> attempt_samples{0};
+  std::atomic<int64_t> attempt_tokens{0};
+};
+
+// One Recover() on its helper thread.
+struct RolloutCoordinator::RecoveryTask {
+  int engine = 0;
+  std::thread thread;
+  bool done = false;  // guarded by RolloutCoordinator::recovery_mu_, as the fields below
+  Status status;
+  RecoveredEngine result;
+  double seconds = 0;
 };
 
 // The state of one Generate or Eval call, shared with the /generate callbacks (which may
@@ -114,7 +132,10 @@ Status ScoreGroup(reward::RewardModel* model, const std::string& rm_type,
 }  // namespace
 
 RolloutCoordinator::RolloutCoordinator() = default;
-RolloutCoordinator::~RolloutCoordinator() = default;
+RolloutCoordinator::~RolloutCoordinator() {
+  MetricMap unused;
+  (void)FinishRecoveries(&unused);
+}
 
 Status RolloutCoordinator::Configure(RolloutOptions options, GroupSource* source,
                                      reward::RewardModel* reward,
@@ -148,6 +169,12 @@ Status RolloutCoordinator::Configure(RolloutOptions options, GroupSource* source
   options.reward_postprocess.n_samples_per_prompt = options.n_samples_per_prompt;
   options.reward_postprocess.rollout_batch_size = options.rollout_batch_size;
   SLIME_RETURN_IF_ERROR(train::GroupRewardNormalizationFor(options.reward_postprocess).status());
+  recovery_enabled_ = recovery_ != nullptr;
+  if (recovery_enabled_) {
+    options.engines.on_unreachable = [this](int engine, const Status& cause) {
+      StartRecovery(engine, cause);
+    };
+  }
   SLIME_ASSIGN_OR_RETURN(std::unique_ptr<EnginePool> pool, EnginePool::Create(options.engines));
   {
     std::lock_guard<std::mutex> lock(cancel_mu_);
@@ -174,6 +201,7 @@ Status RolloutCoordinator::CheckConfigured() const {
 
 void RolloutCoordinator::SubmitJob(const std::shared_ptr<Run>& run, Job* job, int64_t rollout_id) {
   static std::atomic<uint64_t> rid_counter{0};
+  if (recovery_enabled_ && job->original.empty()) job->original = job->group;
   std::vector<std::pair<size_t, nlohmann::json>> calls;
   for (size_t j = 0; j < job->group.size(); ++j) {
     data::Sample& s = job->group[j];
@@ -204,32 +232,41 @@ void RolloutCoordinator::SubmitJob(const std::shared_ptr<Run>& run, Job* job, in
     run->calls_out += static_cast<int64_t>(calls.size());
   }
   const std::string engine_name = pool_->address(engine).ToString();
+  const bool retry_lost = recovery_enabled_;
   for (auto& [j, body] : calls) {
     job->group[j].metadata["engine"] = engine_name;
-    pool_->Submit(engine, std::move(body), [run, job, j = j](StatusOr<nlohmann::json> r) {
+    pool_->Submit(engine, std::move(body), [run, job, j = j, retry_lost](StatusOr<nlohmann::json> r) {
       data::Sample& s = job->group[j];
       Status st;
+      bool lost = false;
       if (r.ok()) {
         const int64_t before = s.response_length;
         st = internal::ApplyGenerateResponse(*r, &s);
         run->response_tokens += s.response_length - before;
         run->samples_done += 1;
+        job->attempt_tokens += s.response_length - before;
+        job->attempt_samples += 1;
       } else if (absl::IsCancelled(r.status())) {
         s.status = data::SampleStatus::kAborted;  // never sent: continued next time
+      } else if (retry_lost && absl::IsUnavailable(r.status())) {
+        lost = true;  // the engine is being recovered: the group starts over
       } else {
         st = r.status();
       }
       bool last = false;
       bool aborting = false;
+      bool retry = false;
       {
         absl::MutexLock lock(&run->mu);
         if (!st.ok() && job->error.ok()) job->error = st;
+        if (lost) job->retry = true;
         last = --job->calls_left == 0;
         aborting = run->aborting;
+        retry = job->retry;
         st = job->error;
       }
       if (last) {
-        if (st.ok() && !aborting) {
+        if (st.ok() && !aborting && !retry) {
           st = ScoreGroup(run->reward, job->rm_type, job->reward_key, &job->group);
         }
         absl::MutexLock lock(&run->mu);
@@ -240,6 +277,80 @@ void RolloutCoordinator::SubmitJob(const std::shared_ptr<Run>& run, Job* job, in
       --run->calls_out;
     });
   }
+}
+
+void RolloutCoordinator::RestartJob(const std::shared_ptr<Run>& run, Job* job,
+                                    int64_t rollout_id) {
+  {
+    absl::MutexLock lock(&run->mu);
+    job->retry = false;
+  }
+  run->samples_done -= job->attempt_samples.exchange(0);
+  run->response_tokens -= job->attempt_tokens.exchange(0);
+  job->group = job->original;
+  SubmitJob(run, job, rollout_id);
+}
+
+void RolloutCoordinator::RecoverReplacedEngines() {
+  if (!recovery_enabled_) return;
+  for (int engine : recovery_->ReplacedEngines()) {
+    if (engine < 0 || engine >= pool_->num_engines()) continue;
+    const Status cause = absl::UnavailableError(fmt::format(
+        "engine {}: its process was replaced", pool_->address(engine).ToString()));
+    if (pool_->MarkEngineDown(engine, cause)) StartRecovery(engine, cause);
+  }
+}
+
+void RolloutCoordinator::StartRecovery(int engine, const Status& cause) {
+  std::lock_guard<std::mutex> lock(recovery_mu_);
+  for (const auto& t : recoveries_) {
+    if (t->engine == engine && !t->done) return;  // already on it
+  }
+  auto task = std::make_unique<RecoveryTask>();
+  RecoveryTask* t = task.get();
+  t->engine = engine;
+  t->thread = std::thread([this, t, cause] {
+    const auto start = Clock::now();
+    StatusOr<RecoveredEngine> r = recovery_->Recover(t->engine, cause);
+    Status s = r.status();
+    if (r.ok()) s = pool_->SetEngineUp(t->engine, r->address);
+    std::lock_guard<std::mutex> lock(recovery_mu_);
+    t->done = true;
+    t->status = s;
+    if (r.ok()) t->result = *std::move(r);
+    t->seconds = Seconds(Clock::now() - start);
+  });
+  recoveries_.push_back(std::move(task));
+}
+
+Status RolloutCoordinator::RecoveryFailure() {
+  std::lock_guard<std::mutex> lock(recovery_mu_);
+  for (const auto& t : recoveries_) {
+    if (t->done && !t->status.ok()) return t->status;
+  }
+  return absl::OkStatus();
+}
+
+Status RolloutCoordinator::FinishRecoveries(MetricMap* metrics) {
+  std::vector<std::unique_ptr<RecoveryTask>> tasks;
+  {
+    std::lock_guard<std::mutex> lock(recovery_mu_);
+    tasks.swap(recoveries_);
+  }
+  for (auto& t : tasks) t->thread.join();
+  Status first;
+  int64_t restarts = 0;
+  double seconds = 0;
+  for (const auto& t : tasks) {  // done: no lock needed after the join
+    if (!t->status.ok() && first.ok()) first = t->status;
+    if (t->status.ok() && t->result.restarted) ++restarts;
+    seconds += t->seconds;
+  }
+  if (recovery_enabled_) {
+    (*metrics)["rollout/engine_restarts"] = static_cast<double>(restarts);
+    if (!tasks.empty()) (*metrics)["perf/engine_recovery_time"] = seconds;
+  }
+  return first;
 }
 
 void RolloutCoordinator::ReportProgress(Run& run, bool force) {
@@ -297,6 +408,7 @@ Status RolloutCoordinator::AbortAndDrain(const std::shared_ptr<Run>& run) {
 RolloutCoordinator::Job* RolloutCoordinator::WaitDone(Run* run) {
   const auto tick = std::min(options_.progress_interval, std::chrono::milliseconds(1000));
   while (true) {
+    if (recovery_enabled_ && !RecoveryFailure().ok()) return nullptr;
     {
       absl::MutexLock lock(&run->mu);
       run->mu.AwaitWithTimeout(
@@ -322,10 +434,12 @@ StatusOr<RolloutResult> RolloutCoordinator::Generate(int64_t rollout_id) {
   run->samples_target = target * n;
   run->reward = reward_;
   pool_->ResetMaxInFlight();
+  RecoverReplacedEngines();
 
   std::vector<Job*> kept;
   int64_t pending = 0;  // submitted, not yet handed back
   int64_t fallback_kept = 0;
+  int64_t retried_groups = 0;
   MetricMap drops;
   Status failure;
   while (static_cast<int64_t>(kept.size()) < target && failure.ok()) {
@@ -376,6 +490,15 @@ StatusOr<RolloutResult> RolloutCoordinator::Generate(int64_t rollout_id) {
     }
     if (!failure.ok() || pending == 0) break;
     Job* job = WaitDone(run.get());
+    if (job == nullptr) {
+      failure = RecoveryFailure();
+      break;
+    }
+    if (job->error.ok() && job->retry) {  // lost to an engine failure: again, still pending
+      RestartJob(run, job, rollout_id);
+      ++retried_groups;
+      continue;
+    }
     --pending;
     if (!job->error.ok()) {
       failure = job->error;
@@ -400,15 +523,20 @@ StatusOr<RolloutResult> RolloutCoordinator::Generate(int64_t rollout_id) {
     if (keep) kept.push_back(job);
   }
 
-  SLIME_RETURN_IF_ERROR(AbortAndDrain(run));
+  Status drained = AbortAndDrain(run);
+  MetricMap recovery_metrics;
+  Status recovered = FinishRecoveries(&recovery_metrics);
   ReportProgress(*run, true);
+  SLIME_RETURN_IF_ERROR(drained);
   if (!failure.ok()) return failure;
+  SLIME_RETURN_IF_ERROR(recovered);
 
   // Leftovers: surplus finished groups and aborted ones.
   int64_t recycled = 0;
   int64_t aborted_samples = 0;
   for (auto& job : run->jobs) {
     if (job->fate != Job::Fate::kOpen) continue;
+    if (job->retry) job->group = job->original;  // lost to an engine failure: from the start
     for (const auto& s : job->group) {
       aborted_samples += s.status == data::SampleStatus::kAborted ? 1 : 0;
     }
@@ -446,6 +574,11 @@ StatusOr<RolloutResult> RolloutCoordinator::Generate(int64_t rollout_id) {
   if (fallback_kept > 0) result.metrics["rollout/dynamic_filter/kept_by_fallback"] = fallback_kept;
   result.metrics["rollout/partial_rollout/recycled_groups"] = static_cast<double>(recycled);
   result.metrics["rollout/aborted_samples"] = static_cast<double>(aborted_samples);
+  for (const auto& [k, v] : recovery_metrics) result.metrics[k] = v;
+  int64_t num_samples = 0;
+  for (const auto& g : result.groups) num_samples += static_cast<int64_t>(g.size());
+  result.metrics["rollout/samples"] = static_cast<double>(num_samples);
+  if (recovery_enabled_) result.metrics["rollout/retried_groups"] = static_cast<double>(retried_groups);
   result.metrics["perf/rollout_time"] = elapsed;
   result.metrics["perf/tokens_per_sec"] =
       elapsed > 0 ? static_cast<double>(run->response_tokens.load()) / elapsed : 0;
@@ -483,15 +616,28 @@ StatusOr<EvalResult> RolloutCoordinator::Eval(int64_t rollout_id) {
       jobs.emplace_back(&d, run->jobs.back().get());
     }
   }
+  RecoverReplacedEngines();
   for (auto& [d, job] : jobs) SubmitJob(run, job, rollout_id);
   Status failure;
-  for (size_t i = 0; i < jobs.size() && failure.ok(); ++i) {
+  for (size_t finished = 0; finished < jobs.size() && failure.ok();) {
     Job* job = WaitDone(run.get());
-    if (!job->error.ok()) failure = job->error;
+    if (job == nullptr) {
+      failure = RecoveryFailure();
+    } else if (!job->error.ok()) {
+      failure = job->error;
+    } else if (job->retry) {
+      RestartJob(run, job, rollout_id);
+    } else {
+      ++finished;
+    }
   }
-  SLIME_RETURN_IF_ERROR(AbortAndDrain(run));
+  Status drained = AbortAndDrain(run);
+  MetricMap recovery_metrics;
+  Status recovered = FinishRecoveries(&recovery_metrics);
   ReportProgress(*run, true);
+  SLIME_RETURN_IF_ERROR(drained);
   if (!failure.ok()) return failure;
+  SLIME_RETURN_IF_ERROR(recovered);
 
   EvalResult result;
   result.rollout_id = rollout_id;

@@ -52,8 +52,11 @@ bool Retryable(const Status& s) { return absl::IsUnavailable(s); }
 }  // namespace
 
 struct EnginePool::Engine {
-  EngineAddress address;
+  int index = 0;
   mutable absl::Mutex mu;
+  EngineAddress address ABSL_GUARDED_BY(mu);
+  int64_t generation ABSL_GUARDED_BY(mu) = 0;  // bumped by SetEngineUp (a new address)
+  bool down ABSL_GUARDED_BY(mu) = false;
   std::deque<Call> queue ABSL_GUARDED_BY(mu);
   int workers ABSL_GUARDED_BY(mu) = 0;       // threads started
   int idle_workers ABSL_GUARDED_BY(mu) = 0;  // threads waiting for a call
@@ -66,7 +69,10 @@ EnginePool::EnginePool(EnginePoolOptions options, std::vector<EngineAddress> add
     : options_(std::move(options)) {
   for (auto& a : addresses) {
     engines_.push_back(std::make_unique<Engine>());
-    engines_.back()->address = std::move(a);
+    Engine* e = engines_.back().get();
+    e->index = static_cast<int>(engines_.size()) - 1;
+    absl::MutexLock lock(&e->mu);
+    e->address = std::move(a);
   }
 }
 
@@ -109,17 +115,24 @@ void EnginePool::Shutdown() {
 
 int EnginePool::num_engines() const { return static_cast<int>(engines_.size()); }
 
-const EngineAddress& EnginePool::address(int engine) const { return engines_.at(engine)->address; }
+EngineAddress EnginePool::address(int engine) const {
+  const Engine* e = engines_.at(engine).get();
+  absl::MutexLock lock(&e->mu);
+  return e->address;
+}
 
 int EnginePool::PickEngine(int64_t num_calls) {
   int best = 0;
   int64_t best_load = -1;
+  bool best_up = false;
   for (int i = 0; i < num_engines(); ++i) {
     absl::MutexLock lock(&engines_[i]->mu);
     const int64_t load = engines_[i]->stats.outstanding;
-    if (best_load < 0 || load < best_load) {
+    const bool up = !engines_[i]->down;
+    if (best_load < 0 || (up && !best_up) || (up == best_up && load < best_load)) {
       best = i;
       best_load = load;
+      best_up = up;
     }
   }
   absl::MutexLock lock(&engines_[best]->mu);
@@ -139,6 +152,53 @@ void EnginePool::Submit(int engine, nlohmann::json body, Done done) {
   }
 }
 
+bool EnginePool::TakeDown(Engine* e, int64_t generation, const Status& cause) {
+  std::deque<Call> failed;
+  std::string address;
+  {
+    absl::MutexLock lock(&e->mu);
+    if (e->down || e->generation != generation) return false;
+    e->down = true;
+    failed.swap(e->queue);
+    e->stats.outstanding -= static_cast<int64_t>(failed.size());
+    e->stats.calls += static_cast<int64_t>(failed.size());
+    address = e->address.ToString();
+  }
+  spdlog::warn("rollout: engine {} is down ({}); {} queued call(s) go elsewhere", address,
+               std::string(cause.message()), failed.size());
+  for (Call& c : failed) {
+    c.done(absl::UnavailableError(
+        fmt::format("engine {} is down; the /generate call was not sent", address)));
+  }
+  return true;
+}
+
+bool EnginePool::MarkEngineDown(int engine, const Status& cause) {
+  Engine* e = engines_.at(engine).get();
+  int64_t generation = 0;
+  {
+    absl::MutexLock lock(&e->mu);
+    generation = e->generation;
+  }
+  return TakeDown(e, generation, cause);
+}
+
+Status EnginePool::SetEngineUp(int engine, std::string_view address) {
+  SLIME_ASSIGN_OR_RETURN(EngineAddress parsed, ParseEngineAddress(address));
+  Engine* e = engines_.at(engine).get();
+  absl::MutexLock lock(&e->mu);
+  e->address = std::move(parsed);
+  ++e->generation;
+  e->down = false;
+  return absl::OkStatus();
+}
+
+bool EnginePool::engine_down(int engine) const {
+  const Engine* e = engines_.at(engine).get();
+  absl::MutexLock lock(&e->mu);
+  return e->down;
+}
+
 void EnginePool::CancelQueued() {
   for (auto& e : engines_) {
     std::deque<Call> cancelled;
@@ -151,7 +211,7 @@ void EnginePool::CancelQueued() {
     for (Call& c : cancelled) {
       c.done(absl::CancelledError(
           fmt::format("the /generate call on engine {} was cancelled before it was sent",
-                      e->address.ToString())));
+                      address(e->index).ToString())));
     }
   }
 }
@@ -159,29 +219,47 @@ void EnginePool::CancelQueued() {
 void EnginePool::WorkerMain(Engine* e) {
   http::ClientOptions client_options;
   client_options.timeout = options_.request_timeout;
-  http::Client client(e->address.host, e->address.port, client_options);
-  const std::string where = fmt::format("engine {} /generate", e->address.ToString());
+  std::unique_ptr<http::Client> client;
+  int64_t client_generation = -1;
+  std::string where;
+  const bool report_loss = static_cast<bool>(options_.on_unreachable);
   while (true) {
     Call call;
+    int64_t generation = 0;
     {
       absl::MutexLock lock(&e->mu);
       ++e->idle_workers;
+      // A down engine's queue waits (its calls were queued while every engine was down).
       e->mu.Await(absl::Condition(
-          +[](Engine* e)
-               ABSL_NO_THREAD_SAFETY_ANALYSIS { return e->stopping || !e->queue.empty(); },
+          +[](Engine* e) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return e->stopping || (!e->queue.empty() && !e->down);
+          },
           e));
       --e->idle_workers;
-      if (e->queue.empty()) return;  // stopping
+      if (e->stopping && (e->queue.empty() || e->down)) return;
       call = std::move(e->queue.front());
       e->queue.pop_front();
       ++e->stats.in_flight;
       e->stats.max_in_flight = std::max(e->stats.max_in_flight, e->stats.in_flight);
+      generation = e->generation;
+      if (generation != client_generation) {  // first call, or the engine has a new address
+        client = std::make_unique<http::Client>(e->address.host, e->address.port, client_options);
+        client_generation = generation;
+        where = fmt::format("engine {} /generate", e->address.ToString());
+      }
     }
     const std::string body = call.body.dump();
     StatusOr<nlohmann::json> result = absl::UnknownError("not sent");
+    bool lost = false;
     for (int attempt = 1;; ++attempt) {
-      StatusOr<http::Response> r = client.Post("/generate", body);
+      StatusOr<http::Response> r = client->Post("/generate", body);
       if (!r.ok()) {
+        if (report_loss && Retryable(r.status()) && !shutdown_.load()) {
+          lost = true;
+          result = Status(r.status().code(), fmt::format("{}: the engine is unreachable: {}", where,
+                                                         std::string(r.status().message())));
+          break;
+        }
         if (Retryable(r.status()) && attempt < options_.max_attempts && !shutdown_.load()) {
           std::this_thread::sleep_for(options_.retry_interval);
           continue;
@@ -209,6 +287,10 @@ void EnginePool::WorkerMain(Engine* e) {
       --e->stats.outstanding;
       ++e->stats.calls;
     }
+    // The engine first (its queued calls fail over), then this call's own completion.
+    if (lost && TakeDown(e, generation, result.status())) {
+      options_.on_unreachable(e->index, result.status());
+    }
     call.done(std::move(result));
   }
 }
@@ -216,16 +298,17 @@ void EnginePool::WorkerMain(Engine* e) {
 Status EnginePool::AbortAll() {
   Status first;
   for (auto& e : engines_) {
+    if (engine_down(e->index)) continue;  // its calls fail by themselves
+    const EngineAddress a = address(e->index);
     http::ClientOptions o;
     o.timeout = options_.control_timeout;
-    http::Client client(e->address.host, e->address.port, o);
+    http::Client client(a.host, a.port, o);
     StatusOr<http::Response> r = client.Post("/abort_request", R"({"abort_all": true})");
     Status s = r.ok() ? http::StatusFromHttp(
-                            r->status,
-                            fmt::format("engine {} /abort_request", e->address.ToString()), r->body)
+                            r->status, fmt::format("engine {} /abort_request", a.ToString()), r->body)
                       : r.status();
     if (!s.ok()) {
-      spdlog::warn("rollout: abort on engine {} failed: {}", e->address.ToString(), s.ToString());
+      spdlog::warn("rollout: abort on engine {} failed: {}", a.ToString(), s.ToString());
       if (first.ok()) first = s;
     }
   }
@@ -233,7 +316,7 @@ Status EnginePool::AbortAll() {
 }
 
 StatusOr<nlohmann::json> EnginePool::Loads(int engine) {
-  const EngineAddress& a = address(engine);
+  const EngineAddress a = address(engine);
   http::ClientOptions o;
   o.timeout = options_.control_timeout;
   http::Client client(a.host, a.port, o);

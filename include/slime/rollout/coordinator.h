@@ -28,6 +28,16 @@
 // the other requests were aborted; the message names the engine or the sample. A data source
 // that runs dry before the rollout is full is FailedPrecondition.
 //
+// Engine loss (with SetEngineRecovery): a /generate that cannot reach its engine marks the
+// engine down (EnginePool) and starts EngineRecovery::Recover for it on a helper thread; new
+// groups go to the engines still up. A group with a call lost that way starts over from the
+// state it was submitted in (its samples, finished ones included, are generated again) once
+// all its calls have returned, on the least-loaded engine that is up (the restarted one when
+// it is back first; every engine down: queued on one until it is back). Generate and Eval wait
+// for every recovery they started before returning; a failed recovery fails them with its
+// error. Rollout metrics rollout/engine_restarts, rollout/retried_groups and
+// perf/engine_recovery_time count it.
+//
 // Ownership: borrows the GroupSource and the RewardModel (they must outlive the coordinator);
 // owns its EnginePool. Threads: Configure, Generate, Eval, State and RestoreState are called
 // from one thread at a time (the rollout actor's); the progress callback runs on that thread.
@@ -133,6 +143,25 @@ struct RolloutOptions {
 StatusOr<RolloutOptions> RolloutOptionsFromConfig(const config::Config& config,
                                                   std::vector<std::string> engine_addresses);
 
+// Who brings a lost engine back (the job driver: the runtime head restarts engine processes).
+struct RecoveredEngine {
+  std::string address;         // host:port it serves on now
+  bool restarted = false;      // a new process (false: the old one answered again)
+  std::string weight_version;  // the weights it was given ("" when not restarted)
+};
+class EngineRecovery {
+ public:
+  virtual ~EngineRecovery() = default;
+  // Engines whose process was replaced since they were last started or recovered (e.g. one
+  // that died and was restarted between rollouts); Generate and Eval recover them before
+  // sending them anything.
+  virtual std::vector<int> ReplacedEngines() = 0;
+  // Blocks until `engine` (lost because of `cause`) serves again with the job's current
+  // weights, or fails with an error that names the engine (the rollout then fails with it).
+  // Runs on a helper thread, possibly for several engines at once.
+  virtual StatusOr<RecoveredEngine> Recover(int engine, const Status& cause) = 0;
+};
+
 // One eval dataset, already loaded: pending prompt samples (tokens = prompt ids).
 struct EvalDataset {
   std::string name;
@@ -189,6 +218,9 @@ class RolloutCoordinator {
   Status Configure(RolloutOptions options, GroupSource* source, reward::RewardModel* reward,
                    std::vector<EvalDataset> eval_datasets = {});
   void SetProgressCallback(ProgressCallback callback);
+  // Borrowed (must outlive the coordinator); takes effect at the next Configure. Null: an
+  // unreachable engine is retried (EnginePoolOptions::max_attempts) and then fails the call.
+  void SetEngineRecovery(EngineRecovery* recovery) { recovery_ = recovery; }
 
   StatusOr<RolloutResult> Generate(int64_t rollout_id);
   StatusOr<EvalResult> Eval(int64_t rollout_id);
@@ -210,9 +242,19 @@ class RolloutCoordinator {
  private:
   struct Run;
   struct Job;
+  struct RecoveryTask;
   Status CheckConfigured() const;
   void SubmitJob(const std::shared_ptr<Run>& run, Job* job, int64_t rollout_id);
+  // A group with a call lost to an engine failure: back to its submitted state, sent again.
+  void RestartJob(const std::shared_ptr<Run>& run, Job* job, int64_t rollout_id);
+  // Null when a recovery failed (RecoveryFailure() says why).
   Job* WaitDone(Run* run);
+  // Engine recovery (the file comment, "Engine loss").
+  void RecoverReplacedEngines();
+  void StartRecovery(int engine, const Status& cause);
+  Status RecoveryFailure();
+  // Joins every recovery started; restarts and seconds into `metrics`; the first failure.
+  Status FinishRecoveries(MetricMap* metrics);
   Status AbortAndDrain(const std::shared_ptr<Run>& run);
   void ReportProgress(Run& run, bool force);
 
@@ -225,6 +267,10 @@ class RolloutCoordinator {
   std::unique_ptr<EnginePool> pool_;
   std::vector<data::SampleGroup> buffer_;  // partial rollout: groups to continue
   ProgressCallback progress_;
+  EngineRecovery* recovery_ = nullptr;
+  bool recovery_enabled_ = false;  // recovery_ was set at Configure
+  std::mutex recovery_mu_;
+  std::vector<std::unique_ptr<RecoveryTask>> recoveries_;  // guarded by recovery_mu_
 };
 
 // Sample ⇄ JSON (the State() format; every field of data::Sample).

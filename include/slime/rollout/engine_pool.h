@@ -11,7 +11,12 @@
 //   * POST /generate on worker threads (one synchronous http::Client each, started on demand, up
 //     to the limit), with retries when the engine cannot be reached;
 //   * end-of-rollout control: CancelQueued drops calls not yet sent, AbortAll asks every engine
-//     to abort its requests (/abort_request {"abort_all": true}), Loads reads /v1/loads.
+//     to abort its requests (/abort_request {"abort_all": true}), Loads reads /v1/loads;
+//   * engine loss (when `on_unreachable` is set): a /generate that cannot reach its engine
+//     (connection refused, reset or closed mid-answer) is not retried; the engine is marked
+//     down, its queued calls fail at once with Unavailable, `on_unreachable` runs once, and
+//     PickEngine avoids it until SetEngineUp gives it a (new) address. Calls queued on a down
+//     engine (every engine was down) wait there until it is up again.
 //
 // Errors reported to a call's `done` callback: the engine's non-2xx answer as
 // http::StatusFromHttp (naming the engine and the body); an engine that stays unreachable for
@@ -58,6 +63,10 @@ struct EnginePoolOptions {
   std::chrono::milliseconds retry_interval{std::chrono::seconds(1)};
   // Control calls (/abort_request, /v1/loads).
   std::chrono::milliseconds control_timeout{std::chrono::seconds(30)};
+  // Set: engine loss is reported instead of retried (file comment). Runs on the worker thread
+  // of the failed call, once per loss (a later failure of a call sent to the engine's earlier
+  // address does not report it again); it must not block for long.
+  std::function<void(int engine, const Status& cause)> on_unreachable;
 };
 
 // Counters of one engine, as seen from this pool.
@@ -79,11 +88,19 @@ class EnginePool {
   EnginePool& operator=(const EnginePool&) = delete;
 
   int num_engines() const;
-  const EngineAddress& address(int engine) const;
+  EngineAddress address(int engine) const;  // the current one (SetEngineUp may change it)
 
-  // The engine with the fewest outstanding calls (lowest index on ties); reserves `num_calls`
-  // there. Every reserved call must then be Submitted (each completion releases one).
+  // The engine with the fewest outstanding calls (lowest index on ties) among those that are
+  // up (among all when every engine is down); reserves `num_calls` there. Every reserved call
+  // must then be Submitted (each completion releases one).
   int PickEngine(int64_t num_calls);
+
+  // Engine loss. MarkEngineDown: as when a call found it unreachable, without `on_unreachable`;
+  // true when it was up. SetEngineUp: `address` serves again (a restarted engine's new one);
+  // workers reconnect and send its queued calls. InvalidArgument for a bad address.
+  bool MarkEngineDown(int engine, const Status& cause);
+  Status SetEngineUp(int engine, std::string_view address);
+  bool engine_down(int engine) const;
 
   // Queues POST /generate `body` on `engine`; `done` gets the parsed JSON answer (2xx) or an
   // error (see the file comment). Calls on one engine are sent in submission order.
@@ -94,8 +111,8 @@ class EnginePool {
   // For a job that is stopping: CancelQueued, and calls in flight stop retrying unreachable
   // engines (they fail at once with their last error). Irreversible.
   void Shutdown();
-  // POST /abort_request {"abort_all": true} to every engine. Returns the first failure (every
-  // engine is still tried).
+  // POST /abort_request {"abort_all": true} to every engine that is up. Returns the first
+  // failure (every engine is still tried).
   Status AbortAll();
   // GET /v1/loads of one engine.
   StatusOr<nlohmann::json> Loads(int engine);
@@ -107,6 +124,8 @@ class EnginePool {
   struct Engine;
   explicit EnginePool(EnginePoolOptions options, std::vector<EngineAddress> addresses);
   void WorkerMain(Engine* engine);
+  // Marks `e` down when `generation` is still its address's; fails its queued calls.
+  bool TakeDown(Engine* e, int64_t generation, const Status& cause);
 
   const EnginePoolOptions options_;
   std::vector<std::unique_ptr<Engine>> engines_;
