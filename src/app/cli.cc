@@ -27,7 +27,7 @@ namespace {
 
 constexpr const char* kSubcommands[] = {"train", "serve", "agent", "worker", "status",
                                         "runtime-check", "convert", "init-model", "sft",
-                                        "make-demo-data"};
+                                        "make-demo-data", "make-byte-tokenizer"};
 
 bool IsSubcommand(const char* arg) {
   for (const char* name : kSubcommands) {
@@ -134,6 +134,10 @@ int RunCli(int argc, char** argv) {
   CLI::App* make_demo_data = cli.add_subcommand(
       "make-demo-data", "Write the quickstart's synthetic addition task (prompts + SFT data)");
   AddMakeDemoDataOptions(make_demo_data, &demo_data_options);
+  MakeByteTokenizerOptions byte_tokenizer_options;
+  CLI::App* make_byte_tokenizer = cli.add_subcommand(
+      "make-byte-tokenizer", "Write the byte-level subset of a tokenizer (the tiny model's)");
+  AddMakeByteTokenizerOptions(make_byte_tokenizer, &byte_tokenizer_options);
   CLI::App* init_model =
       cli.add_subcommand("init-model", "Write a random-weight HF model directory");
   init_model->add_option("--config", init_config, "HF config.json")->required();
@@ -159,6 +163,7 @@ int RunCli(int argc, char** argv) {
   if (convert->parsed()) return RunConvert(convert_options);
   if (sft->parsed()) return RunSftCommand(sft_options);
   if (make_demo_data->parsed()) return RunMakeDemoData(demo_data_options);
+  if (make_byte_tokenizer->parsed()) return RunMakeByteTokenizer(byte_tokenizer_options);
   if (init_model->parsed()) {
     if (Status s = InitLogging({.role = "init-model"}); !s.ok()) return UsageError(std::string(s.message()));
     Status s = model::InitRandomModel(init_config, init_tokenizer, init_out,

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "slime/app/cli.h"
+#include "slime/tokenizer/byte_level_subset.h"
 
 namespace slime::app {
 
@@ -33,6 +34,30 @@ int RunMakeDemoData(const MakeDemoDataOptions& o) {
             << o.task.num_eval << " eval prompts and " << o.task.num_sft
             << " SFT conversations (" << o.task.digits << "-digit addition, seed " << o.task.seed
             << ") to " << o.out << "/{train,eval,sft}.jsonl\n";
+  return kExitOk;
+}
+
+void AddMakeByteTokenizerOptions(CLI::App* app, MakeByteTokenizerOptions* o) {
+  app->add_option("--from", o->from, "Directory with a byte-level BPE tokenizer.json (+ config)")
+      ->required();
+  app->add_option("--out", o->out, "Output directory (created if needed)")->required();
+}
+
+int RunMakeByteTokenizer(const MakeByteTokenizerOptions& o) {
+  StatusOr<tokenizer::ByteLevelSubsetInfo> info = tokenizer::WriteByteLevelSubset(o.from, o.out);
+  if (!info.ok()) {
+    std::cerr << "slime_train make-byte-tokenizer: error: " << info.status().message() << "\n";
+    return kExitFailure;
+  }
+  std::cout << "slime_train make-byte-tokenizer: wrote " << o.out
+            << "/{tokenizer,tokenizer_config}.json: vocabulary " << info->vocab_size
+            << " (256 byte tokens + " << info->special.size() << " added)";
+  for (const char* name : {"<|endoftext|>", "<|im_end|>"}) {
+    if (auto it = info->special.find(name); it != info->special.end()) {
+      std::cout << ", " << name << " = " << it->second;
+    }
+  }
+  std::cout << "\n";
   return kExitOk;
 }
 

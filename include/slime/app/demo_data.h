@@ -2,7 +2,10 @@
 // [--seed S]`: writes the quickstart's synthetic addition task (data::WriteDemoTask,
 // include/slime/data/demo_task.h): train.jsonl and eval.jsonl prompts and sft.jsonl warm-start
 // conversations. The defaults reproduce the committed data/demo/ files byte for byte.
-// Exit codes: 0 done, 2 bad option, 1 the files cannot be written.
+// `slime_train make-byte-tokenizer --from DIR --out DIR`: writes the byte-level subset of a
+// byte-level BPE tokenizer (tokenizer::WriteByteLevelSubset: 256 byte tokens + the special
+// tokens), the quickstart tiny model's tokenizer; prints the vocabulary size and special ids.
+// Exit codes: 0 done, 2 bad option, 1 the files cannot be read or written.
 #ifndef SLIME_APP_DEMO_DATA_H_
 #define SLIME_APP_DEMO_DATA_H_
 
@@ -23,6 +26,14 @@ struct MakeDemoDataOptions {
 
 void AddMakeDemoDataOptions(CLI::App* app, MakeDemoDataOptions* options);
 int RunMakeDemoData(const MakeDemoDataOptions& options);
+
+struct MakeByteTokenizerOptions {
+  std::string from;
+  std::string out;
+};
+
+void AddMakeByteTokenizerOptions(CLI::App* app, MakeByteTokenizerOptions* options);
+int RunMakeByteTokenizer(const MakeByteTokenizerOptions& options);
 
 }  // namespace slime::app
 
