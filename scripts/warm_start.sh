@@ -4,16 +4,19 @@
 #   scripts/warm_start.sh            # -> runs/tiny-model (model.hf_checkpoint of grpo-tiny-cpu)
 #
 # 1. the Qwen3 tokenizer (scripts/fetch_test_data.sh, into .cache/testdata/qwen3);
-# 2. `slime_train make-demo-data --digits 1` into runs/demo-add1 (the quickstart's prompts: 80
+# 2. `slime_train make-byte-tokenizer`: its byte-level subset (256 byte tokens + the special
+#    tokens, same chat template) into runs/tiny-tokenizer, the tiny model's 282-id vocabulary;
+# 3. `slime_train make-demo-data --digits 1` into runs/demo-add1 (the quickstart's prompts: 80
 #    train, 20 held-out eval, the 80 train problems as SFT conversations);
-# 3. `slime_train init-model` of configs/tiny-model/config.json into runs/tiny-model-init;
-# 4. `slime_train sft` on runs/demo-add1/sft.jsonl into runs/tiny-model (HF directory).
+# 4. `slime_train init-model` of configs/tiny-model/config.json into runs/tiny-model-init;
+# 5. `slime_train sft` on runs/demo-add1/sft.jsonl into runs/tiny-model (HF directory): a short
+#    SFT that leaves the model partly right, so that GRPO has room to raise the accuracy.
 # Idempotent: a step is skipped when its output directory exists with a stamp file
 # (runs/<name>.done) holding the same recipe; a missing or different stamp (interrupted run,
 # changed recipe) redoes the step and everything after it.
 #
 # Environment: SLIME_BIN (default build/src/app/slime_train); SLIME_WARM_START_EPOCHS (SFT
-# passes over the 80 conversations, default 40); SLIME_RUNS (default runs).
+# passes over the 80 conversations, default 16); SLIME_RUNS (default runs).
 # OPENBLAS_NUM_THREADS defaults to 1: the recipe was measured so, and one BLAS thread per
 # process keeps the two-core machine's other processes responsive.
 set -euo pipefail
@@ -22,8 +25,9 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${repo_root}"
 bin="${SLIME_BIN:-build/src/app/slime_train}"
 runs="${SLIME_RUNS:-runs}"
-epochs="${SLIME_WARM_START_EPOCHS:-40}"
-tok_dir=".cache/testdata/qwen3"
+epochs="${SLIME_WARM_START_EPOCHS:-16}"
+qwen3_dir=".cache/testdata/qwen3"
+tok_dir="${runs}/tiny-tokenizer"
 model_config="configs/tiny-model/config.json"
 data_dir="${runs}/demo-add1"
 sft_data="${data_dir}/sft.jsonl"
@@ -57,7 +61,8 @@ init_args=(--seed 1 --dtype fp32)
 data_args=(--digits 1 --train 80 --eval 20 --sft 80 --seed 1)
 hash_of() { sha256sum | cut -c1-16; }
 data_recipe="make-demo-data ${data_args[*]}"
-init_recipe="init $(cat "${model_config}" | hash_of) ${init_args[*]}"
+tok_recipe="make-byte-tokenizer $(cat "${qwen3_dir}/tokenizer.json" "${qwen3_dir}/tokenizer_config.json" 2>/dev/null | hash_of)"
+init_recipe="${tok_recipe} | init $(cat "${model_config}" | hash_of) ${init_args[*]}"
 sft_recipe="${init_recipe} | ${data_recipe} | sft ${sft_args[*]}"
 
 # done_with NAME RECIPE: the output directory and its stamp with this recipe exist.
@@ -71,17 +76,31 @@ start_all="$(now)"
 echo "warm_start: load $(cut -d' ' -f1-3 /proc/loadavg), ${bin}"
 
 t="$(now)"
-echo "warm_start: [1/4] Qwen3 tokenizer -> ${tok_dir}"
-if [[ -f "${tok_dir}/tokenizer.json" && -f "${tok_dir}/tokenizer_config.json" ]]; then
+echo "warm_start: [1/5] Qwen3 tokenizer -> ${qwen3_dir}"
+if [[ -f "${qwen3_dir}/tokenizer.json" && -f "${qwen3_dir}/tokenizer_config.json" ]]; then
   echo "warm_start:       present"
 else
   scripts/fetch_test_data.sh
+  tok_recipe="make-byte-tokenizer $(cat "${qwen3_dir}/tokenizer.json" "${qwen3_dir}/tokenizer_config.json" | hash_of)"
+  init_recipe="${tok_recipe} | init $(cat "${model_config}" | hash_of) ${init_args[*]}"
+  sft_recipe="${init_recipe} | ${data_recipe} | sft ${sft_args[*]}"
 fi
 echo "warm_start:       $(took "${t}")"
 
 mkdir -p "${runs}"
 t="$(now)"
-echo "warm_start: [2/4] make-demo-data ${data_args[*]} -> ${data_dir}"
+echo "warm_start: [2/5] make-byte-tokenizer ${qwen3_dir} -> ${tok_dir}"
+if done_with tiny-tokenizer "${tok_recipe}"; then
+  echo "warm_start:       up to date"
+else
+  rm -rf "${tok_dir}" "${runs}/tiny-tokenizer.done" "${runs}/tiny-model-init.done" "${runs}/tiny-model.done"
+  "${bin}" make-byte-tokenizer --from "${qwen3_dir}" --out "${tok_dir}"
+  echo "${tok_recipe}" > "${runs}/tiny-tokenizer.done"
+fi
+echo "warm_start:       $(took "${t}")"
+
+t="$(now)"
+echo "warm_start: [3/5] make-demo-data ${data_args[*]} -> ${data_dir}"
 if done_with demo-add1 "${data_recipe}"; then
   echo "warm_start:       up to date"
 else
@@ -92,7 +111,7 @@ fi
 echo "warm_start:       $(took "${t}")"
 
 t="$(now)"
-echo "warm_start: [3/4] init-model ${model_config} -> ${init_dir}"
+echo "warm_start: [4/5] init-model ${model_config} -> ${init_dir}"
 if done_with tiny-model-init "${init_recipe}"; then
   echo "warm_start:       up to date"
 else
@@ -104,7 +123,7 @@ fi
 echo "warm_start:       $(took "${t}")"
 
 t="$(now)"
-echo "warm_start: [4/4] sft ${sft_data} (${epochs} epochs) -> ${sft_dir}"
+echo "warm_start: [5/5] sft ${sft_data} (${epochs} epochs) -> ${sft_dir}"
 if done_with tiny-model "${sft_recipe}"; then
   echo "warm_start:       up to date"
 else
