@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "slime/common/atomic_file.h"
 #include "slime/model/checkpoint.h"
 #include "slime/model/config.h"
 #include "slime/model/safetensors.h"
@@ -119,30 +120,6 @@ Status RemoveTree(const std::string& path) {
   };
   if (::nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0) {
     return absl::InternalError(fmt::format("{}: cannot remove: {}", path, std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
-
-// Writes `path` through a temporary beside it: write, fsync, rename.
-Status WriteFileDurably(const std::string& path, const std::string& contents) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    return absl::InternalError(fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
-  }
-  bool ok = std::fwrite(contents.data(), 1, contents.size(), f) == contents.size();
-  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-  int err = errno;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    return absl::InternalError(fmt::format("{}: write failed: {}", tmp, std::strerror(err)));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    err = errno;
-    std::remove(tmp.c_str());
-    return absl::InternalError(
-        fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(err)));
   }
   return absl::OkStatus();
 }
@@ -456,7 +433,7 @@ Status WriteCheckpointFiles(const fs::path& dir, const SaveCheckpointOptions& op
                             const AdamW* optimizer, const Json& progress_json,
                             const std::string& dtype_name) {
   const Json hf_config = HfConfigJson(config, dtype_name);
-  SLIME_RETURN_IF_ERROR(WriteFileDurably((dir / kConfigFile).string(), hf_config.dump(2) + "\n"));
+  SLIME_RETURN_IF_ERROR(WriteFileAtomically((dir / kConfigFile).string(), hf_config.dump(2) + "\n"));
 
   model::WriteCheckpointOptions wo;
   wo.max_shard_bytes = options.max_shard_bytes;
@@ -502,7 +479,7 @@ Status WriteCheckpointFiles(const fs::path& dir, const SaveCheckpointOptions& op
   Json extra = Json::array();
   for (const model::NamedTensor& nt : options.extra_weights) extra.push_back(nt.name);
   state["extra_weights"] = std::move(extra);
-  SLIME_RETURN_IF_ERROR(WriteFileDurably((dir / kTrainerStateFile).string(), state.dump(2) + "\n"));
+  SLIME_RETURN_IF_ERROR(WriteFileAtomically((dir / kTrainerStateFile).string(), state.dump(2) + "\n"));
   return FsyncPath(dir.string());
 }
 
@@ -772,7 +749,7 @@ StatusOr<std::string> SaveTrainerCheckpoint(const SaveCheckpointOptions& options
   SLIME_RETURN_IF_ERROR(FsyncPath(save_dir.string()));
   if (replace) (void)RemoveTree(trash.string());
 
-  SLIME_RETURN_IF_ERROR(WriteFileDurably((save_dir / kCheckpointTrackerFile).string(),
+  SLIME_RETURN_IF_ERROR(WriteFileAtomically((save_dir / kCheckpointTrackerFile).string(),
                                          std::to_string(options.iteration)));
   SLIME_RETURN_IF_ERROR(FsyncPath(save_dir.string()));
   RotateCheckpoints(save_dir, options.iteration, options.keep_last);
