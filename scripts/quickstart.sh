@@ -25,4 +25,5 @@ start=$(date +%s)
 echo
 echo "quickstart: GRPO took $(( $(date +%s) - start )) s. Metrics: runs/grpo-tiny-cpu/metrics.jsonl"
 echo "quickstart: plot them with scripts/plot_metrics runs/grpo-tiny-cpu -o runs/grpo-tiny-cpu/curves.png"
-echo "quickstart: checkpoints in runs/grpo-tiny-cpu/ckpt (`slime_train --config configs/grpo-tiny-cpu.yaml --set data.num_rollout=500` continues from them)"
+echo "quickstart: checkpoints in runs/grpo-tiny-cpu/ckpt; to continue from them:"
+echo "  $bin --config configs/grpo-tiny-cpu.yaml --set data.num_rollout=500 --set train.use_checkpoint_opt_param_scheduler=true"
