@@ -86,6 +86,7 @@ class TrainerActor : public runtime::Actor {
     AddJsonMethod(this, "sync_weights", [w](const Json& r) {
       return w->SyncWeights(r.at("weight_version").get<std::string>());
     });
+    AddJsonMethod(this, "resync_engine", [w](const Json& r) { return w->ResyncEngine(r); });
     AddJsonMethod(this, "disconnect_engines", [w](const Json&) -> StatusOr<Json> {
       SLIME_RETURN_IF_ERROR(w->DisconnectEngines());
       return Json::object();

@@ -51,6 +51,10 @@ struct TrainerWorker::Impl {
   std::unique_ptr<comm::WeightSender> sender;       // distributed transport
   std::vector<comm::EngineEndpoint> disk_engines;   // disk transport
   std::string last_disk_dir;
+  // The weight_version the trainer's weights are: the last one synced, or rollout_id + 1 after
+  // training rollout_id (what the next sync will call them). "" before the first sync.
+  std::string weights_version;
+  std::string synced_version;
 
   // weight_sync.transport, where two processes on one GPU force disk: NCCL refuses a
   // communicator with two ranks on the same device (the CUDA-IPC handover is not built).
@@ -59,6 +63,14 @@ struct TrainerWorker::Impl {
     return c.weight_sync.transport == "disk" || (c.cluster.colocate && options.device == "cuda");
   }
   StatusOr<nlohmann::json> SyncFromDisk(const std::string& version);
+  std::string DiskRoot() const {
+    const config::Config& c = options.config;
+    return c.weight_sync.disk_dir.value_or(c.cluster.run_dir + "/weight_sync");
+  }
+  // The weights as an HF directory (safetensors + the model's config.json); returns its bytes.
+  StatusOr<int64_t> WriteWeightsDir(const std::string& dir);
+  // Pause → /update_weights_from_disk → continue on one engine.
+  Status LoadOnEngine(const comm::EngineEndpoint& e, const std::string& dir, const std::string& version);
 
   Status CheckInit() const {
     if (trainer == nullptr) return absl::FailedPreconditionError("trainer: init has not run");
@@ -158,6 +170,7 @@ StatusOr<nlohmann::json> TrainerWorker::Train(int64_t rollout_id, const train::R
     c10::cuda::CUDACachingAllocator::emptyCache();
   }
 #endif
+  impl_->weights_version = std::to_string(rollout_id + 1);
   nlohmann::json steps = nlohmann::json::array();
   for (const train::TrainStepMetrics& m : result.steps) steps.push_back(StepToJson(m));
   return nlohmann::json{{"steps", std::move(steps)},
@@ -178,7 +191,12 @@ StatusOr<nlohmann::json> TrainerWorker::Save(int64_t rollout_id, const nlohmann:
 
 Status TrainerWorker::ConnectEngines(const nlohmann::json& request) {
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
-  if (impl_->sender != nullptr) SLIME_RETURN_IF_ERROR(DisconnectEngines());
+  if (impl_->sender != nullptr) {
+    // A re-formed group (an engine was restarted): the old one may name a dead engine.
+    if (Status s = DisconnectEngines(); !s.ok()) {
+      spdlog::warn("weight sync: leaving the old weight-update group: {}", std::string(s.message()));
+    }
+  }
   const config::Config& config = impl_->options.config;
   comm::WeightSenderOptions so;
   try {
@@ -224,6 +242,7 @@ StatusOr<nlohmann::json> TrainerWorker::SyncWeights(const std::string& weight_ve
   Status resumed = sender.ContinueEngines();
   if (!stats.ok()) return stats.status();
   SLIME_RETURN_IF_ERROR(resumed);
+  impl_->weights_version = impl_->synced_version = weight_version;
   SLIME_RETURN_IF_ERROR(impl_->trainer->OnWeightsSynced());
   return nlohmann::json{{"bytes", stats->bytes},
                         {"tensors", stats->tensors},
@@ -237,11 +256,8 @@ StatusOr<nlohmann::json> TrainerWorker::SyncWeights(const std::string& weight_ve
 // weight_sync.disk_dir (default <run_dir>/weight_sync), then on every engine: pause, POST
 // /update_weights_from_disk (the engine reloads and flushes its prefix cache), continue. The
 // previous version's directory is removed unless weight_sync.disk_keep_files.
-StatusOr<nlohmann::json> TrainerWorker::Impl::SyncFromDisk(const std::string& version) {
+StatusOr<int64_t> TrainerWorker::Impl::WriteWeightsDir(const std::string& dir) {
   const config::Config& c = options.config;
-  const auto start = std::chrono::steady_clock::now();
-  const std::string root = c.weight_sync.disk_dir.value_or(c.cluster.run_dir + "/weight_sync");
-  const std::string dir = fmt::format("{}/v{}", root, version);
   const model::DecoderModel& model = std::as_const(*trainer).model();
   SLIME_RETURN_IF_ERROR(model::SaveWeights(dir, model.weights(), model.config()));
   {
@@ -253,35 +269,57 @@ StatusOr<nlohmann::json> TrainerWorker::Impl::SyncFromDisk(const std::string& ve
                                              c.model.hf_checkpoint, dir));
     }
   }
-  const double write_s = SecondsSince(start);
   int64_t bytes = 0;
   for (const model::NamedTensor& t : model::NamedParameters(model.weights(), model.config())) {
     bytes += t.tensor.numel() * t.tensor.element_size();
   }
+  return bytes;
+}
+
+Status TrainerWorker::Impl::LoadOnEngine(const comm::EngineEndpoint& e, const std::string& dir,
+                                         const std::string& version) {
   http::ClientOptions co;
-  co.timeout = std::chrono::seconds(60 * c.cluster.distributed_timeout_minutes);
+  co.timeout = std::chrono::seconds(60 * options.config.cluster.distributed_timeout_minutes);
+  http::Client client(e.host, e.port, co);
+  const std::string where = fmt::format("engine {}:{}", e.host, e.port);
+  auto post = [&](const std::string& path, const nlohmann::json& body) -> Status {
+    SLIME_ASSIGN_OR_RETURN(http::Response r, client.Post(path, body.dump()));
+    if (r.status != 200) return http::StatusFromHttp(r.status, where + " " + path, r.body);
+    return absl::OkStatus();
+  };
+  SLIME_RETURN_IF_ERROR(post("/pause_generation", nlohmann::json::object()));
+  Status updated = post("/update_weights_from_disk", {{"model_path", dir}, {"weight_version", version}});
+  Status resumed = post("/continue_generation", nlohmann::json::object());
+  SLIME_RETURN_IF_ERROR(updated);
+  return resumed;
+}
+
+namespace {
+
+void RemoveDir(const std::string& dir) {
+  if (::nftw(dir.c_str(),
+             [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); },
+             16, FTW_DEPTH | FTW_PHYS) != 0) {
+    spdlog::warn("weight sync: could not remove {}", dir);
+  }
+}
+
+}  // namespace
+
+StatusOr<nlohmann::json> TrainerWorker::Impl::SyncFromDisk(const std::string& version) {
+  const config::Config& c = options.config;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string dir = fmt::format("{}/v{}", DiskRoot(), version);
+  SLIME_ASSIGN_OR_RETURN(int64_t bytes, WriteWeightsDir(dir));
+  const double write_s = SecondsSince(start);
   for (const comm::EngineEndpoint& e : disk_engines) {
-    http::Client client(e.host, e.port, co);
-    const std::string where = fmt::format("engine {}:{}", e.host, e.port);
-    auto post = [&](const std::string& path, const nlohmann::json& body) -> Status {
-      SLIME_ASSIGN_OR_RETURN(http::Response r, client.Post(path, body.dump()));
-      if (r.status != 200) return http::StatusFromHttp(r.status, where + " " + path, r.body);
-      return absl::OkStatus();
-    };
-    SLIME_RETURN_IF_ERROR(post("/pause_generation", nlohmann::json::object()));
-    Status updated = post("/update_weights_from_disk", {{"model_path", dir}, {"weight_version", version}});
-    Status resumed = post("/continue_generation", nlohmann::json::object());
-    SLIME_RETURN_IF_ERROR(updated);
-    SLIME_RETURN_IF_ERROR(resumed);
+    SLIME_RETURN_IF_ERROR(LoadOnEngine(e, dir, version));
   }
   if (!last_disk_dir.empty() && last_disk_dir != dir && !c.weight_sync.disk_keep_files) {
-    if (::nftw(last_disk_dir.c_str(),
-               [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); },
-               16, FTW_DEPTH | FTW_PHYS) != 0) {
-      spdlog::warn("weight sync: could not remove {}", last_disk_dir);
-    }
+    RemoveDir(last_disk_dir);
   }
   last_disk_dir = dir;
+  weights_version = synced_version = version;
   SLIME_RETURN_IF_ERROR(trainer->OnWeightsSynced());
   const double seconds = SecondsSince(start);
   return nlohmann::json{{"bytes", bytes},
@@ -291,6 +329,40 @@ StatusOr<nlohmann::json> TrainerWorker::Impl::SyncFromDisk(const std::string& ve
                         {"write_seconds", write_s},
                         {"seconds", seconds},
                         {"gb_per_s", seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0}};
+}
+
+StatusOr<nlohmann::json> TrainerWorker::ResyncEngine(const nlohmann::json& request) {
+  SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  if (impl_->weights_version.empty()) {
+    return absl::FailedPreconditionError(
+        "resync_engine: the engines were never given weights (sync_weights has not run)");
+  }
+  comm::EngineEndpoint e;
+  try {
+    e.host = request.at("host").get<std::string>();
+    e.port = request.at("port").get<int>();
+  } catch (const nlohmann::json::exception& ex) {
+    return absl::InvalidArgumentError(fmt::format("resync_engine: bad request: {}", ex.what()));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::string version = impl_->weights_version;
+  // The disk transport's directory of this version is still there: load it as it is.
+  const bool reuse = !impl_->last_disk_dir.empty() && version == impl_->synced_version;
+  const std::string dir =
+      reuse ? impl_->last_disk_dir : fmt::format("{}/resync-v{}", impl_->DiskRoot(), version);
+  int64_t bytes = 0;
+  if (!reuse) {
+    SLIME_ASSIGN_OR_RETURN(bytes, impl_->WriteWeightsDir(dir));
+  }
+  Status loaded = impl_->LoadOnEngine(e, dir, version);
+  if (!reuse) RemoveDir(dir);
+  SLIME_RETURN_IF_ERROR(loaded);
+  spdlog::info("weight sync: engine {}:{} resynced to weight_version {} from {} in {:.2f} s",
+               e.host, e.port, version, dir, SecondsSince(start));
+  return nlohmann::json{{"weight_version", version},
+                        {"dir", dir},
+                        {"bytes", bytes},
+                        {"seconds", SecondsSince(start)}};
 }
 
 Status TrainerWorker::DisconnectEngines() {

@@ -15,6 +15,7 @@
 //     save               {"rollout_id", "extra_state"} → {"dir", "seconds"}
 //     connect_engines    {"engines": [{"host", "port", "num_gpus"}], "master_address"} → {}
 //     sync_weights       {"weight_version"} → {"bytes", "tensors", "buckets", "seconds", ...}
+//     resync_engine      {"host", "port"} → {"weight_version", "dir", "bytes", "seconds"}
 //     disconnect_engines {} → {}
 //     export_hf          {"dir"} → {"dir", "from"}
 // A request that is not the expected JSON or proto is InvalidArgument naming the method.

@@ -13,6 +13,7 @@
 //   Save(id, extra)   a checkpoint under checkpoint.save at iteration `id`.
 //   ConnectEngines / SyncWeights / DisconnectEngines   SGLang's distributed update: pause the
 //                     engines, flush, broadcast every parameter in buckets, continue.
+//   ResyncEngine      one restarted engine gets the current weights (disk transport).
 //   ExportHf(dir)     the current weights as an HF directory (checkpoint.save_hf).
 // EngineWorker: an inference engine (engine::Engine) and its SGLang-compatible HTTP server on
 // a free port of `host`.
@@ -62,6 +63,15 @@ class TrainerWorker {
   // Pause → send every parameter (weight_sync.buffer_size buckets) → continue; then the
   // trainer's keep_old_actor queue. {"bytes", "tensors", "buckets", "seconds", "gb_per_s"}.
   StatusOr<nlohmann::json> SyncWeights(const std::string& weight_version);
+  // One (restarted) engine, {"host", "port"}, gets the trainer's current weights through the
+  // disk transport (an HF directory under weight_sync.disk_dir, default <run_dir>/weight_sync,
+  // loaded with /update_weights_from_disk; the disk transport's own directory is reused when it
+  // holds these weights), whatever weight_sync.transport is; the weight-update group is not
+  // touched. The weights are labelled with the version they are: the last synced one, or
+  // rollout_id + 1 once rollout_id was trained. {"weight_version", "dir", "bytes", "seconds"}.
+  StatusOr<nlohmann::json> ResyncEngine(const nlohmann::json& request);
+  // Leaves the weight-update group (ConnectEngines again re-forms it; a failed leave — an
+  // engine that died — is logged there, not fatal).
   Status DisconnectEngines();
   // {"dir": dir}
   StatusOr<nlohmann::json> ExportHf(const std::string& dir);
