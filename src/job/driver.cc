@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "driver_report.h"
+#include "engine_recovery.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "slime/common/atomic_file.h"
@@ -260,6 +261,7 @@ class Driver {
   std::unique_ptr<rollout::PromptGroupSource> group_source_;
   std::vector<rollout::EvalDataset> eval_datasets_;
   std::unique_ptr<reward::RewardModel> reward_;
+  std::unique_ptr<EngineRecoveryImpl> engines_;  // outlives coordinator_ (it calls Recover)
   rollout::RolloutCoordinator coordinator_;
 
   std::vector<std::string> trainer_ids_;
@@ -374,6 +376,8 @@ Status Driver::StartRuntime() {
   ho.resolved_config = config::ToYaml(config_);
   ho.head_node_name = options_.head_node_name;
   ho.metrics = &registry_;
+  ho.max_restarts = config_.fault_tolerance.max_engine_restarts;  // engines only restart
+  ho.restart_backoff_s = config_.fault_tolerance.restart_backoff;
   SLIME_ASSIGN_OR_RETURN(head_, runtime::Head::Start(ho));
   runtime::AgentOptions ao;
   ao.head_address = head_->address();
@@ -495,6 +499,20 @@ Status Driver::InitTrainers() {
   if (config_.checkpoint.start_rollout_id) start_rollout_id_ = *config_.checkpoint.start_rollout_id;
 
   if (has_engines_) {
+    // The engines as tracked from now on: a lost one is restarted by the head, then recovered
+    // (new address, the trainer's weights) by the coordinator through engines_.
+    EngineRecoveryOptions eo;
+    eo.head = head_.get();
+    eo.engine_ids = engine_ids_;
+    eo.addresses = engine_addresses_;
+    eo.trainer_id = trainer_ids_.front();
+    eo.num_gpus_per_engine = config_.cluster.rollout_num_gpus_per_engine;
+    eo.max_restarts = config_.fault_tolerance.max_engine_restarts;
+    eo.restart_backoff_s = config_.fault_tolerance.restart_backoff;
+    eo.health_check_timeout_s = config_.fault_tolerance.health_check_timeout;
+    eo.metrics = &registry_;
+    SLIME_ASSIGN_OR_RETURN(engines_, EngineRecoveryImpl::Create(std::move(eo)));
+    coordinator_.SetEngineRecovery(engines_.get());
     SLIME_ASSIGN_OR_RETURN(rollout::RolloutOptions ro,
                            rollout::RolloutOptionsFromConfig(config_, engine_addresses_));
     SLIME_RETURN_IF_ERROR(coordinator_.Configure(std::move(ro), group_source_.get(), reward_.get(),
@@ -502,18 +520,7 @@ Status Driver::InitTrainers() {
     coordinator_.SetProgressCallback(
         [this](const rollout::RolloutProgress& p) { report_->Progress(p); });
     // Trainer rank 0 joins the engines' weight-update group and pushes its weights.
-    SLIME_ASSIGN_OR_RETURN(runtime::ActorEndpoint trainer0, head_->Resolve(trainer_ids_.front()));
-    SLIME_ASSIGN_OR_RETURN(auto trainer_host, runtime::SplitHostPort(trainer0.address));
-    Json engines = Json::array();
-    for (const std::string& a : engine_addresses_) {
-      SLIME_ASSIGN_OR_RETURN(auto hp, runtime::SplitHostPort(a));
-      engines.push_back({{"host", hp.first}, {"port", hp.second},
-                         {"num_gpus", config_.cluster.rollout_num_gpus_per_engine}});
-    }
-    SLIME_RETURN_IF_ERROR(CallJson(head_->Handle(trainer_ids_.front()), "connect_engines",
-                                   {{"engines", engines}, {"master_address", trainer_host.first}},
-                                   LongCall())
-                              .status());
+    SLIME_RETURN_IF_ERROR(engines_->ConnectTrainer());
     SLIME_ASSIGN_OR_RETURN(Json sync, SyncWeights(std::to_string(start_rollout_id_)));
     spdlog::info("initial weight push: {} bytes in {:.2f} s", sync.value("bytes", int64_t{0}),
                  sync.value("seconds", 0.0));
@@ -523,7 +530,7 @@ Status Driver::InitTrainers() {
 
 Status Driver::EngineMemory(bool release) {
   const std::string path = release ? "/release_memory_occupation" : "/resume_memory_occupation";
-  for (const std::string& address : engine_addresses_) {
+  for (const std::string& address : engines_->Addresses()) {
     SLIME_ASSIGN_OR_RETURN(auto hp, runtime::SplitHostPort(address));
     http::ClientOptions co;
     co.timeout = std::chrono::minutes(10);
@@ -537,6 +544,8 @@ Status Driver::EngineMemory(bool release) {
 }
 
 StatusOr<Json> Driver::SyncWeights(const std::string& version) {
+  // An engine restarted since the last sync: the group is re-formed with its new address.
+  if (engines_ != nullptr) SLIME_RETURN_IF_ERROR(engines_->ReconnectIfChanged());
   return CallJson(head_->Handle(trainer_ids_.front()), "sync_weights",
                   {{"weight_version", version}}, LongCall());
 }

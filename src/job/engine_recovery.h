@@ -1,0 +1,86 @@
+// The job's engines as the driver tracks them (internal to the job module): their actor ids and
+// current HTTP addresses, trainer rank 0's weight-update group over them, and the recovery of
+// an engine that was lost mid-rollout (rollout::EngineRecovery, called by the coordinator).
+//
+// Recover(engine) — the engine's /generate calls could not reach it (or, before a rollout, the
+// head reports a new process for it):
+//   1. wait for the runtime head to restart the engine's worker process (the head restarts
+//      engine actors with fault_tolerance.restart_backoff, doubling, at most
+//      max_engine_restarts times). The head giving up (actor dead: the job failed) ends the
+//      wait at once with the head's message, which names the engine; the old process answering
+//      /health again (a transient error) ends it with the old address and nothing restarted;
+//      the same process staying unreachable for fault_tolerance.health_check_timeout seconds,
+//      or no new process within the head's whole restart schedule, is an error naming it.
+//   2. ask the new process for its HTTP address (the engine actor's `address`);
+//   3. have trainer rank 0 push its weights to that engine alone (`resync_engine`: the disk
+//      transport — an HF directory the engine loads with /update_weights_from_disk — whatever
+//      weight_sync.transport is; see docs/operations.md, "Engine failures", for why), stamped
+//      with the version the trainer's weights are (the engines' current version unless the
+//      trainer has trained since the last sync);
+//   4. remember the new address; the trainer's weight-update group still holds the dead
+//      engine, so the next ReconnectIfChanged (the driver calls it before every weight sync)
+//      re-forms it with the current addresses.
+// Logged as warnings naming the engine, the restart n/max and the seconds lost; counted in
+// slime_engine_restarts_total{engine} (Prometheus) beside the rollout metrics.
+//
+// Threads: Recover may run for several engines at once, on the coordinator's helper threads,
+// while the driver thread reads Addresses(); every method is thread-safe.
+#ifndef SLIME_SRC_JOB_ENGINE_RECOVERY_H_
+#define SLIME_SRC_JOB_ENGINE_RECOVERY_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "slime/common/status.h"
+#include "slime/metrics/registry.h"
+#include "slime/rollout/coordinator.h"
+#include "slime/runtime/head.h"
+
+namespace slime::job {
+
+struct EngineRecoveryOptions {
+  runtime::Head* head = nullptr;               // borrowed
+  std::vector<std::string> engine_ids;         // engine-0 ..., in the coordinator's order
+  std::vector<std::string> addresses;          // host:port of each, as resolved at start
+  std::string trainer_id;                      // trainer rank 0
+  int num_gpus_per_engine = 1;
+  int max_restarts = 3;                        // fault_tolerance.max_engine_restarts
+  double restart_backoff_s = 5.0;              // fault_tolerance.restart_backoff
+  double start_timeout_s = 60.0;               // the head's start timeout per attempt
+  double health_check_timeout_s = 30.0;        // fault_tolerance.health_check_timeout
+  metrics::Registry* metrics = nullptr;        // borrowed; may be null
+};
+
+class EngineRecoveryImpl : public rollout::EngineRecovery {
+ public:
+  // Records each engine's current incarnation (the head must know every engine).
+  static StatusOr<std::unique_ptr<EngineRecoveryImpl>> Create(EngineRecoveryOptions options);
+
+  // trainer rank 0 `connect_engines` with the current addresses (its weight-update group).
+  Status ConnectTrainer();
+  // ConnectTrainer when an engine was recovered since the last one.
+  Status ReconnectIfChanged();
+  std::vector<std::string> Addresses() const;
+
+  std::vector<int> ReplacedEngines() override;
+  StatusOr<rollout::RecoveredEngine> Recover(int engine, const Status& cause) override;
+
+ private:
+  explicit EngineRecoveryImpl(EngineRecoveryOptions options);
+  // The restart count the head reports for `actor_id` (-1 when unknown).
+  int HeadRestarts(const std::string& actor_id) const;
+
+  const EngineRecoveryOptions options_;
+  mutable std::mutex mu_;
+  std::vector<std::string> addresses_;   // guarded by mu_
+  std::vector<int64_t> incarnations_;    // guarded by mu_: of the process at addresses_[i]
+  bool changed_ = false;                 // guarded by mu_: the trainer's group is stale
+  std::vector<metrics::Counter*> restart_counters_;
+};
+
+}  // namespace slime::job
+
+#endif  // SLIME_SRC_JOB_ENGINE_RECOVERY_H_
