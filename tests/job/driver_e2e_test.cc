@@ -1,7 +1,9 @@
 // The real `slime_train --config` on a tiny random Qwen3 model on CPU: the driver starts a
 // trainer and two engines as worker processes, runs slime's loop (eval → generate → train →
 // save → Gloo weight sync → eval), writes metrics, resumes from its checkpoint, serves
-// Prometheus /metrics (checked with promtool) and stops cleanly on SIGTERM.
+// Prometheus /metrics (checked with promtool) and stops cleanly on SIGTERM. An engine worker
+// killed mid-rollout is restarted, resynced and its groups retried, unless restarts are off
+// (then the job fails naming it).
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -10,7 +12,10 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -303,6 +308,130 @@ TEST_F(DriverE2eTest, ServesMetricsAndStopsEveryProcessOnSigterm) {
     return out;
   }();
   EXPECT_EQ(ps.find("--head " + address), std::string::npos) << ps;
+}
+
+// The pid of this job's worker process of `actor_id` (its command line names the head and the
+// actor), or -1.
+pid_t WorkerPid(const fs::path& run_dir, const std::string& actor_id) {
+  Json head = Json::parse(ReadFile(run_dir / "head.json"), nullptr, false);
+  if (head.is_discarded()) return -1;
+  const std::string needle =
+      "--head " + head.at("address").get<std::string>() + " --actor " + actor_id;
+  FILE* p = ::popen("ps -eo pid=,args=", "r");
+  char line[8192];
+  pid_t pid = -1;
+  while (fgets(line, sizeof line, p) != nullptr) {
+    const std::string l(line);
+    if (l.find(needle) != std::string::npos && l.find(" worker ") != std::string::npos) {
+      pid = static_cast<pid_t>(std::stol(l));
+    }
+  }
+  ::pclose(p);
+  return pid;
+}
+
+// Starts `config` and SIGKILLs engine-1's worker as soon as rollout 0 is reported, i.e. while
+// rollout 1 generates (64-token responses, one request at a time per engine: several seconds).
+// Returns the killed pid (-1 when the run ended first).
+pid_t KillEngineOneDuringRolloutOne(Child& run, const fs::path& run_dir) {
+  const auto deadline = Clock::now() + std::chrono::seconds(400);
+  while (run.out().find("rollout 0/3 |") == std::string::npos && Clock::now() < deadline) {
+    if (run.Wait(std::chrono::seconds(0))) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const pid_t pid = WorkerPid(run_dir, "engine-1");
+  if (pid > 0) ::kill(pid, SIGKILL);
+  return pid;
+}
+
+std::string ReadLogs(const fs::path& run_dir, const Child& run) {
+  std::string all = run.err();
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(run_dir / "logs", ec)) all += ReadFile(entry.path());
+  return all;
+}
+
+TEST_F(DriverE2eTest, AnEngineKilledMidRolloutIsRestartedResyncedAndItsGroupsRetried) {
+  const fs::path config = WriteConfig(
+      3, "fault_tolerance:\n  max_engine_restarts: 2\n  restart_backoff: 0.5\n"
+         "debug:\n  save_debug_rollout_data: " + (dir_ / "rollouts" / "{rollout_id}.json").string() + "\n");
+  Child run({"--config", config.string(), "--set", "rollout.max_response_len=64", "--set",
+             "rollout.engine_concurrency=1", "--set", "eval.max_response_len=6"},
+            dir_);
+  const pid_t killed = KillEngineOneDuringRolloutOne(run, dir_ / "run");
+  ASSERT_GT(killed, 0) << "engine-1's worker was not found\nstdout:\n" << run.out() << "\nstderr:\n"
+                       << run.err();
+  const auto killed_at = Clock::now();
+  std::optional<int> code = run.Wait(std::chrono::seconds(500));
+  ASSERT_EQ(code, 0) << "stdout:\n" << run.out() << "\nstderr:\n" << ReadLogs(dir_ / "run", run);
+  const std::string out = run.out();
+  EXPECT_NE(out.find("rollout 2/3 |"), std::string::npos) << out;
+  // A new engine-1 process, announced by the driver with its restart count.
+  const pid_t now_pid = WorkerPid(dir_ / "run", "engine-1");
+  EXPECT_NE(now_pid, killed);
+  const std::string logs = ReadLogs(dir_ / "run", run);
+  EXPECT_NE(logs.find("engine engine-1 restarted (restart 1/2)"), std::string::npos) << logs;
+  std::cout << "engine-1 killed; the run ended "
+            << std::chrono::duration<double>(Clock::now() - killed_at).count() << " s later\n";
+
+  // Rollout 1 kept its full batch (4 groups × 2 samples) and counted the restart.
+  std::map<int64_t, Json> rollouts;
+  for (const Json& r : ReadJsonl(dir_ / "run" / "metrics.jsonl")) {
+    if (r.contains("rollout/raw_reward")) rollouts[r.at("rollout_id").get<int64_t>()] = r;
+  }
+  ASSERT_EQ(rollouts.size(), 3u);
+  EXPECT_EQ(rollouts[1].value("rollout/samples", -1.0), 8.0) << rollouts[1].dump();
+  EXPECT_EQ(rollouts[1].value("rollout/engine_restarts", -1.0), 1.0) << rollouts[1].dump();
+  EXPECT_GE(rollouts[1].value("rollout/retried_groups", -1.0), 1.0) << rollouts[1].dump();
+  EXPECT_GT(rollouts[1].value("perf/engine_recovery_time", 0.0), 0.0) << rollouts[1].dump();
+  EXPECT_EQ(rollouts[0].value("rollout/engine_restarts", -1.0), 0.0);
+  EXPECT_EQ(rollouts[2].value("rollout/engine_restarts", -1.0), 0.0);
+
+  // Every sample of rollout r was generated with weight_version r (the restarted engine got
+  // version 1 from the trainer, then version 2 through the re-formed weight-update group), and
+  // rollout 2 used both engines, engine-1 at a new address.
+  std::map<int64_t, std::set<std::string>> engines_used;
+  for (int64_t r = 0; r < 3; ++r) {
+    Json doc = Json::parse(ReadFile(dir_ / "rollouts" / (std::to_string(r) + ".json")));
+    int64_t samples = 0;
+    for (const Json& group : doc.at("samples")) {
+      for (const Json& sample : group) {
+        ++samples;
+        EXPECT_GE(sample.at("response_length").get<int64_t>(), 1) << sample.dump();
+        EXPECT_EQ(sample.at("weight_versions"), Json::array({std::to_string(r)}))
+            << "rollout " << r << ": " << sample.dump();
+        engines_used[r].insert(sample.at("metadata").at("engine").get<std::string>());
+      }
+    }
+    EXPECT_EQ(samples, 8) << "rollout " << r;
+  }
+  EXPECT_EQ(engines_used[0].size(), 2u);
+  EXPECT_EQ(engines_used[2].size(), 2u);
+  EXPECT_NE(engines_used[0], engines_used[2]) << "engine-1 should serve rollout 2 from a new port";
+}
+
+TEST_F(DriverE2eTest, AnEngineThatMayNotRestartFailsTheJobNamingIt) {
+  const fs::path config = WriteConfig(3, "fault_tolerance:\n  max_engine_restarts: 0\n");
+  Child run({"--config", config.string(), "--set", "rollout.max_response_len=64", "--set",
+             "rollout.engine_concurrency=1", "--set", "eval.max_response_len=6"},
+            dir_);
+  const pid_t killed = KillEngineOneDuringRolloutOne(run, dir_ / "run");
+  ASSERT_GT(killed, 0) << "stdout:\n" << run.out() << "\nstderr:\n" << run.err();
+  const auto killed_at = Clock::now();
+  std::optional<int> code = run.Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(code.has_value()) << "the job did not end within 60 s of losing engine-1\nstdout:\n"
+                                << run.out() << "\nstderr:\n" << run.err();
+  EXPECT_EQ(*code, 1) << run.err();
+  const std::string err = run.err();
+  EXPECT_NE(err.find("slime_train: error:"), std::string::npos) << err;
+  EXPECT_NE(err.find("engine-1"), std::string::npos) << err;
+  EXPECT_NE(err.find("max_engine_restarts"), std::string::npos) << err;
+  EXPECT_EQ(run.out().find("rollout 1/3 |"), std::string::npos) << run.out();
+  std::cout << "the job failed " << std::chrono::duration<double>(Clock::now() - killed_at).count()
+            << " s after engine-1 was killed\n";
+  // No worker of the job is left.
+  EXPECT_EQ(WorkerPid(dir_ / "run", "engine-0"), -1);
+  EXPECT_EQ(WorkerPid(dir_ / "run", "trainer-0"), -1);
 }
 
 TEST_F(DriverE2eTest, BadDatasetLineFailsBeforeAnyWorkerStarts) {

@@ -3,7 +3,8 @@
 // rewards from the reward module (a remote reward model served over HTTP by this test, and
 // exact_match). Covers routing (a group stays on one engine, both engines are used), the
 // per-engine concurrency limit seen from the engines, the dynamic filter, abort at the end of a
-// rollout, partial-rollout resumption with off-policy masking, and eval with pass@k.
+// rollout, partial-rollout resumption with off-policy masking, eval with pass@k, and an engine
+// lost mid-rollout (recovered through EngineRecovery, its groups retried whole).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -13,6 +14,8 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "nlohmann/json.hpp"
@@ -44,6 +47,29 @@ struct EngineUnderTest {
   std::string address() const { return "http://127.0.0.1:" + std::to_string(server->port()); }
 };
 
+// An engine on `model_dir` behind its HTTP server on a free port; `weight_version` shows who
+// served a sample.
+StatusOr<std::unique_ptr<EngineUnderTest>> StartEngine(const std::string& model_dir,
+                                                       const std::string& weight_version) {
+  auto e = std::make_unique<EngineUnderTest>();
+  e->registry = std::make_unique<metrics::Registry>();
+  engine::EngineOptions o;
+  o.model_path = model_dir;
+  o.device = "cpu";
+  o.dtype = "float32";
+  o.page_size = 4;
+  o.max_total_tokens = 16384;
+  o.context_length = 512;
+  o.random_seed = 1;
+  o.weight_version = weight_version;
+  o.metrics = e->registry.get();
+  SLIME_ASSIGN_OR_RETURN(e->engine, engine::Engine::Create(o));
+  engine::EngineServerOptions so;
+  so.port = 0;
+  SLIME_ASSIGN_OR_RETURN(e->server, engine::EngineServer::Start(e->engine.get(), e->registry.get(), so));
+  return e;
+}
+
 class RolloutEngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -60,27 +86,9 @@ class RolloutEngineTest : public ::testing::Test {
                                tok, model_dir_, 0, "fp32");
     ASSERT_TRUE(s.ok()) << s;
     for (int i = 0; i < 2; ++i) {
-      auto e = std::make_unique<EngineUnderTest>();
-      e->registry = std::make_unique<metrics::Registry>();
-      engine::EngineOptions o;
-      o.model_path = model_dir_;
-      o.device = "cpu";
-      o.dtype = "float32";
-      o.page_size = 4;
-      o.max_total_tokens = 16384;
-      o.context_length = 512;
-      o.random_seed = 1;
-      o.weight_version = i == 0 ? "engine-a" : "engine-b";  // shows who served a sample
-      o.metrics = e->registry.get();
-      auto engine = engine::Engine::Create(o);
-      ASSERT_TRUE(engine.ok()) << engine.status();
-      e->engine = std::move(*engine);
-      engine::EngineServerOptions so;
-      so.port = 0;
-      auto server = engine::EngineServer::Start(e->engine.get(), e->registry.get(), so);
-      ASSERT_TRUE(server.ok()) << server.status();
-      e->server = std::move(*server);
-      engines_.push_back(e.release());
+      auto e = StartEngine(model_dir_, i == 0 ? "engine-a" : "engine-b");
+      ASSERT_TRUE(e.ok()) << e.status();
+      engines_.push_back(e->release());
     }
     // The remote reward model: label "zero" → 0, "one" → 1, otherwise a number derived from
     // the response text (different responses get different rewards).
@@ -425,6 +433,123 @@ TEST_F(RolloutEngineTest, EvalReportsRewardsAndPassAtK) {
   EXPECT_DOUBLE_EQ(r->metrics["eval/wrong-pass@2"], 0.0);
   EXPECT_EQ(r->metrics.count("eval/wrong-pass@4"), 0u);
   EXPECT_DOUBLE_EQ(r->metrics["eval/right-truncated_ratio"], 1.0);
+}
+
+// The recovery side as the job driver plays it, with a real engine: Recover starts a fresh
+// engine (weight_version "engine-c2") on a new port, as the runtime head restarts a dead one.
+class RestartingRecovery : public EngineRecovery {
+ public:
+  explicit RestartingRecovery(std::string model_dir, Status fail = absl::OkStatus())
+      : model_dir_(std::move(model_dir)), fail_(std::move(fail)) {}
+  std::vector<int> ReplacedEngines() override { return {}; }
+  StatusOr<RecoveredEngine> Recover(int engine, const Status& cause) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    recovered_.push_back(engine);
+    causes_.push_back(std::string(cause.message()));
+    if (!fail_.ok()) return fail_;
+    SLIME_ASSIGN_OR_RETURN(restarted_, StartEngine(model_dir_, "engine-c2"));
+    return RecoveredEngine{restarted_->address(), true, "engine-c2"};
+  }
+  std::vector<int> recovered() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return recovered_;
+  }
+  std::vector<std::string> causes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return causes_;
+  }
+  ~RestartingRecovery() override {
+    if (restarted_ != nullptr) restarted_->server->Stop();
+  }
+
+ private:
+  std::string model_dir_;
+  Status fail_;
+  std::mutex mu_;
+  std::vector<int> recovered_;
+  std::vector<std::string> causes_;
+  std::unique_ptr<EngineUnderTest> restarted_;
+};
+
+// Engine "c" holds its requests (paused), then its server goes away mid-rollout: the groups it
+// had (sent and queued) start over on engine a or on the recovered engine, whole.
+TEST_F(RolloutEngineTest, AnEngineLostMidRolloutIsRecoveredAndItsGroupsRetried) {
+  auto lost = StartEngine(model_dir_, "engine-c");
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  std::vector<std::pair<std::string, std::string>> rows;
+  for (int i = 0; i < 12; ++i) rows.push_back({"Retry prompt " + std::to_string(i), "x"});
+  auto source = Source(rows, 2);
+  PromptGroupSource groups(source.get());
+  RestartingRecovery recovery(model_dir_);
+  RolloutCoordinator c;
+  c.SetEngineRecovery(&recovery);
+  RolloutOptions o = Options(6, 2, 2);
+  o.engines.addresses = {engines_[0]->address(), (*lost)->address()};
+  ASSERT_TRUE(c.Configure(o, &groups, reward_.get()).ok());
+  (*lost)->engine->Pause();
+  auto generate = std::async(std::launch::async, [&] { return c.Generate(0); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((*lost)->engine->load().num_waiting < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ((*lost)->engine->load().num_waiting, 2) << "engine c should hold its limit";
+  (*lost)->server->Stop();  // its connections close: the calls in flight fail, the rest wait
+  auto r = generate.get();
+  ASSERT_TRUE(r.ok()) << r.status();
+
+  EXPECT_EQ(recovery.recovered(), std::vector<int>{1});
+  ASSERT_EQ(recovery.causes().size(), 1u);
+  EXPECT_NE(recovery.causes()[0].find((*lost)->address().substr(7)), std::string::npos)
+      << recovery.causes()[0];
+  ASSERT_EQ(r->groups.size(), 6u);
+  for (const auto& g : r->groups) {
+    ASSERT_EQ(g.size(), 2u);
+    const std::vector<std::string> version = g.front().weight_versions;
+    EXPECT_TRUE(version == std::vector<std::string>{"engine-a"} ||
+                version == std::vector<std::string>{"engine-c2"})
+        << "a sample of the lost engine was kept";
+    for (const auto& s : g) {
+      EXPECT_EQ(s.weight_versions, version) << "a retried group must not mix engines";
+      EXPECT_EQ(s.metadata["engine"], g.front().metadata["engine"]);
+      EXPECT_GE(s.response_length, 1);
+      EXPECT_TRUE(s.Validate().ok()) << s.Validate();
+    }
+  }
+  EXPECT_EQ(r->metrics["rollout/samples"], 12);
+  EXPECT_EQ(r->metrics["rollout/engine_restarts"], 1);
+  EXPECT_GE(r->metrics["rollout/retried_groups"], 1);
+  EXPECT_GT(r->metrics["perf/engine_recovery_time"], 0);
+  EXPECT_FALSE(c.engine_pool()->engine_down(1));
+  EXPECT_NE(c.engine_pool()->address(1).ToString(), (*lost)->address().substr(7));
+  // The next rollout uses the recovered engine like any other.
+  auto next = c.Generate(1);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->metrics["rollout/engine_restarts"], 0);
+  EXPECT_EQ(next->metrics["rollout/retried_groups"], 0);
+}
+
+TEST_F(RolloutEngineTest, AFailedRecoveryFailsTheRolloutWithItsError) {
+  auto lost = StartEngine(model_dir_, "engine-c");
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  std::vector<std::pair<std::string, std::string>> rows;
+  for (int i = 0; i < 4; ++i) rows.push_back({"Doomed prompt " + std::to_string(i), "x"});
+  auto source = Source(rows, 2);
+  PromptGroupSource groups(source.get());
+  RestartingRecovery recovery(
+      model_dir_, absl::FailedPreconditionError("engine-c died and may not be restarted"));
+  RolloutCoordinator c;
+  c.SetEngineRecovery(&recovery);
+  RolloutOptions o = Options(4, 2, 2);
+  o.engines.addresses = {engines_[0]->address(), (*lost)->address()};
+  ASSERT_TRUE(c.Configure(o, &groups, reward_.get()).ok());
+  (*lost)->server->Stop();  // gone before the rollout starts: its calls are refused
+  const auto start = std::chrono::steady_clock::now();
+  auto r = c.Generate(0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("engine-c died"), std::string::npos) << r.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(recovery.recovered(), std::vector<int>{1});
 }
 
 }  // namespace
