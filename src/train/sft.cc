@@ -47,6 +47,9 @@ Status Validate(const SftOptions& o) {
   if (!(o.lr > 0) || !std::isfinite(o.lr)) return bad(fmt::format("--lr must be > 0, got {}", o.lr));
   if (o.save_interval < 0) return bad("--save-interval must be >= 0");
   if (o.save_interval > 0 && o.save_dir.empty()) return bad("--save-interval needs --save");
+  if (!o.save_hf.empty() && o.save_dir.empty()) {
+    return bad("--save-hf needs --save (the export reads the final checkpoint)");
+  }
   if (o.dtype != "auto" && o.dtype != "bf16" && o.dtype != "fp32") {
     return bad(fmt::format("--dtype: '{}' is not one of auto, bf16, fp32", o.dtype));
   }
@@ -194,9 +197,7 @@ StatusOr<SftResult> RunSft(const SftOptions& o) {
   }
   if (!o.save_dir.empty()) SLIME_RETURN_IF_ERROR(save(done));
   if (!o.save_hf.empty()) {
-    if (result.last_checkpoint.empty()) {
-      return absl::InvalidArgumentError("--save-hf needs --save (the export reads the checkpoint)");
-    }
+    if (result.last_checkpoint.empty()) return absl::InternalError("sft: no checkpoint to export");
     HfExportOptions ho;
     ho.from = result.last_checkpoint;
     ho.to_hf = o.save_hf;

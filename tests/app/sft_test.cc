@@ -112,6 +112,15 @@ TEST_F(SftTest, BadInputIsNamed) {
                   "/tests/data/sft/chat.jsonl --lr 0");
   EXPECT_EQ(lr.exit_code, 2);
   EXPECT_NE(lr.err.find("--lr"), std::string::npos) << lr.err;
+
+  // Refused before any training step (it used to fail after the whole run).
+  const fs::path hf = *root_ / "hf-without-save";
+  Result no_save = Sft("--model " + (*root_ / "model").string() + " --data " + SourceDir() +
+                       "/tests/data/sft/chat.jsonl --save-hf " + hf.string());
+  EXPECT_EQ(no_save.exit_code, 2);
+  EXPECT_NE(no_save.err.find("--save-hf needs --save"), std::string::npos) << no_save.err;
+  EXPECT_EQ(no_save.out.find("sft step"), std::string::npos) << no_save.out;
+  EXPECT_FALSE(fs::exists(hf));
 }
 
 }  // namespace
