@@ -494,6 +494,12 @@ StatusOr<RolloutResult> RolloutCoordinator::Generate(int64_t rollout_id) {
       failure = RecoveryFailure();
       break;
     }
+    if (std::lock_guard<std::mutex> lock(cancel_mu_); cancelled_) {
+      // The engines stop with the job: a lost group would wait for a recovery that will not
+      // come, a cancelled one would count as kept.
+      failure = absl::CancelledError("the rollout was cancelled: the job is stopping");
+      break;
+    }
     if (job->error.ok() && job->retry) {  // lost to an engine failure: again, still pending
       RestartJob(run, job, rollout_id);
       ++retried_groups;
@@ -625,6 +631,8 @@ StatusOr<EvalResult> RolloutCoordinator::Eval(int64_t rollout_id) {
       failure = RecoveryFailure();
     } else if (!job->error.ok()) {
       failure = job->error;
+    } else if (std::lock_guard<std::mutex> lock(cancel_mu_); cancelled_) {
+      failure = absl::CancelledError("the eval was cancelled: the job is stopping");
     } else if (job->retry) {
       RestartJob(run, job, rollout_id);
     } else {

@@ -142,7 +142,17 @@ int EnginePool::PickEngine(int64_t num_calls) {
 
 void EnginePool::Submit(int engine, nlohmann::json body, Done done) {
   Engine* e = engines_.at(engine).get();
-  absl::MutexLock lock(&e->mu);
+  absl::ReleasableMutexLock lock(&e->mu);
+  // After Shutdown nothing would send it (a down engine's queue waits for a recovery that
+  // will not come): cancelled at once. Checked under the lock, so CancelQueued, which runs
+  // after the flag is set, cancels whatever was queued before.
+  if (shutdown_.load()) {
+    lock.Release();
+    done(absl::CancelledError(fmt::format(
+        "the /generate call on engine {} was cancelled: the pool is shut down",
+        address(engine).ToString())));
+    return;
+  }
   e->queue.push_back(Call{std::move(body), std::move(done)});
   // A worker per call in flight, up to the limit; idle ones are reused.
   const int busy = e->workers - e->idle_workers;
