@@ -46,6 +46,7 @@ struct TrainOptions {
   std::string config_path;
   std::vector<std::string> overrides;
   bool dry_run = false;
+  bool async_train = false;
   std::string log_level;
 };
 
@@ -70,6 +71,10 @@ int RunTrain(const TrainOptions& options) {
   if (Status s = InitLogging(log); !s.ok()) return UsageError(std::string(s.message()));
   for (const std::string& w : warnings) spdlog::warn("config: {}", w);
 
+  if (options.async_train) {
+    Status s = job::CheckAsyncConfig(config);
+    if (!s.ok()) return UsageError(std::string(s.message()));
+  }
   comm::AcceleratorInfo accel = comm::QueryAccelerators();
   StatusOr<JobPlan> job = PlanJob(config, accel.cuda_available);
   if (!job.ok()) return UsageError(fmt::format("placement: {}", std::string(job.status().message())));
@@ -86,6 +91,7 @@ int RunTrain(const TrainOptions& options) {
   job::DriverOptions driver;
   driver.config = std::move(config);
   driver.placement = job->request;
+  driver.async_train = options.async_train;
   return job::RunDriver(std::move(driver), &signals);
 }
 
@@ -114,6 +120,9 @@ int RunCli(int argc, char** argv) {
                         "Override a key: --set section.key=value (repeatable; value is YAML)");
   train_cmd->add_flag("--dry-run", train.dry_run,
                       "Print the resolved config and the placement plan, then exit");
+  train_cmd->add_flag("--async", train.async_train,
+                      "One-step off-policy (slime's train_async.py): generate rollout N+1 while "
+                      "training on N; not with cluster.colocate (docs/operations.md)");
   train_cmd->add_option("--log-level", train.log_level,
                         "trace|debug|info|warn|error|critical|off (default: debug.log_level)");
 

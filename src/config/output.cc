@@ -106,6 +106,12 @@ bases) replaces one key. The value is parsed as YAML, so `--set rollout.stop=["<
 gives a list and `--set train.global_batch_size=~` unsets a key; a string key takes the text
 as is. `--set` values are not expanded for `${...}` (the shell already did).
 
+**The loop is a flag, not a key.** slime's two entry points are one command here:
+`slime_train train --config F` runs `train.py`'s synchronous loop, and `--async` runs
+`train_async.py`'s one-step-off-policy loop (rollout N+1 generates while the trainers train on
+rollout N; not with `cluster.colocate`; docs/operations.md). `weight_sync.interval` applies to
+both.
+
 **Errors.** Unknown sections and keys are errors with a "did you mean" suggestion. Wrong
 types, out-of-range numbers and unknown enum values are errors naming the key, the value and
 what is allowed. Cross-key rules follow slime's argument validation; they are listed at the

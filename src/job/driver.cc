@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "driver_async.h"
 #include "driver_report.h"
 #include "engine_recovery.h"
 #include "fmt/format.h"
@@ -189,7 +190,7 @@ StatusOr<rollout::RolloutResult> LoadDebugRollout(const std::string& path, int64
   return result;
 }
 
-class Driver {
+class Driver : public RolloutSteps {
  public:
   Driver(DriverOptions options, SignalWatcher* signals)
       : options_(std::move(options)), config_(options_.config), signals_(signals) {}
@@ -233,8 +234,28 @@ class Driver {
   Status StartActors();
   Status InitTrainers();
   Status Loop();
-  Status Evaluate(int64_t rollout_id, MetricValues* perf);
-  Status SaveCheckpoint(int64_t rollout_id);
+  Status Evaluate(int64_t rollout_id, MetricValues* perf) override;  // also RolloutSteps
+  // `state`: the rollout side to save (the async loop's capture); null: the current one.
+  Status SaveCheckpoint(int64_t rollout_id, const RolloutSideState* state = nullptr);
+  Status TrainRollout(int64_t rollout_id, const rollout::RolloutResult& result,
+                      MetricValues* values);
+  Status FinishRun(Clock::time_point loop_start);
+  // RolloutSteps, for the --async loop (driver_async.h).
+  StatusOr<rollout::RolloutResult> GenerateRollout(int64_t rollout_id) override;
+  RolloutSideState CaptureState() override;
+  Status ProcessRollout(int64_t rollout_id, const rollout::RolloutResult& result,
+                        MetricValues* values) override;
+  Status Train(int64_t rollout_id, const rollout::RolloutResult& result,
+               MetricValues* values) override {
+    return TrainRollout(rollout_id, result, values);
+  }
+  Status Save(int64_t rollout_id, const RolloutSideState& state, MetricValues* values) override;
+  bool SyncDue(int64_t rollout_id) override;
+  Status UpdateWeights(int64_t rollout_id, MetricValues* values) override;
+  bool EvalDue(int64_t rollout_id) override;
+  Status Report(int64_t rollout_id, const MetricValues& values) override;
+  void CancelGeneration() override { coordinator_.Cancel(); }
+  bool Stopped() override { return signals_->last_signal() != 0; }
   StatusOr<Json> SyncWeights(const std::string& version);
   // Colocated with offload_rollout: the engines give their K/V cache memory back while the
   // trainer works, and take it again before the weight sync.
@@ -275,6 +296,7 @@ class Driver {
 };
 
 Status Driver::Setup() {
+  if (options_.async_train) SLIME_RETURN_IF_ERROR(CheckAsyncConfig(config_));
   config::DebugConfig& debug = config_.debug;
   train_only_ = debug.load_debug_rollout_data.has_value();
   // Workers may run in other directories: every path they read is made absolute.
@@ -570,19 +592,113 @@ Status Driver::Evaluate(int64_t rollout_id, MetricValues* perf) {
   return report_->Record(rollout_id, std::nullopt, values);
 }
 
-Status Driver::SaveCheckpoint(int64_t rollout_id) {
+Status Driver::SaveCheckpoint(int64_t rollout_id, const RolloutSideState* state) {
   const std::string& save = *config_.checkpoint.save;
   // The data source and coordinator state first: the trainer writes the tracker last, so a
   // tracker never names an iteration whose rollout state is missing.
-  if (source_) SLIME_RETURN_IF_ERROR(source_->Save(data::DataSourceStatePath(save, rollout_id)));
+  if (source_) {
+    data::PromptDataSource at_rollout = *source_;
+    if (state != nullptr && state->data_source) {
+      SLIME_RETURN_IF_ERROR(at_rollout.Restore(*state->data_source));
+    }
+    SLIME_RETURN_IF_ERROR(at_rollout.Save(data::DataSourceStatePath(save, rollout_id)));
+  }
+  const Json coordinator = state != nullptr ? state->coordinator : coordinator_.State();
   SLIME_RETURN_IF_ERROR(WriteFileAtomically(
       fmt::format("{}/rollout/coordinator_state_{}.json", save, rollout_id),
-      coordinator_.State().dump() + "\n"));
+      coordinator.dump() + "\n"));
   Json request = {{"rollout_id", rollout_id},
                   {"extra_state", {{"num_rollout", num_rollout_}}}};
   runtime::CallOptions co;
   co.timeout = LongCall();
   return head_->Group(trainer_ids_).CallAll("save", request.dump(), co).status();
+}
+
+StatusOr<rollout::RolloutResult> Driver::GenerateRollout(int64_t rollout_id) {
+  if (train_only_) {
+    return LoadDebugRollout(DebugRolloutPath(*config_.debug.load_debug_rollout_data, rollout_id),
+                            rollout_id);
+  }
+  return coordinator_.Generate(rollout_id);
+}
+
+RolloutSideState Driver::CaptureState() {
+  RolloutSideState state;
+  if (source_) state.data_source = source_->state();
+  state.coordinator = coordinator_.State();
+  return state;
+}
+
+Status Driver::ProcessRollout(int64_t rollout_id, const rollout::RolloutResult& result,
+                              MetricValues* values) {
+  values->insert(result.metrics.begin(), result.metrics.end());
+  if (config_.debug.save_debug_rollout_data) {
+    SLIME_RETURN_IF_ERROR(SaveDebugRollout(
+        DebugRolloutPath(*config_.debug.save_debug_rollout_data, rollout_id), result));
+  }
+  return absl::OkStatus();
+}
+
+Status Driver::TrainRollout(int64_t rollout_id, const rollout::RolloutResult& result,
+                            MetricValues* values) {
+  if (config_.debug.rollout_only) return absl::OkStatus();
+  const auto t = Clock::now();
+  runtime::CallOptions long_call;
+  long_call.timeout = LongCall();
+  const std::string payload =
+      EncodeTrainBatch(rollout_id, ToTrainBatch(result, config_.rollout.temperature));
+  SLIME_ASSIGN_OR_RETURN(std::vector<std::string> replies,
+                         head_->Group(trainer_ids_).CallAll("train", payload, long_call));
+  Json reply = Json::parse(replies.front(), nullptr, false);
+  if (reply.is_discarded()) return absl::InternalError("train on trainer-0: reply is not JSON");
+  for (const Json& step : reply.at("steps")) {
+    MetricValues step_values;
+    for (const auto& [k, v] : step.at("values").items()) {
+      step_values["train/" + k] = v.get<double>();
+    }
+    if (step.value("skipped", false)) step_values["train/skipped"] = 1.0;
+    SLIME_RETURN_IF_ERROR(
+        report_->Record(rollout_id, step.at("step").get<int64_t>(), step_values));
+    for (const auto& [k, v] : step_values) (*values)[k] = v;  // the summary shows the last step
+  }
+  for (const auto& [k, v] : reply.at("rollout_values").items()) {
+    (*values)["rollout/trainer/" + k] = v.get<double>();
+  }
+  (*values)["perf/train_time"] = Since(t);
+  return absl::OkStatus();
+}
+
+Status Driver::Save(int64_t rollout_id, const RolloutSideState& state, MetricValues* values) {
+  if (config_.debug.rollout_only || !config_.checkpoint.save ||
+      !Periodic(rollout_id, config_.checkpoint.save_interval, num_rollout_)) {
+    return absl::OkStatus();
+  }
+  const auto t = Clock::now();
+  SLIME_RETURN_IF_ERROR(SaveCheckpoint(rollout_id, &state));
+  (*values)["perf/save_time"] = Since(t);
+  return absl::OkStatus();
+}
+
+bool Driver::SyncDue(int64_t rollout_id) {
+  return !config_.debug.rollout_only && has_engines_ &&
+         (rollout_id + 1) % config_.weight_sync.interval == 0;
+}
+
+Status Driver::UpdateWeights(int64_t rollout_id, MetricValues* values) {
+  const auto t = Clock::now();
+  SLIME_ASSIGN_OR_RETURN(Json sync, SyncWeights(std::to_string(rollout_id + 1)));
+  (*values)["perf/update_weights_time"] = Since(t);
+  (*values)["perf/update_weights_gb_per_s"] = sync.value("gb_per_s", 0.0);
+  return absl::OkStatus();
+}
+
+bool Driver::EvalDue(int64_t rollout_id) {
+  return Periodic(rollout_id, config_.eval.interval, std::nullopt);
+}
+
+Status Driver::Report(int64_t rollout_id, const MetricValues& values) {
+  report_->Summary(rollout_id, values);
+  return report_->Record(rollout_id, std::nullopt, values);
 }
 
 Status Driver::Loop() {
@@ -593,90 +709,52 @@ Status Driver::Loop() {
       (eval_only || !config_.eval.skip_eval_before_train)) {
     SLIME_RETURN_IF_ERROR(Evaluate(0, nullptr));
   }
-  runtime::ActorGroup trainers = head_->Group(trainer_ids_);
-  runtime::CallOptions long_call;
-  long_call.timeout = LongCall();
+  if (options_.async_train) {
+    SLIME_RETURN_IF_ERROR(RunAsyncLoop(start_rollout_id_, num_rollout_, this));
+    return FinishRun(loop_start);
+  }
   for (int64_t rollout_id = start_rollout_id_; rollout_id < num_rollout_; ++rollout_id) {
     if (signals_->last_signal() != 0) return absl::CancelledError("stopped by a signal");
     const auto step_start = Clock::now();
     MetricValues values;
     // 1. Generate (or load a saved rollout).
-    rollout::RolloutResult result;
     auto t = Clock::now();
-    if (train_only_) {
-      SLIME_ASSIGN_OR_RETURN(result, LoadDebugRollout(
-                                         DebugRolloutPath(*debug.load_debug_rollout_data, rollout_id),
-                                         rollout_id));
-    } else {
-      SLIME_ASSIGN_OR_RETURN(result, coordinator_.Generate(rollout_id));
-    }
+    SLIME_ASSIGN_OR_RETURN(rollout::RolloutResult result, GenerateRollout(rollout_id));
     report_->EndProgress();
-    values.insert(result.metrics.begin(), result.metrics.end());
     values["perf/rollout_time"] = Since(t);
     if (offload_engines_ && !debug.rollout_only) {
       t = Clock::now();
       SLIME_RETURN_IF_ERROR(EngineMemory(/*release=*/true));
       values["perf/offload_rollout_time"] = Since(t);
     }
-    if (debug.save_debug_rollout_data) {
-      SLIME_RETURN_IF_ERROR(
-          SaveDebugRollout(DebugRolloutPath(*debug.save_debug_rollout_data, rollout_id), result));
-    }
+    SLIME_RETURN_IF_ERROR(ProcessRollout(rollout_id, result, &values));
     // 2. Train.
-    if (!debug.rollout_only) {
-      t = Clock::now();
-      const std::string payload =
-          EncodeTrainBatch(rollout_id, ToTrainBatch(result, config_.rollout.temperature));
-      SLIME_ASSIGN_OR_RETURN(std::vector<std::string> replies,
-                             trainers.CallAll("train", payload, long_call));
-      Json reply = Json::parse(replies.front(), nullptr, false);
-      if (reply.is_discarded()) return absl::InternalError("train on trainer-0: reply is not JSON");
-      for (const Json& step : reply.at("steps")) {
-        MetricValues step_values;
-        for (const auto& [k, v] : step.at("values").items()) step_values["train/" + k] = v.get<double>();
-        if (step.value("skipped", false)) step_values["train/skipped"] = 1.0;
-        SLIME_RETURN_IF_ERROR(report_->Record(rollout_id, step.at("step").get<int64_t>(), step_values));
-        for (const auto& [k, v] : step_values) values[k] = v;  // the summary shows the last step
-      }
-      for (const auto& [k, v] : reply.at("rollout_values").items()) {
-        values["rollout/trainer/" + k] = v.get<double>();
-      }
-      values["perf/train_time"] = Since(t);
-    }
+    SLIME_RETURN_IF_ERROR(TrainRollout(rollout_id, result, &values));
     // 3. Save.
-    if (!debug.rollout_only && config_.checkpoint.save &&
-        Periodic(rollout_id, config_.checkpoint.save_interval, num_rollout_)) {
-      t = Clock::now();
-      SLIME_RETURN_IF_ERROR(SaveCheckpoint(rollout_id));
-      values["perf/save_time"] = Since(t);
-    }
+    SLIME_RETURN_IF_ERROR(Save(rollout_id, CaptureState(), &values));
     // 4. Weight sync (the engines take their memory back first).
     if (offload_engines_ && !debug.rollout_only) {
       t = Clock::now();
       SLIME_RETURN_IF_ERROR(EngineMemory(/*release=*/false));
       values["perf/onload_rollout_time"] = Since(t);
     }
-    if (!debug.rollout_only && has_engines_ && (rollout_id + 1) % config_.weight_sync.interval == 0) {
-      t = Clock::now();
-      SLIME_ASSIGN_OR_RETURN(Json sync, SyncWeights(std::to_string(rollout_id + 1)));
-      values["perf/update_weights_time"] = Since(t);
-      values["perf/update_weights_gb_per_s"] = sync.value("gb_per_s", 0.0);
-    }
+    if (SyncDue(rollout_id)) SLIME_RETURN_IF_ERROR(UpdateWeights(rollout_id, &values));
     // 5. Eval.
-    if (Periodic(rollout_id, config_.eval.interval, std::nullopt)) {
-      SLIME_RETURN_IF_ERROR(Evaluate(rollout_id, &values));
-    }
+    if (EvalDue(rollout_id)) SLIME_RETURN_IF_ERROR(Evaluate(rollout_id, &values));
     values["perf/step_time"] = Since(step_start);
-    report_->Summary(rollout_id, values);
-    SLIME_RETURN_IF_ERROR(report_->Record(rollout_id, std::nullopt, values));
+    SLIME_RETURN_IF_ERROR(Report(rollout_id, values));
   }
+  return FinishRun(loop_start);
+}
+
+Status Driver::FinishRun(Clock::time_point loop_start) {
   std::string done = fmt::format("done: rollouts {}..{} in {:.0f} s", start_rollout_id_,
                                  num_rollout_ - 1, Since(loop_start));
   for (const auto& [key, last] : last_eval_) {
     done += fmt::format("; {} {:.3f} -> {:.3f}", key, first_eval_.at(key), last);
   }
   std::cout << done << std::endl;
-  if (config_.checkpoint.save_hf && !debug.rollout_only) {
+  if (config_.checkpoint.save_hf && !config_.debug.rollout_only) {
     SLIME_ASSIGN_OR_RETURN(Json exported, CallJson(head_->Handle(trainer_ids_.front()), "export_hf",
                                                    {{"dir", *config_.checkpoint.save_hf}}, LongCall()));
     std::cout << "exported the final weights to " << exported.value("dir", std::string()) << "\n";
@@ -685,6 +763,16 @@ Status Driver::Loop() {
 }
 
 }  // namespace
+
+Status CheckAsyncConfig(const config::Config& config) {
+  if (config.cluster.colocate) {
+    return absl::InvalidArgumentError(
+        "--async: cluster.colocate is true, but the one-step-off-policy loop generates on the "
+        "engines while the trainers train, so they need devices of their own (slime's "
+        "train_async.py asserts the same); set cluster.colocate: false or run without --async");
+  }
+  return absl::OkStatus();
+}
 
 int RunDriver(DriverOptions options, SignalWatcher* signals) {
   Driver driver(std::move(options), signals);

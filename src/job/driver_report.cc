@@ -141,6 +141,7 @@ void DriverReport::Summary(int64_t rollout_id, const MetricValues& v) {
   std::string times;
   for (const auto& [label, key] : std::initializer_list<std::pair<const char*, const char*>>{
            {"rollout", "perf/rollout_time"},
+           {"wait", "perf/rollout_wait_time"},
            {"train", "perf/train_time"},
            {"save", "perf/save_time"},
            {"sync", "perf/update_weights_time"},

@@ -1,9 +1,11 @@
 // The real `slime_train --config` on a tiny random Qwen3 model on CPU: the driver starts a
 // trainer and two engines as worker processes, runs slime's loop (eval → generate → train →
 // save → Gloo weight sync → eval), writes metrics, resumes from its checkpoint, serves
-// Prometheus /metrics (checked with promtool) and stops cleanly on SIGTERM. An engine worker
-// killed mid-rollout is restarted, resynced and its groups retried, unless restarts are off
-// (then the job fails naming it).
+// Prometheus /metrics (checked with promtool) and stops cleanly on SIGTERM; with --async the
+// generation of rollout N+1 overlaps training on N, samples are one weight version stale, and a
+// run stopped mid-generation resumes with the prompts of an uninterrupted run.
+// An engine worker killed mid-rollout is restarted, resynced and its groups retried, unless
+// restarts are off (then the job fails naming it).
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -308,6 +310,152 @@ TEST_F(DriverE2eTest, ServesMetricsAndStopsEveryProcessOnSigterm) {
     return out;
   }();
   EXPECT_EQ(ps.find("--head " + address), std::string::npos) << ps;
+}
+
+// ---- --async: slime's train_async.py (one-step off-policy) ----------------------------------
+
+// The samples of one rollout saved by debug.save_debug_rollout_data, group by group.
+std::vector<Json> SavedSamples(const fs::path& file) {
+  Json doc = Json::parse(ReadFile(file));
+  std::vector<Json> out;
+  for (const Json& group : doc.at("samples")) {
+    for (const Json& s : group) out.push_back(s);
+  }
+  return out;
+}
+
+// What identifies a rollout's prompts: each sample's (group_index, index, prompt, label).
+std::vector<std::string> PromptOrder(const fs::path& file) {
+  std::vector<std::string> out;
+  for (const Json& s : SavedSamples(file)) {
+    out.push_back(
+        Json::array({s.at("group_index"), s.at("index"), s.at("prompt_text"), s.at("label")})
+            .dump());
+  }
+  return out;
+}
+
+std::map<int64_t, Json> RolloutRecords(const fs::path& jsonl) {
+  std::map<int64_t, Json> out;
+  for (const Json& r : ReadJsonl(jsonl)) {
+    if (r.contains("rollout/raw_reward")) out[r.at("rollout_id").get<int64_t>()] = r;
+  }
+  return out;
+}
+
+TEST_F(DriverE2eTest, AsyncOverlapsGenerationWithTrainingAndResumesWithTheSamePrompts) {
+  const fs::path base = dir_;
+  // 4 rollouts, each rollout's samples saved to <dir>/rollouts/<id>.json.
+  auto config_in = [&](const fs::path& dir) {
+    dir_ = dir;
+    fs::create_directories(dir_);
+    return WriteConfig(4, "debug:\n  save_debug_rollout_data: \"" + dir.string() +
+                              "/rollouts/{rollout_id}.json\"\n");
+  };
+  // A: an uninterrupted async run of 4 rollouts.
+  const fs::path a = base / "a";
+  {
+    Child run({"--config", config_in(a).string(), "--async"}, a);
+    std::optional<int> code = run.Wait(std::chrono::seconds(400));
+    ASSERT_EQ(code, 0) << "stdout:\n" << run.out() << "\nstderr:\n" << run.err();
+    EXPECT_NE(run.out().find("done: rollouts 0..3"), std::string::npos) << run.out();
+  }
+  std::map<int64_t, Json> records = RolloutRecords(a / "run" / "metrics.jsonl");
+  ASSERT_EQ(records.size(), 4u);
+  int evals = 0;
+  for (const Json& r : ReadJsonl(a / "run" / "metrics.jsonl")) evals += r.contains("eval/add2");
+  EXPECT_EQ(evals, 5);  // before training and after every rollout
+  for (const auto& [id, r] : records) {
+    for (const char* key : {"perf/rollout_time", "perf/rollout_wait_time", "perf/train_time",
+                            "perf/save_time", "perf/update_weights_time", "perf/eval_time",
+                            "perf/step_time", "train/loss", "rollout/response_len/mean",
+                            "timeline/generate_start_s", "timeline/generate_end_s",
+                            "timeline/train_start_s", "timeline/train_end_s",
+                            "rollout/weight_staleness/max"}) {
+      EXPECT_TRUE(r.contains(key)) << key << " missing in " << r.dump();
+    }
+    if (id > 0) {
+      EXPECT_TRUE(r.contains("perf/rollout_train_overlap_time")) << r.dump();
+    }
+    // One policy version stale after the first rollout: the engines generated rollout N with
+    // the weights trained through rollout N-2 (version N-1).
+    EXPECT_EQ(r.value("rollout/weight_staleness/max", -1.0), id == 0 ? 0.0 : 1.0) << id;
+    const std::string expected = std::to_string(id == 0 ? 0 : id - 1);
+    for (const Json& s : SavedSamples(a / "rollouts" / (std::to_string(id) + ".json"))) {
+      for (const Json& v : s.at("weight_versions")) EXPECT_EQ(v.get<std::string>(), expected) << id;
+    }
+  }
+  // The generation of rollout N+1 started before rollout N's training and ran during it.
+  for (int64_t id = 0; id + 1 < 4; ++id) {
+    const Json& cur = records.at(id);
+    const Json& next = records.at(id + 1);
+    const double train_start = cur.at("timeline/train_start_s").get<double>();
+    const double train_end = cur.at("timeline/train_end_s").get<double>();
+    const double gen_start = next.at("timeline/generate_start_s").get<double>();
+    const double gen_end = next.at("timeline/generate_end_s").get<double>();
+    EXPECT_LE(gen_start, train_start) << "rollout " << id + 1;
+    EXPECT_GT(std::min(gen_end, train_end) - std::max(gen_start, train_start), 0.0)
+        << "generation of rollout " << id + 1 << " did not overlap training of rollout " << id;
+    EXPECT_GT(next.at("perf/rollout_train_overlap_time").get<double>(), 0.0);
+  }
+
+  // B: the same run, stopped by SIGTERM after rollout 1 while rollout 2 is trained and rollout
+  // 3 generates, then resumed.
+  const fs::path b = base / "b";
+  const fs::path config_b = config_in(b);
+  {
+    Child run({"--config", config_b.string(), "--async"}, b);
+    const auto deadline = Clock::now() + std::chrono::seconds(400);
+    while (run.out().find("rollout 1/4 |") == std::string::npos && Clock::now() < deadline &&
+           !run.Wait(std::chrono::seconds(0))) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    run.Signal(SIGTERM);
+    std::optional<int> code = run.Wait(std::chrono::seconds(60));
+    ASSERT_TRUE(code.has_value()) << "no exit within 60 s of SIGTERM";
+    ASSERT_EQ(code, 128 + SIGTERM) << "stdout:\n" << run.out() << "\nstderr:\n" << run.err();
+  }
+  const int64_t saved = std::stoll(ReadFile(b / "ckpt" / "latest_checkpointed_iteration.txt"));
+  ASSERT_GE(saved, 1);
+  ASSERT_LE(saved, 2);
+  // The data source saved with checkpoint N is the one after rollout N was drawn, although the
+  // prefetched rollout N+1 had drawn its prompts by then.
+  Json state = Json::parse(ReadFile(b / "ckpt" / "rollout" /
+                                    ("data_source_state_" + std::to_string(saved) + ".json")));
+  EXPECT_EQ(state.at("sample_offset").get<int64_t>(), (saved + 1) * 4);
+
+  Child again({"--config", config_b.string(), "--async", "--set",
+               "debug.save_debug_rollout_data=" + (b / "resumed").string() + "/{rollout_id}.json"},
+              b);
+  std::optional<int> code = again.Wait(std::chrono::seconds(400));
+  ASSERT_EQ(code, 0) << "stdout:\n" << again.out() << "\nstderr:\n" << again.err();
+  EXPECT_NE(again.out().find("at rollout " + std::to_string(saved + 1)), std::string::npos)
+      << again.out();
+  EXPECT_NE(again.out().find("done: rollouts " + std::to_string(saved + 1) + "..3"),
+            std::string::npos)
+      << again.out();
+  for (int64_t id = saved + 1; id < 4; ++id) {
+    const std::string name = std::to_string(id) + ".json";
+    EXPECT_EQ(PromptOrder(b / "resumed" / name), PromptOrder(a / "rollouts" / name))
+        << "rollout " << id << " prompts differ from the uninterrupted run";
+  }
+  // The first resumed rollout is generated with the checkpoint's weights (on policy), the next
+  // one is one version stale again.
+  for (const Json& s : SavedSamples(b / "resumed" / (std::to_string(saved + 1) + ".json"))) {
+    for (const Json& v : s.at("weight_versions")) {
+      EXPECT_EQ(v.get<std::string>(), std::to_string(saved + 1));
+    }
+  }
+}
+
+TEST_F(DriverE2eTest, AsyncRefusesColocatedJobs) {
+  const fs::path config = WriteConfig(1);
+  Child run({"--config", config.string(), "--async", "--set", "cluster.colocate=true"}, dir_);
+  std::optional<int> code = run.Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 2) << run.err();
+  EXPECT_NE(run.err().find("--async: cluster.colocate is true"), std::string::npos) << run.err();
+  EXPECT_FALSE(fs::exists(dir_ / "run" / "head.json")) << "no runtime should have started";
 }
 
 // The pid of this job's worker process of `actor_id` (its command line names the head and the

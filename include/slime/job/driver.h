@@ -21,6 +21,13 @@
 //               sync the weights (every weight_sync.interval rollouts; weight_version = the
 //               next rollout id);
 //               eval (every eval.interval rollouts).
+//   async     DriverOptions::async_train (`slime_train train --async`): slime's train_async.py
+//             instead — rollout k+1 generates on the engines while the trainers train on
+//             rollout k, so samples are one policy version stale (weight_versions shows it);
+//             the weight sync waits for the generation in flight; a checkpoint of k keeps the
+//             data source as it was after rollout k was drawn (the prefetched rollout is
+//             discarded on stop and regenerated on resume). Not with cluster.colocate.
+//             Schedule and extra metrics: src/job/driver_async.h.
 //   debug     debug.rollout_only: generate (and save_debug_rollout_data) only;
 //             debug.load_debug_rollout_data: train only, on rollouts saved earlier by
 //             save_debug_rollout_data (no engines).
@@ -38,6 +45,7 @@
 #include <string>
 
 #include "slime/common/signal_watcher.h"
+#include "slime/common/status.h"
 #include "slime/config/config.h"
 #include "slime/runtime/placement.h"
 
@@ -48,7 +56,11 @@ struct DriverOptions {
   runtime::PlacementRequest placement;   // what to place (app::PlanJob's request)
   std::string head_node_name = "node0";  // this node's name in the runtime
   double start_timeout_s = 600;          // nodes and actors must be up within this
+  bool async_train = false;              // --async: the one-step-off-policy loop (above)
 };
+
+// Errors: the config cannot run the --async loop (cluster.colocate); the message says why.
+Status CheckAsyncConfig(const config::Config& config);
 
 // Runs the job to the end; returns the process exit code (see above). `signals` (constructed
 // before any other thread started) gets the handler that stops every actor on SIGINT/SIGTERM.
