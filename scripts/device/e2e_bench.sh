@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The end-to-end GRPO loop on the 2×H200 machine (docs/benchmarks.md "End-to-end GRPO loop"):
+# configs/qwen3-0.6b-grpo-2gpu.yaml (trainer GPU + engine GPU, NCCL sync) on a random-weight
+# Qwen3-0.6B, run synchronously, with --async (one step off policy), and synchronously with the
+# engine worker SIGKILLed 3 s into rollout 2's generation (restart, resync, retried groups).
+# Run inside scripts/device/run.sh (it sets SLIME_BUILD and SLIME_LOGS):
+#
+#   scripts/device/run.sh --no-tests --run 'scripts/device/e2e_bench.sh [ROLLOUTS] [MODES]'
+#
+# ROLLOUTS per run (default 5), MODES a subset of "sync async kill" (default all three).
+# Per mode: <mode>.log (console) and <mode>.jsonl (metrics) in $SLIME_LOGS, and a summary of the
+# per-rollout times on stdout.
+set -uo pipefail
+rollouts="${1:-5}"
+modes="${2:-sync async kill}"
+bin="${SLIME_BUILD:?run inside scripts/device/run.sh}/src/app/slime_train"
+logs="${SLIME_LOGS:-/tmp}"
+model=/tmp/qwen3-0.6b
+if [ ! -f "${model}/model.safetensors" ]; then
+  "${bin}" init-model --config tests/data/model/configs/qwen3-0.6b.json \
+    --tokenizer .cache/testdata/qwen3 --out "${model}" --dtype bf16 || exit 1
+fi
+export QWEN3_0_6B="${model}" SLIME_NUM_ROLLOUT="${rollouts}" SLIME_SAVE_INTERVAL=1000
+
+summary() {  # the per-rollout console lines and the metrics that matter
+  grep -E "^rollout [0-9]+/|^done|engine .*(died|restart|back)|recover" "$1" | cut -c1-260
+  python3 - "$2" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"perf/step_time"' in l]
+keys = ["perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/step_time",
+        "perf/rollout_wait_time", "perf/rollout_train_overlap_time", "perf/tokens_per_sec",
+        "train/train_rollout_logprob_abs_diff", "rollout/engine_restarts", "rollout/weight_staleness/max"]
+for r in rows:
+    print(r["rollout_id"], " ".join(f"{k.split('/')[-1]}={r[k]:.3f}" for k in keys if k in r))
+EOF
+}
+
+for mode in ${modes}; do
+  run_dir="/tmp/e2e-${mode}"
+  rm -rf "${run_dir}"
+  args=(--config configs/qwen3-0.6b-grpo-2gpu.yaml --set "cluster.run_dir=${run_dir}"
+        --set "checkpoint.save=${run_dir}/ckpt")
+  [ "${mode}" = async ] && args+=(--async)
+  echo "== ${mode}: slime_train ${args[*]}"
+  start=$(date +%s)
+  if [ "${mode}" = kill ]; then
+    "${bin}" "${args[@]}" > "${logs}/${mode}.log" 2>&1 &
+    pid=$!
+    # SIGKILL the engine worker 3 s into rollout 2's generation (~8 s long): rollout 1's
+    # summary line is printed after its weight sync, right before rollout 2 starts.
+    for _ in $(seq 1 1200); do
+      grep -qE "^rollout 1/" "${logs}/${mode}.log" && break
+      sleep 0.25
+    done
+    sleep 3
+    victim=$(pgrep -f -- "--actor engine-0" | head -1)
+    echo "killing engine-0 worker pid ${victim} at $(date +%T)"
+    [ -n "${victim}" ] && kill -9 "${victim}"
+    wait "${pid}"
+    rc=$?
+  else
+    "${bin}" "${args[@]}" > "${logs}/${mode}.log" 2>&1
+    rc=$?
+  fi
+  echo "${mode}: exit ${rc} in $(( $(date +%s) - start )) s"
+  cp "${run_dir}/metrics.jsonl" "${logs}/${mode}.jsonl" 2>/dev/null
+  summary "${logs}/${mode}.log" "${logs}/${mode}.jsonl"
+done
