@@ -44,7 +44,7 @@ TEST_P(ByteLevelSubsetReal, EncodesBytesKeepsSpecialsAndTemplate) {
     EXPECT_EQ((*small)->TokenToId(content), std::optional<int32_t>(id)) << content;
   }
   const std::string eos = (*small)->eos_token();
-  EXPECT_EQ(eos, nlohmann::json::parse(ReadText(dir + "/tokenizer_config.json")).at("eos_token"));
+  EXPECT_EQ(eos, nlohmann::json::parse(ReadText(dir + "/tokenizer_config.json")).at("eos_token").get<std::string>());
   ASSERT_TRUE(info->special.count(eos)) << eos;
   std::vector<int32_t> with_eos = (*small)->Encode("7" + eos);
   EXPECT_EQ(with_eos, (std::vector<int32_t>{*(*small)->TokenToId("7"), static_cast<int32_t>(info->special.at(eos))}));
