@@ -484,7 +484,9 @@ void AddFaultToleranceFields(std::vector<FieldSpec<Config>>* table) {
   SectionBuilder<FaultToleranceConfig> b(table, "fault_tolerance", &Config::fault_tolerance);
   b.Add("use_fault_tolerance", &FaultToleranceConfig::use_fault_tolerance)
       .Slime("--use-fault-tolerance")
-      .Doc("Health-check engines; restart and re-sync ones that stop answering.");
+      .Doc("Accepted for slime compatibility; recovery is always on: a dead engine process is "
+           "restarted and re-synced (max_engine_restarts), and an engine that stays unreachable "
+           "while its process lives fails the job after health_check_timeout.");
   b.Add("health_check_interval", &FaultToleranceConfig::health_check_interval)
       .Slime("--rollout-health-check-interval")
       .Above(0)
