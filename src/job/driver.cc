@@ -232,6 +232,9 @@ class Driver : public RolloutSteps {
   Status LoadData();
   Status StartRuntime();
   Status StartActors();
+  // Every address answers GET /health 200 before `timeout`, else an error naming it.
+  Status WaitForExternalEngines(const std::vector<std::string>& addresses,
+                                std::chrono::milliseconds timeout);
   Status InitTrainers();
   Status Loop();
   Status Evaluate(int64_t rollout_id, MetricValues* perf) override;  // also RolloutSteps
@@ -459,13 +462,14 @@ Status Driver::StartActors() {
     a.init_payload = init.dump();
   }
   if (trainer_ids_.empty()) return absl::InvalidArgumentError("placement: no trainer actor");
-  has_engines_ = !engine_ids_.empty();
-  offload_engines_ = has_engines_ && gpus && config_.cluster.colocate &&
+  const std::vector<std::string>& external = config_.cluster.rollout_external_engine_addrs;
+  has_engines_ = !engine_ids_.empty() || (!external.empty() && !train_only_);
+  offload_engines_ = !engine_ids_.empty() && gpus && config_.cluster.colocate &&
                      config_.cluster.offload_rollout.value_or(false);
   if (!has_engines_ && !train_only_) {
     return absl::InvalidArgumentError(
-        "placement: no engines (cluster.rollout_num_gpus is 0); external engines "
-        "(cluster.rollout_external_engine_addrs) are not supported by the driver yet");
+        "placement: no engines (cluster.rollout_num_gpus is 0 and "
+        "cluster.rollout_external_engine_addrs is empty)");
   }
   spdlog::info("starting {} trainer(s) and {} engine(s) on {} node(s)", trainer_ids_.size(),
                engine_ids_.size(), nodes.size());
@@ -479,8 +483,38 @@ Status Driver::StartActors() {
     engine_addresses_.push_back(
         fmt::format("{}:{}", address.at("host").get<std::string>(), address.at("port").get<int>()));
   }
+  if (engine_ids_.empty() && has_engines_) {
+    SLIME_RETURN_IF_ERROR(WaitForExternalEngines(external, timeout));
+    engine_addresses_ = external;
+    engine_ids_.assign(external.size(), "");  // no actors: EngineRecovery's external case
+  }
   spdlog::info("actors up in {:.1f} s; engines: {}", Since(start),
                fmt::join(engine_addresses_, ", "));
+  return absl::OkStatus();
+}
+
+Status Driver::WaitForExternalEngines(const std::vector<std::string>& addresses,
+                                      std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    SLIME_ASSIGN_OR_RETURN(auto hp, runtime::SplitHostPort(addresses[i]));
+    http::ClientOptions co;
+    co.timeout = std::chrono::seconds(5);
+    http::Client client(hp.first, hp.second, co);
+    std::string last = "no answer";
+    while (true) {
+      StatusOr<http::Response> r = client.Get("/health");
+      if (r.ok() && r->status == 200) break;
+      last = r.ok() ? fmt::format("HTTP {}", r->status) : std::string(r.status().message());
+      if (Clock::now() > deadline) {
+        return absl::UnavailableError(fmt::format(
+            "external engine {} (cluster.rollout_external_engine_addrs[{}]) does not answer "
+            "GET /health: {}", addresses[i], i, last));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  }
+  spdlog::info("external engines up: {}", fmt::join(addresses, ", "));
   return absl::OkStatus();
 }
 

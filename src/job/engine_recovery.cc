@@ -56,16 +56,21 @@ StatusOr<std::unique_ptr<EngineRecoveryImpl>> EngineRecoveryImpl::Create(
     return absl::InvalidArgumentError("engine recovery: a head and one address per engine are needed");
   }
   std::unique_ptr<EngineRecoveryImpl> r(new EngineRecoveryImpl(std::move(options)));
-  for (const std::string& id : r->options_.engine_ids) {
-    SLIME_ASSIGN_OR_RETURN(runtime::ActorEndpoint endpoint, r->options_.head->Resolve(id));
-    r->incarnations_.push_back(endpoint.incarnation);
+  for (size_t i = 0; i < r->options_.engine_ids.size(); ++i) {
+    const std::string& id = r->options_.engine_ids[i];
+    int64_t incarnation = 0;  // external engines: no process of ours
+    if (!id.empty()) {
+      SLIME_ASSIGN_OR_RETURN(runtime::ActorEndpoint endpoint, r->options_.head->Resolve(id));
+      incarnation = endpoint.incarnation;
+    }
+    r->incarnations_.push_back(incarnation);
     r->restart_counters_.push_back(
         r->options_.metrics == nullptr
             ? nullptr
             : &r->options_.metrics->GetCounter(
                   "slime_engine_restarts_total",
                   "Engines the driver recovered after a restart (new address, weights resynced)",
-                  {{"engine", id}}));
+                  {{"engine", id.empty() ? r->options_.addresses[i] : id}}));
   }
   return r;
 }
@@ -112,6 +117,7 @@ std::vector<int> EngineRecoveryImpl::ReplacedEngines() {
   std::vector<int> out;
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < options_.engine_ids.size(); ++i) {
+    if (options_.engine_ids[i].empty()) continue;  // external: not ours to restart
     StatusOr<runtime::ActorEndpoint> e = options_.head->Resolve(options_.engine_ids[i]);
     if (!e.ok() || e->incarnation != incarnations_[i]) out.push_back(static_cast<int>(i));
   }
@@ -126,7 +132,60 @@ int EngineRecoveryImpl::HeadRestarts(const std::string& actor_id) const {
   return -1;
 }
 
+StatusOr<rollout::RecoveredEngine> EngineRecoveryImpl::RecoverExternal(int engine,
+                                                                       const Status& cause) {
+  const auto start = Clock::now();
+  std::string address;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    address = addresses_.at(engine);
+  }
+  spdlog::warn("external engine {} lost ({}); waiting up to {:.0f} s "
+               "(fault_tolerance.health_check_timeout) for it to answer /health again",
+               address, std::string(cause.message()), options_.health_check_timeout_s);
+  const auto deadline =
+      start + std::chrono::milliseconds(static_cast<int64_t>(options_.health_check_timeout_s * 1000));
+  while (!Healthy(address)) {
+    if (options_.head->job_failed()) {
+      return absl::FailedPreconditionError(fmt::format(
+          "external engine {} was lost ({}) and the job failed meanwhile: {}", address,
+          std::string(cause.message()), options_.head->failure()));
+    }
+    if (Clock::now() > deadline) {
+      return absl::UnavailableError(fmt::format(
+          "external engine {} (cluster.rollout_external_engine_addrs) does not answer: /generate: "
+          "{}; /health failed for {:.0f} s (fault_tolerance.health_check_timeout). External "
+          "engines are not restarted by slime_train: restart it at the same address",
+          address, std::string(cause.message()), options_.health_check_timeout_s));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  // It may be a new server with its own weights: give it the trainer's (disk transport, so a
+  // shared file system is needed); failing that, it keeps its weights until the next sync,
+  // which re-forms the weight-update group with it either way.
+  SLIME_ASSIGN_OR_RETURN(auto hp, runtime::SplitHostPort(address));
+  std::string version;
+  StatusOr<Json> resync = Call(options_.head, options_.trainer_id, "resync_engine",
+                               {{"host", hp.first}, {"port", hp.second}}, std::chrono::hours(24));
+  if (resync.ok()) {
+    version = resync->value("weight_version", std::string());
+  } else {
+    spdlog::warn("external engine {}: loading the trainer's weights from disk failed ({}); it "
+                 "generates with the weights it has until the next weight sync",
+                 address, std::string(resync.status().message()));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    changed_ = true;
+  }
+  if (restart_counters_[engine] != nullptr) restart_counters_[engine]->Increment();
+  spdlog::warn("external engine {} answers again after {:.1f} s{}", address, Since(start),
+               version.empty() ? "" : fmt::format("; weights resynced (weight_version {})", version));
+  return rollout::RecoveredEngine{address, !version.empty(), version};
+}
+
 StatusOr<rollout::RecoveredEngine> EngineRecoveryImpl::Recover(int engine, const Status& cause) {
+  if (options_.engine_ids.at(engine).empty()) return RecoverExternal(engine, cause);
   const auto start = Clock::now();
   const std::string& id = options_.engine_ids.at(engine);
   std::string old_address;

@@ -23,6 +23,9 @@
 // Logged as warnings naming the engine, the restart n/max and the seconds lost; counted in
 // slime_engine_restarts_total{engine} (Prometheus) beside the rollout metrics.
 //
+// External engines (cluster.rollout_external_engine_addrs) have no actor: a lost one is waited
+// for (health_check_timeout), not restarted; see RecoverExternal.
+//
 // Threads: Recover may run for several engines at once, on the coordinator's helper threads,
 // while the driver thread reads Addresses(); every method is thread-safe.
 #ifndef SLIME_SRC_JOB_ENGINE_RECOVERY_H_
@@ -43,7 +46,8 @@ namespace slime::job {
 
 struct EngineRecoveryOptions {
   runtime::Head* head = nullptr;               // borrowed
-  std::vector<std::string> engine_ids;         // engine-0 ..., in the coordinator's order
+  std::vector<std::string> engine_ids;         // engine-0 ..., in the coordinator's order; ""
+                                               // for an external engine (no actor of ours)
   std::vector<std::string> addresses;          // host:port of each, as resolved at start
   std::string trainer_id;                      // trainer rank 0
   int num_gpus_per_engine = 1;
@@ -70,6 +74,10 @@ class EngineRecoveryImpl : public rollout::EngineRecovery {
 
  private:
   explicit EngineRecoveryImpl(EngineRecoveryOptions options);
+  // An external engine (cluster.rollout_external_engine_addrs): nothing to restart; wait up to
+  // health_check_timeout for it to answer /health again, then try to give it the trainer's
+  // weights (disk transport) and re-form the weight-update group at the next sync.
+  StatusOr<rollout::RecoveredEngine> RecoverExternal(int engine, const Status& cause);
   // The restart count the head reports for `actor_id` (-1 when unknown).
   int HeadRestarts(const std::string& actor_id) const;
 

@@ -598,5 +598,61 @@ TEST_F(DriverE2eTest, BadDatasetLineFailsBeforeAnyWorkerStarts) {
   EXPECT_FALSE(fs::exists(dir_ / "run" / "head.json")) << "no runtime should have started";
 }
 
+// The port `slime_train serve --port 0` printed ("listening on http://host:port"), or 0.
+int ServePort(const Child& server, std::chrono::seconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  const std::string marker = "listening on http://127.0.0.1:";
+  while (Clock::now() < deadline) {
+    const std::string out = server.out();
+    if (size_t at = out.find(marker); at != std::string::npos) {
+      return std::atoi(out.c_str() + at + marker.size());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return 0;
+}
+
+// cluster.rollout_external_engine_addrs: no engine workers; the job generates on a server it did
+// not start (here `slime_train serve`, as a real SGLang server would be), pushes the trainer's
+// weights to it over the weight-update group after every step, and leaves it running.
+TEST_F(DriverE2eTest, DrivesAnExternalEngineGivenByAddress) {
+  fs::create_directories(dir_ / "server");
+  Child server({"serve", "--model", (*root_ / "model").string(), "--host", "127.0.0.1", "--port",
+                "0", "--device", "cpu"},
+               dir_ / "server");
+  const int port = ServePort(server, std::chrono::seconds(120));
+  ASSERT_GT(port, 0) << "the external server did not start\n" << server.err();
+
+  fs::path config = WriteConfig(2);
+  std::string yaml = ReadFile(config);
+  const std::string local = "  rollout_num_gpus: 2\n";
+  ASSERT_NE(yaml.find(local), std::string::npos);
+  yaml.replace(yaml.find(local), local.size(),
+               "  rollout_external_engine_addrs: [\"127.0.0.1:" + std::to_string(port) + "\"]\n");
+  std::ofstream(config) << yaml;
+
+  Child run({"--config", config.string()}, dir_);
+  std::optional<int> code = run.Wait(std::chrono::seconds(300));
+  ASSERT_EQ(code, std::optional<int>(0)) << "stdout:\n" << run.out() << "\nstderr:\n" << run.err();
+  EXPECT_NE(run.err().find("external engines up: 127.0.0.1:" + std::to_string(port)), std::string::npos)
+      << run.err();
+  EXPECT_EQ(run.err().find("started engine-"), std::string::npos) << "no engine worker: " << run.err();
+
+  std::map<int64_t, Json> records = RolloutRecords(dir_ / "run" / "metrics.jsonl");
+  for (int64_t r : {0, 1}) {
+    ASSERT_TRUE(records.count(r)) << "rollout " << r;
+    EXPECT_GT(records[r].value("rollout/trainer/response_length", -1.0), 0) << records[r].dump();
+  }
+  // Initial push = version 0, then a sync after each of the 2 rollouts: the server holds version
+  // 2, and it still serves (the job does not stop what it did not start).
+  http::Client client("127.0.0.1", port);
+  auto version = client.Get("/get_weight_version");
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(Json::parse(version->body).value("weight_version", ""), "2") << version->body;
+  auto health = client.Get("/health");
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(health->status, 200);
+}
+
 }  // namespace
 }  // namespace slime
