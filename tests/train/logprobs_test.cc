@@ -73,9 +73,12 @@ Reference ReferenceLogProbs(const torch::Tensor& hidden, const torch::Tensor& we
 }
 
 // Weights of the test loss sum(a · log_probs) + sum(c · entropy).
+// Fixed, varied per-row weights without a random generator: ranks run as threads in the
+// vocab-split test, and seeding the global generator from two threads raced (the ranks then
+// weighted their losses differently and their gradients disagreed).
 torch::Tensor LossWeights(int64_t n, uint64_t seed, torch::ScalarType dtype) {
-  torch::manual_seed(seed);
-  return torch::randn({n}, torch::kFloat64).to(dtype);
+  torch::Tensor i = torch::arange(n, torch::kFloat64);
+  return torch::sin(i * 1.37 + static_cast<double>(seed)).mul(1.5).to(dtype);
 }
 
 struct Grads {
@@ -217,7 +220,7 @@ TEST(LogProbsTest, ChunkedEqualsUnchunked) {
     OurRun c = RunOurs(b, b.hidden, b.weight, group, o);
     EXPECT_LT(MaxAbsDiff(c.out.log_probs, all.out.log_probs), 1e-6) << chunk;
     EXPECT_LT(MaxAbsDiff(c.out.entropy, all.out.entropy), 1e-6) << chunk;
-    EXPECT_LT(MaxAbsDiff(c.grads.hidden, all.grads.hidden), 1e-6) << chunk;
+    EXPECT_LT(MaxAbsDiff(c.grads.hidden, all.grads.hidden), 1e-5) << chunk;  // fp32 sum order
     // The weight gradient sums over tokens in a different order per chunking: with an optimized
     // BLAS (OpenBLAS) that is a few float32 ulps of the O(1) values, not a chunking error.
     EXPECT_LT(MaxAbsDiff(c.grads.weight, all.grads.weight), 1e-5) << chunk;
