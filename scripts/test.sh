@@ -12,5 +12,14 @@ start=$(date +%s)
 build="${SLIME_BUILD_DIR:-$repo/build}"
 echo "test: build ready after $(( $(date +%s) - start )) s"
 cd "$build"
-ctest --output-on-failure -LE gpu -j"${SLIME_TEST_JOBS:-2}" --timeout 900
+# Every test's scratch files go to one fresh directory: removed when all pass, kept (and named)
+# when one fails, so repeated runs never fill the disk's temp dir.
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/slime-test.XXXXXX")
+if TMPDIR="$scratch" ctest --output-on-failure -LE gpu -j"${SLIME_TEST_JOBS:-2}" --timeout 900; then
+  rm -rf "$scratch"
+else
+  rc=$?
+  echo "test: failed; scratch files kept in $scratch" >&2
+  exit "$rc"
+fi
 echo "test: done in $(( $(date +%s) - start )) s"

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <random>
 
+#include "remove_tree.h"
 #include "slime/engine/engine.h"
 #include "slime/engine/model_runner.h"
 #include "slime/engine/paged_kv.h"
@@ -47,6 +48,7 @@ const std::string& TinyModel() {
   static const std::string dir = [] {
     std::string d = (fs::temp_directory_path() / ("slime-engine-gpu-" + std::to_string(::getpid())))
                         .string();
+    slime::testing::RemoveTreeAtExit(d);
     Status s = model::InitRandomModel(SourceDir() + "/tests/data/model/configs/qwen3-tiny.json",
                                       SourceDir() + "/.cache/testdata/qwen3", d, 3, "bf16");
     EXPECT_TRUE(s.ok()) << s;

@@ -13,6 +13,7 @@
 
 #include "nlohmann/json.hpp"
 #include "promtool.h"
+#include "remove_tree.h"
 #include "slime/engine/engine.h"
 #include "slime/engine/server.h"
 #include "slime/http/client.h"
@@ -47,7 +48,8 @@ class ModelDir {
                        ("slime-engine-test-" + std::to_string(::getpid()) + "-" +
                         std::to_string(seed)))
                           .string();
-    fs::remove_all(dir);
+    slime::testing::RemoveTree(dir);
+    slime::testing::RemoveTreeAtExit(dir);
     Status s = model::InitRandomModel(
         SourceDir() + "/tests/data/model/configs/qwen3-engine-test.json", tok, dir, seed, "fp32");
     EXPECT_TRUE(s.ok()) << s;

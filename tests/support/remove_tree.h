@@ -8,7 +8,10 @@
 #include <stdio.h>
 #include <sys/stat.h>
 
+#include <cstdlib>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace slime::testing {
 
@@ -20,6 +23,22 @@ inline bool RemoveTree(const std::string& path) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) return true;
   return ::nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS) == 0;
+}
+
+// Removes `path` (as RemoveTree does) when the process exits normally. For per-process fixtures
+// that outlive every test (ctest runs each test case as its own process, so a fixture written once
+// per process and never removed piles up in the temp dir). Thread-safe.
+inline void RemoveTreeAtExit(const std::string& path) {
+  static std::mutex* mu = new std::mutex();
+  static std::vector<std::string>* paths = [] {
+    std::atexit([] {
+      std::lock_guard<std::mutex> lock(*mu);
+      for (const std::string& p : *paths) RemoveTree(p);
+    });
+    return new std::vector<std::string>();
+  }();
+  std::lock_guard<std::mutex> lock(*mu);
+  paths->push_back(path);
 }
 
 }  // namespace slime::testing
