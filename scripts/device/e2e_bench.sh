@@ -2,17 +2,19 @@
 # The end-to-end GRPO loop on the 2×H200 machine (docs/benchmarks.md "End-to-end GRPO loop"):
 # configs/qwen3-0.6b-grpo-2gpu.yaml (trainer GPU + engine GPU, NCCL sync) on a random-weight
 # Qwen3-0.6B, run synchronously, with --async (one step off policy), and synchronously with the
-# engine worker SIGKILLed 3 s into rollout 2's generation (restart, resync, retried groups).
+# engine worker SIGKILLed 3 s into rollout 2's generation (restart, resync, retried groups), and
+# colocated on one GPU (configs/qwen3-0.6b-grpo.yaml: offloads both ways, CUDA IPC weight sync)
+# with the same batch shape.
 # Run inside scripts/device/run.sh (it sets SLIME_BUILD and SLIME_LOGS):
 #
 #   scripts/device/run.sh --no-tests --run 'scripts/device/e2e_bench.sh [ROLLOUTS] [MODES]'
 #
-# ROLLOUTS per run (default 5), MODES a subset of "sync async kill" (default all three).
+# ROLLOUTS per run (default 5), MODES a subset of "sync async kill colocate" (default all four).
 # Per mode: <mode>.log (console) and <mode>.jsonl (metrics) in $SLIME_LOGS, and a summary of the
 # per-rollout times on stdout.
 set -uo pipefail
 rollouts="${1:-5}"
-modes="${2:-sync async kill}"
+modes="${2:-sync async kill colocate}"
 bin="${SLIME_BUILD:?run inside scripts/device/run.sh}/src/app/slime_train"
 logs="${SLIME_LOGS:-/tmp}"
 model=/tmp/qwen3-0.6b
@@ -29,7 +31,9 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"perf/step_time"' in l]
 keys = ["perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/step_time",
         "perf/rollout_wait_time", "perf/rollout_train_overlap_time", "perf/tokens_per_sec",
-        "train/train_rollout_logprob_abs_diff", "rollout/engine_restarts", "rollout/weight_staleness/max"]
+        "train/train_rollout_logprob_abs_diff", "rollout/engine_restarts", "rollout/weight_staleness/max",
+        "perf/offload_rollout_time", "perf/onload_rollout_time", "perf/onload_train_time",
+        "perf/offload_train_time"]
 for r in rows:
     print(r["rollout_id"], " ".join(f"{k.split('/')[-1]}={r[k]:.3f}" for k in keys if k in r))
 EOF
@@ -41,9 +45,26 @@ for mode in ${modes}; do
   args=(--config configs/qwen3-0.6b-grpo-2gpu.yaml --set "cluster.run_dir=${run_dir}"
         --set "checkpoint.save=${run_dir}/ckpt")
   [ "${mode}" = async ] && args+=(--async)
+  if [ "${mode}" = colocate ]; then  # one GPU; the 2-GPU job's batch shape and data
+    args=(--config configs/qwen3-0.6b-grpo.yaml --set "cluster.run_dir=${run_dir}"
+          --set "checkpoint.save=${run_dir}/ckpt" --set "eval.datasets=[]" --set eval.interval=null
+          --set data.prompt_data=data/demo/train.jsonl --set data.input_key=input
+          --set reward.rm_type=exact_match --set rollout.max_response_len=1024
+          --set data.rollout_batch_size=32 --set train.global_batch_size=256
+          --set "data.num_rollout=${rollouts}" --set checkpoint.save_interval=1000
+          --set train.max_tokens_per_gpu=16384)
+  fi
   echo "== ${mode}: slime_train ${args[*]}"
   start=$(date +%s)
-  if [ "${mode}" = kill ]; then
+  if [ "${mode}" = colocate ]; then
+    (while sleep 1; do nvidia-smi --query-gpu=index,memory.used --format=csv,noheader -i 0; done) \
+      > "${logs}/${mode}.mem" 2>&1 &
+    mem_pid=$!
+    CUDA_VISIBLE_DEVICES=0 "${bin}" "${args[@]}" > "${logs}/${mode}.log" 2>&1
+    rc=$?
+    kill "${mem_pid}" 2>/dev/null
+    echo "colocate: GPU 0 memory used (MiB) min/max over the run: $(awk -F', ' '{gsub(/ MiB/,"",$2); print $2}' "${logs}/${mode}.mem" | sort -n | sed -n '1p;$p' | tr '\n' ' ')"
+  elif [ "${mode}" = kill ]; then
     "${bin}" "${args[@]}" > "${logs}/${mode}.log" 2>&1 &
     pid=$!
     # SIGKILL the engine worker 3 s into rollout 2's generation (~8 s long): rollout 1's

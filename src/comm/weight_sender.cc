@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "nlohmann/json.hpp"
+#include "slime/comm/cuda_ipc.h"
 #include "slime/http/client.h"
 
 namespace slime::comm {
@@ -137,6 +138,16 @@ StatusOr<std::unique_ptr<WeightSender>> WeightSender::Connect(WeightSenderOption
   }
   std::unique_ptr<WeightSender> sender(new WeightSender(std::move(options)));
   const WeightSenderOptions& o = sender->options_;
+  if (sender->ipc()) {
+    if (!o.device.is_cuda() || !CudaIpcBuilt()) {
+      return absl::FailedPreconditionError(fmt::format(
+          "the cuda_ipc weight transport needs a CUDA trainer in a CUDA build (device {})",
+          o.device.str()));
+    }
+    spdlog::info("comm: weight sender hands weights to {} colocated engine(s) by CUDA IPC",
+                 o.engines.size());
+    return sender;
+  }
   ProcessGroupOptions po;
   po.master_address = o.master_address;
   po.master_port = o.master_port;
@@ -181,6 +192,7 @@ Status WeightSender::Disconnect() {
 
 StatusOr<SyncStats> WeightSender::Send(const std::vector<model::NamedTensor>& tensors,
                                        const std::string& weight_version, bool flush_cache) {
+  if (ipc()) return SendIpc(tensors, weight_version, flush_cache);
   if (!group_) return absl::FailedPreconditionError("weight sender is disconnected");
   const auto t0 = Clock::now();
   SyncStats stats;
@@ -226,6 +238,51 @@ StatusOr<SyncStats> WeightSender::Send(const std::vector<model::NamedTensor>& te
                                           std::string(s.message())));
     }
     stats.tensors += static_cast<int64_t>(names.size());
+    ++stats.buckets;
+  }
+  stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return stats;
+}
+
+StatusOr<SyncStats> WeightSender::SendIpc(const std::vector<model::NamedTensor>& tensors,
+                                          const std::string& weight_version, bool flush_cache) {
+  const auto t0 = Clock::now();
+  SyncStats stats;
+  const auto buckets = PlanBuckets(tensors, options_.bucket_bytes);
+  int64_t capacity = 0;
+  for (const auto& [begin, end] : buckets) {
+    std::vector<model::NamedTensor> part(tensors.begin() + begin, tensors.begin() + end);
+    capacity = std::max(capacity, IpcExportBuffer::PackedBytes(part, options_.dtype));
+  }
+  if (capacity == 0) return stats;
+  SLIME_ASSIGN_OR_RETURN(std::unique_ptr<IpcExportBuffer> buffer,
+                         IpcExportBuffer::Create(options_.device, capacity));
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const auto [begin, end] = buckets[b];
+    std::vector<model::NamedTensor> part(tensors.begin() + begin, tensors.begin() + end);
+    StatusOr<IpcBucket> bucket = buffer->Pack(part, options_.dtype);
+    Status s = bucket.status();
+    if (s.ok()) {
+      // One entry per engine GPU (SGLang's serialized_named_tensors shape); our engines have one.
+      json body = {{"load_format", "slime_cuda_ipc"},
+                   {"ipc_buckets", json::array({IpcBucketToJson(*bucket)})},
+                   {"flush_cache", flush_cache && b + 1 == buckets.size()},
+                   {"weight_version", b + 1 == buckets.size() ? json(weight_version) : json()}};
+      std::vector<std::string> bodies(options_.engines.size(), body.dump());
+      s = PostAll("/update_weights_from_tensor", bodies, nullptr);
+    }
+    if (!s.ok()) {
+      return Status(s.code(), fmt::format("weight sync (CUDA IPC), bucket {} of {} ({} tensors "
+                                          "from '{}'): {}",
+                                          b + 1, buckets.size(), part.size(), part.front().name,
+                                          std::string(s.message())));
+    }
+    for (const IpcTensor& t : bucket->tensors) {
+      int64_t n = static_cast<int64_t>(c10::elementSize(t.dtype));
+      for (int64_t d : t.shape) n *= d;
+      stats.bytes += n;
+    }
+    stats.tensors += static_cast<int64_t>(part.size());
     ++stats.buckets;
   }
   stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

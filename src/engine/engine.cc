@@ -15,6 +15,7 @@
 
 #include "nlohmann/json.hpp"
 #include "engine_metrics.h"
+#include "slime/comm/cuda_ipc.h"
 #include "slime/comm/process_group.h"
 #include "slime/comm/weight_sender.h"
 #include "slime/engine/model_runner.h"
@@ -221,6 +222,21 @@ class Engine::Impl {
     SLIME_RETURN_IF_ERROR(group.Broadcast(buffers, 0, u.names));
     for (size_t i = 0; i < u.names.size(); ++i) named.push_back({u.names[i], buffers[i]});
     SLIME_RETURN_IF_ERROR(runner_->UpdateWeights(named));
+    if (u.flush_cache) {
+      if (live_.empty()) radix_.Reset();  // cached K/V came from the old weights
+      else flush_when_idle_ = true;
+    }
+    if (u.weight_version) engine_->set_weight_version(*u.weight_version);
+    return absl::OkStatus();
+  }
+
+  // One /update_weights_from_tensor bucket (see Engine::UpdateWeightsFromTensor).
+  Status ReceiveIpc(const TensorWeightsUpdate& u) {
+    {
+      SLIME_ASSIGN_OR_RETURN(std::unique_ptr<comm::IpcImportedBucket> mapped,
+                             comm::IpcImportedBucket::Open(*u.bucket, runner_->device()));
+      SLIME_RETURN_IF_ERROR(runner_->UpdateWeights(mapped->tensors()));
+    }  // unmapped here, after the device finished the copies
     if (u.flush_cache) {
       if (live_.empty()) radix_.Reset();  // cached K/V came from the old weights
       else flush_when_idle_ = true;
@@ -776,6 +792,13 @@ std::future<Status> Engine::InitWeightsUpdateGroup(const comm::ProcessGroupOptio
     weight_groups_[options.group_name] = std::shared_ptr<comm::ProcessGroup>(std::move(*group));
     return absl::OkStatus();
   });
+}
+
+std::future<Status> Engine::UpdateWeightsFromTensor(TensorWeightsUpdate update) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  auto f = promise->get_future();
+  Post([promise, u = std::move(update)](Impl& impl) { promise->set_value(impl.ReceiveIpc(u)); });
+  return f;
 }
 
 std::future<Status> Engine::UpdateWeightsFromDistributed(DistributedWeightsUpdate update) {

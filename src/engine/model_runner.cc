@@ -172,15 +172,13 @@ Status ModelRunner::ResumeKv() {
 
 namespace {
 
-Status MoveWeights(model::DecoderModel& m, torch::Device to) {
-  m.UnfuseProjections();  // views would be moved one by one; OnloadWeights fuses again
+// Every weight tensor (fused projections are views into one storage per layer: one copy each).
+std::vector<torch::Tensor> WeightTensors(const model::DecoderModel& m) {
+  std::vector<torch::Tensor> out;
   for (const model::ParamSpec& spec : model::ParameterSpecs(m.config())) {
-    torch::Tensor& t = model::ParamSlot(m.mutable_weights(), spec);
-    if (t.defined()) t = t.to(to);
+    out.push_back(model::ParamSlot(m.weights(), spec));
   }
-  model::ModelWeights& w = m.mutable_weights();
-  if (m.config().tie_word_embeddings) w.lm_head = w.embed_tokens;
-  return absl::OkStatus();
+  return out;
 }
 
 }  // namespace
@@ -193,7 +191,7 @@ Status ModelRunner::OffloadWeights() {
       return absl::OkStatus();
     }
     DropGraphs();  // they point at the device weights
-    SLIME_RETURN_IF_ERROR(MoveWeights(*model_, torch::kCPU));
+    SLIME_RETURN_IF_ERROR(weight_offloader_.Offload(WeightTensors(*model_)));
 #ifdef SLIME_WITH_CUDA
     c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
@@ -205,8 +203,7 @@ Status ModelRunner::OffloadWeights() {
 Status ModelRunner::OnloadWeights() {
   if (!weights_offloaded_) return absl::OkStatus();
   return Guard("onloading weights", [&]() -> Status {
-    if (!device().is_cpu()) SLIME_RETURN_IF_ERROR(MoveWeights(*model_, device()));
-    if (fuse_projections_) model_->FuseProjections();
+    SLIME_RETURN_IF_ERROR(weight_offloader_.Onload());
     weights_offloaded_ = false;
     if (graph_max_batch_ > 0 && !kv_->released() && !graphs_) {
       return CaptureDecodeGraphs(graph_max_batch_, graph_context_);
@@ -215,8 +212,16 @@ Status ModelRunner::OnloadWeights() {
   });
 }
 
+Status ModelRunner::CheckWeightsResident() const {
+  if (!weights_offloaded_ || device().is_cpu()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "the weights are released (/release_memory_occupation); resume them first "
+      "(/resume_memory_occupation with tags [\"weights\"])");
+}
+
 Status ModelRunner::LoadWeightsFromDisk(const std::string& model_path) {
   return Guard("updating weights from disk", [&]() -> Status {
+    SLIME_RETURN_IF_ERROR(CheckWeightsResident());
     SLIME_ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(model_path));
     const model::ModelConfig& mine = model_->config();
     if (config.hidden_size != mine.hidden_size || config.num_hidden_layers != mine.num_hidden_layers ||
@@ -246,6 +251,7 @@ Status ModelRunner::LoadWeightsFromDisk(const std::string& model_path) {
 
 Status ModelRunner::UpdateWeights(const std::vector<model::NamedTensor>& tensors) {
   return Guard("updating weights", [&]() -> Status {
+    SLIME_RETURN_IF_ERROR(CheckWeightsResident());
     const model::ModelConfig& c = model_->config();
     const std::vector<model::ParamSpec> specs = model::ParameterSpecs(c);
     std::map<std::string, const model::ParamSpec*> by_name;

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "nlohmann/json.hpp"
+#include "slime/comm/cuda_ipc.h"
 #include "slime/comm/process_group.h"
 #include "slime/comm/weight_sender.h"
 #include "slime/engine/engine.h"
@@ -133,6 +134,40 @@ StatusOr<DistributedWeightsUpdate> ParseUpdate(const json& body) {
   return u;
 }
 
+// POST /update_weights_from_tensor: {"load_format": "slime_cuda_ipc", "ipc_buckets": [bucket],
+// "flush_cache", "weight_version"} (comm/cuda_ipc.h); one bucket per engine GPU.
+StatusOr<TensorWeightsUpdate> ParseTensorUpdate(const json& body) {
+  const json& format = Member(body, "load_format");
+  if (!format.is_string() || format.get<std::string>() != "slime_cuda_ipc") {
+    return absl::InvalidArgumentError(fmt::format(
+        "load_format {} is not supported: this engine takes \"slime_cuda_ipc\" (a CUDA IPC "
+        "buffer described in JSON, sent by a colocated slime-cpp trainer); SGLang's pickled "
+        "serialized_named_tensors cannot be read here, use /update_weights_from_distributed or "
+        "/update_weights_from_disk",
+        format.dump()));
+  }
+  const json& buckets = Member(body, "ipc_buckets");
+  if (!buckets.is_array() || buckets.size() != 1) {
+    return absl::InvalidArgumentError(fmt::format(
+        "ipc_buckets must be an array with one bucket per engine GPU (this engine has 1), got {}",
+        buckets.is_array() ? std::to_string(buckets.size()) + " entries" : buckets.dump()));
+  }
+  StatusOr<comm::IpcBucket> bucket = comm::IpcBucketFromJson(buckets[0]);
+  if (!bucket.ok()) {
+    return absl::InvalidArgumentError(
+        fmt::format("ipc_buckets[0]: {}", std::string(bucket.status().message())));
+  }
+  TensorWeightsUpdate u;
+  u.bucket = std::make_shared<const comm::IpcBucket>(*std::move(bucket));
+  SLIME_ASSIGN_OR_RETURN(u.flush_cache, Bool(body, "flush_cache", true));
+  const json& version = Member(body, "weight_version");
+  if (!version.is_null() && !version.is_string()) {
+    return absl::InvalidArgumentError("weight_version must be a string or null");
+  }
+  if (version.is_string()) u.weight_version = version.get<std::string>();
+  return u;
+}
+
 }  // namespace
 
 void AddWeightsRoutes(http::Router& r, Engine* engine, WeightsRoutesOptions options,
@@ -165,6 +200,23 @@ void AddWeightsRoutes(http::Router& r, Engine* engine, WeightsRoutesOptions opti
           on_worker([f, w] {
             Status s = f->get();
             if (!s.ok()) spdlog::warn("engine: update_weights_from_distributed: {}", std::string(s.message()));
+            Reply(w, s, "Succeeded to update parameter online.");
+          });
+        });
+  r.Add("POST", "/update_weights_from_tensor",
+        [engine, on_worker](const http::Request& req, Writer w) {
+          StatusOr<json> body = Body(req, "/update_weights_from_tensor");
+          StatusOr<TensorWeightsUpdate> u =
+              body.ok() ? ParseTensorUpdate(*body) : StatusOr<TensorWeightsUpdate>(body.status());
+          if (!u.ok()) return Reply(w, u.status(), "");
+          StatusOr<bool> abort_all = Bool(*body, "abort_all_requests", false);
+          if (!abort_all.ok()) return Reply(w, abort_all.status(), "");
+          if (*abort_all) engine->Abort("", true);
+          auto f = std::make_shared<std::future<Status>>(
+              engine->UpdateWeightsFromTensor(*std::move(u)));
+          on_worker([f, w] {
+            Status s = f->get();
+            if (!s.ok()) spdlog::warn("engine: update_weights_from_tensor: {}", std::string(s.message()));
             Reply(w, s, "Succeeded to update parameter online.");
           });
         });

@@ -91,6 +91,8 @@ class TrainerActor : public runtime::Actor {
       SLIME_RETURN_IF_ERROR(w->DisconnectEngines());
       return Json::object();
     });
+    AddJsonMethod(this, "release_memory", [w](const Json&) { return w->ReleaseMemory(); });
+    AddJsonMethod(this, "resume_memory", [w](const Json&) { return w->ResumeMemory(); });
     AddJsonMethod(this, "export_hf",
                   [w](const Json& r) { return w->ExportHf(r.at("dir").get<std::string>()); });
   }

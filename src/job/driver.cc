@@ -260,10 +260,15 @@ class Driver : public RolloutSteps {
   void CancelGeneration() override { coordinator_.Cancel(); }
   bool Stopped() override { return signals_->last_signal() != 0; }
   StatusOr<Json> SyncWeights(const std::string& version);
-  // Colocated with offload_rollout: the engines give their K/V cache memory back while the
-  // trainer works, and take it again before the weight sync.
-  Status EngineMemory(bool release);
+  // Colocated with offload_rollout: the engines give their GPU memory (weights, K/V cache, CUDA
+  // graphs) back while the trainer works, take the weights back for the weight sync and the K/V
+  // cache after it. `tags`: SGLang's memory tags ([] = all).
+  Status EngineMemory(bool release, const std::vector<std::string>& tags);
+  // Colocated with offload_train: trainer rank 0 moves its weights and optimizer state to host
+  // memory while the engines generate.
+  Status TrainerMemory(bool release, const char* metric, MetricValues* values);
   bool offload_engines_ = false;
+  bool offload_trainers_ = false;
   Status WriteDriverFile();
   std::chrono::milliseconds LongCall() const { return std::chrono::hours(24); }
 
@@ -466,6 +471,9 @@ Status Driver::StartActors() {
   has_engines_ = !engine_ids_.empty() || (!external.empty() && !train_only_);
   offload_engines_ = !engine_ids_.empty() && gpus && config_.cluster.colocate &&
                      config_.cluster.offload_rollout.value_or(false);
+  offload_trainers_ = !engine_ids_.empty() && !trainer_ids_.empty() && gpus &&
+                      config_.cluster.colocate && config_.cluster.offload_train.value_or(false) &&
+                      !config_.debug.rollout_only;
   if (!has_engines_ && !train_only_) {
     return absl::InvalidArgumentError(
         "placement: no engines (cluster.rollout_num_gpus is 0 and "
@@ -581,21 +589,33 @@ Status Driver::InitTrainers() {
     spdlog::info("initial weight push: {} bytes in {:.2f} s", sync.value("bytes", int64_t{0}),
                  sync.value("seconds", 0.0));
   }
+  if (offload_trainers_) {
+    // The engines generate first: the trainer leaves the GPU until the first train step.
+    SLIME_RETURN_IF_ERROR(TrainerMemory(/*release=*/true, "", nullptr));
+  }
   return absl::OkStatus();
 }
 
-Status Driver::EngineMemory(bool release) {
+Status Driver::EngineMemory(bool release, const std::vector<std::string>& tags) {
   const std::string path = release ? "/release_memory_occupation" : "/resume_memory_occupation";
+  const std::string body = Json{{"tags", tags.empty() ? Json(nullptr) : Json(tags)}}.dump();
   for (const std::string& address : engines_->Addresses()) {
     SLIME_ASSIGN_OR_RETURN(auto hp, runtime::SplitHostPort(address));
     http::ClientOptions co;
     co.timeout = std::chrono::minutes(10);
     http::Client client(hp.first, hp.second, co);
-    // The K/V cache (and its CUDA graphs) only: re-capturing after a weights release fails on
-    // the fused CUDA path (an engine bug, noted in docs/operations.md); the weights are small.
-    SLIME_ASSIGN_OR_RETURN(http::Response r, client.Post(path, R"({"tags": ["kv_cache"]})"));
+    SLIME_ASSIGN_OR_RETURN(http::Response r, client.Post(path, body));
     if (r.status != 200) return http::StatusFromHttp(r.status, "engine " + address + " " + path, r.body);
   }
+  return absl::OkStatus();
+}
+
+Status Driver::TrainerMemory(bool release, const char* metric, MetricValues* values) {
+  const auto t = Clock::now();
+  SLIME_ASSIGN_OR_RETURN(Json reply, CallJson(head_->Handle(trainer_ids_.front()),
+                                              release ? "release_memory" : "resume_memory",
+                                              Json::object(), LongCall()));
+  if (values != nullptr) (*values)[metric] = Since(t);
   return absl::OkStatus();
 }
 
@@ -758,21 +778,33 @@ Status Driver::Loop() {
     values["perf/rollout_time"] = Since(t);
     if (offload_engines_ && !debug.rollout_only) {
       t = Clock::now();
-      SLIME_RETURN_IF_ERROR(EngineMemory(/*release=*/true));
+      SLIME_RETURN_IF_ERROR(EngineMemory(/*release=*/true, {}));
       values["perf/offload_rollout_time"] = Since(t);
+    }
+    if (offload_trainers_) {
+      SLIME_RETURN_IF_ERROR(TrainerMemory(/*release=*/false, "perf/onload_train_time", &values));
     }
     SLIME_RETURN_IF_ERROR(ProcessRollout(rollout_id, result, &values));
     // 2. Train.
     SLIME_RETURN_IF_ERROR(TrainRollout(rollout_id, result, &values));
     // 3. Save.
     SLIME_RETURN_IF_ERROR(Save(rollout_id, CaptureState(), &values));
-    // 4. Weight sync (the engines take their memory back first).
+    // 4. Weight sync: the engines take their weights' memory back first; then the trainer
+    // leaves the GPU and the engines take their K/V cache (and CUDA graphs) back (slime's order).
     if (offload_engines_ && !debug.rollout_only) {
       t = Clock::now();
-      SLIME_RETURN_IF_ERROR(EngineMemory(/*release=*/false));
+      SLIME_RETURN_IF_ERROR(EngineMemory(/*release=*/false, {"weights"}));
       values["perf/onload_rollout_time"] = Since(t);
     }
     if (SyncDue(rollout_id)) SLIME_RETURN_IF_ERROR(UpdateWeights(rollout_id, &values));
+    if (offload_trainers_) {
+      SLIME_RETURN_IF_ERROR(TrainerMemory(/*release=*/true, "perf/offload_train_time", &values));
+    }
+    if (offload_engines_ && !debug.rollout_only) {
+      t = Clock::now();
+      SLIME_RETURN_IF_ERROR(EngineMemory(/*release=*/false, {"kv_cache", "cuda_graph"}));
+      values["perf/onload_rollout_time"] += Since(t);
+    }
     // 5. Eval.
     if (EvalDue(rollout_id)) SLIME_RETURN_IF_ERROR(Evaluate(rollout_id, &values));
     values["perf/step_time"] = Since(step_start);

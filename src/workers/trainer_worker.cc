@@ -16,7 +16,9 @@
 #include "slime/comm/weight_sender.h"
 #include "slime/http/client.h"
 #include "slime/model/decoder.h"
+#include "slime/model/offload.h"
 #include "slime/model/weights.h"
+#include "slime/train/optimizer.h"
 #include "slime/train/checkpoint.h"
 #include "slime/train/hf_export.h"
 #include "slime/train/trainer.h"
@@ -56,11 +58,45 @@ struct TrainerWorker::Impl {
   std::string weights_version;
   std::string synced_version;
 
-  // weight_sync.transport, where two processes on one GPU force disk: NCCL refuses a
-  // communicator with two ranks on the same device (the CUDA-IPC handover is not built).
+  // Colocated on one GPU with the only engine (one trainer, rollout_num_gpus 1, engines of one
+  // GPU): the weights go by CUDA IPC. NCCL refuses a communicator with two ranks on one device.
+  bool UseIpc() const {
+    const config::Config& c = options.config;
+    return c.weight_sync.transport != "disk" && c.cluster.colocate && options.device == "cuda" &&
+           options.world_size == 1 && c.cluster.rollout_num_gpus.value_or(0) == 1 &&
+           c.cluster.rollout_num_gpus_per_engine == 1;
+  }
+  // weight_sync.transport, or disk where a colocated layout cannot use IPC for every engine
+  // (engines on GPUs of their own next to the shared one).
   bool UseDisk() const {
     const config::Config& c = options.config;
-    return c.weight_sync.transport == "disk" || (c.cluster.colocate && options.device == "cuda");
+    return c.weight_sync.transport == "disk" ||
+           (c.cluster.colocate && options.device == "cuda" && !UseIpc());
+  }
+
+  // Offload (cluster.offload_train): the model's weights and gradients and the optimizer's
+  // masters and moments go to pinned host memory between train steps (model::StorageOffloader).
+  model::StorageOffloader offloader;
+  std::vector<torch::Tensor> DeviceTensors() const {
+    const model::DecoderModel& m = std::as_const(*trainer).model();
+    std::vector<torch::Tensor> out;
+    for (const train::OptimizerParam& p : train::ModelParameters(m.weights(), m.config())) {
+      out.push_back(p.tensor);
+      if (p.tensor.grad().defined()) out.push_back(p.tensor.grad());
+    }
+    for (const model::NamedTensor& t : trainer->optimizer().ExportState().tensors) {
+      out.push_back(t.tensor);
+    }
+    return out;
+  }
+  // Everything back on the device before work that touches it (a no-op when it is there).
+  Status EnsureResident() {
+    if (!offloader.offloaded()) return absl::OkStatus();
+    const auto start = std::chrono::steady_clock::now();
+    SLIME_RETURN_IF_ERROR(offloader.Onload());
+    spdlog::info("trainer: {:.2f} GB back on the device in {:.2f} s (onload)",
+                 static_cast<double>(offloader.bytes()) / 1e9, SecondsSince(start));
+    return absl::OkStatus();
   }
   StatusOr<nlohmann::json> SyncFromDisk(const std::string& version);
   std::string DiskRoot() const {
@@ -160,6 +196,7 @@ StatusOr<nlohmann::json> TrainerWorker::Init() {
 
 StatusOr<nlohmann::json> TrainerWorker::Train(int64_t rollout_id, const train::RolloutBatch& batch) {
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  SLIME_RETURN_IF_ERROR(impl_->EnsureResident());
   const auto start = std::chrono::steady_clock::now();
   SLIME_ASSIGN_OR_RETURN(train::TrainRolloutResult result,
                          impl_->trainer->TrainRollout(rollout_id, batch));
@@ -183,6 +220,7 @@ StatusOr<nlohmann::json> TrainerWorker::Save(int64_t rollout_id, const nlohmann:
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
   const std::optional<std::string>& save = impl_->options.config.checkpoint.save;
   if (!save) return absl::FailedPreconditionError("trainer: save called without checkpoint.save");
+  SLIME_RETURN_IF_ERROR(impl_->EnsureResident());
   const auto start = std::chrono::steady_clock::now();
   SLIME_ASSIGN_OR_RETURN(std::string dir,
                          impl_->trainer->Save(*save, rollout_id, extra_state.dump()));
@@ -219,7 +257,8 @@ Status TrainerWorker::ConnectEngines(const nlohmann::json& request) {
                  config.weight_sync.transport == "disk" ? "" : "; colocated on one GPU");
     return absl::OkStatus();
   }
-  so.backend = impl_->options.device == "cuda" ? "nccl" : "gloo";
+  so.backend = impl_->UseIpc() ? "cuda_ipc" : impl_->options.device == "cuda" ? "nccl" : "gloo";
+  so.device = impl_->options.device == "cuda" ? torch::Device("cuda:0") : torch::Device(torch::kCPU);
   so.bucket_bytes = config.weight_sync.buffer_size;
   so.timeout_s = 60.0 * config.cluster.distributed_timeout_minutes;
   SLIME_ASSIGN_OR_RETURN(impl_->sender, comm::WeightSender::Connect(std::move(so)));
@@ -228,6 +267,7 @@ Status TrainerWorker::ConnectEngines(const nlohmann::json& request) {
 
 StatusOr<nlohmann::json> TrainerWorker::SyncWeights(const std::string& weight_version) {
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  SLIME_RETURN_IF_ERROR(impl_->EnsureResident());
   if (!impl_->disk_engines.empty()) return impl_->SyncFromDisk(weight_version);
   if (impl_->sender == nullptr) {
     return absl::FailedPreconditionError("sync_weights: connect_engines has not run");
@@ -352,7 +392,12 @@ StatusOr<nlohmann::json> TrainerWorker::ResyncEngine(const nlohmann::json& reque
       reuse ? impl_->last_disk_dir : fmt::format("{}/resync-v{}", impl_->DiskRoot(), version);
   int64_t bytes = 0;
   if (!reuse) {
-    SLIME_ASSIGN_OR_RETURN(bytes, impl_->WriteWeightsDir(dir));
+    // An offloaded trainer (colocated, mid-rollout) comes back for the write and leaves again.
+    const bool was_offloaded = impl_->offloader.offloaded();
+    SLIME_RETURN_IF_ERROR(impl_->EnsureResident());
+    StatusOr<int64_t> written = impl_->WriteWeightsDir(dir);
+    if (was_offloaded) SLIME_RETURN_IF_ERROR(ReleaseMemory().status());
+    SLIME_ASSIGN_OR_RETURN(bytes, std::move(written));
   }
   Status loaded = impl_->LoadOnEngine(e, dir, version);
   if (!reuse) RemoveDir(dir);
@@ -363,6 +408,26 @@ StatusOr<nlohmann::json> TrainerWorker::ResyncEngine(const nlohmann::json& reque
                         {"dir", dir},
                         {"bytes", bytes},
                         {"seconds", SecondsSince(start)}};
+}
+
+StatusOr<nlohmann::json> TrainerWorker::ReleaseMemory() {
+  SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  const auto start = std::chrono::steady_clock::now();
+  if (!impl_->offloader.offloaded()) {
+    SLIME_RETURN_IF_ERROR(impl_->offloader.Offload(impl_->DeviceTensors()));
+#ifdef SLIME_WITH_CUDA
+    if (impl_->options.device == "cuda") c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  }
+  return nlohmann::json{{"bytes", impl_->offloader.bytes()}, {"seconds", SecondsSince(start)}};
+}
+
+StatusOr<nlohmann::json> TrainerWorker::ResumeMemory() {
+  SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t bytes = impl_->offloader.offloaded() ? impl_->offloader.bytes() : 0;
+  SLIME_RETURN_IF_ERROR(impl_->offloader.Onload());
+  return nlohmann::json{{"bytes", bytes}, {"seconds", SecondsSince(start)}};
 }
 
 Status TrainerWorker::DisconnectEngines() {

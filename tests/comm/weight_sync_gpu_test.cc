@@ -3,14 +3,31 @@
 // protocol; afterwards its greedy output equals a fresh engine on cuda:1 loaded from a checkpoint
 // of the same weights. NCCL cannot put two ranks of one group on one device, so this needs two
 // GPUs and skips otherwise. Also reports the sync time and GB/s of a ~80 MB model.
+//
+// The colocated hand-over on one GPU: the real `slime_train serve` process on cuda:0 goes through
+// slime's colocated cycle (release all memory, resume the weights, CUDA IPC weight sync from this
+// process on the same GPU, resume K/V and graphs) and then generates what a fresh engine with the
+// sent weights generates.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
 
 #include "remove_tree.h"
 #include "nlohmann/json.hpp"
+#include "slime/comm/cuda_ipc.h"
 #include "slime/comm/weight_sender.h"
 #include "slime/engine/engine.h"
 #include "slime/engine/server.h"
@@ -36,10 +53,10 @@ struct ServedEngine {
   std::unique_ptr<engine::EngineServer> server;
 };
 
-ServedEngine Serve(const std::string& dir) {
+ServedEngine Serve(const std::string& dir, const std::string& device = "cuda:1") {
   engine::EngineOptions o;
   o.model_path = dir;
-  o.device = "cuda:1";
+  o.device = device;
   o.dtype = "bfloat16";
   o.max_total_tokens = 4096;
   o.context_length = 256;
@@ -138,6 +155,168 @@ TEST(WeightSyncGpuTest, NcclSyncMatchesAFreshEngine) {
     EXPECT_NEAR(a[i][0].get<double>(), b[i][0].get<double>(), 1e-5) << i;
   }
   EXPECT_TRUE((*sender)->Disconnect().ok());
+  slime::testing::RemoveTree(base);
+  slime::testing::RemoveTree(moved);
+}
+
+// A random-weight model at `base` and the same model with perturbed weights at `moved`
+// (returned as tensors too).
+std::vector<model::NamedTensor> MakeBaseAndMoved(const std::string& config, const std::string& base,
+                                                 const std::string& moved) {
+  const std::string tok = SourceDir() + "/.cache/testdata/qwen3";
+  slime::testing::RemoveTree(base);
+  slime::testing::RemoveTree(moved);
+  EXPECT_TRUE(model::InitRandomModel(config, tok, base, 0, "bf16").ok());
+  auto cfg = model::LoadModelConfig(base);
+  auto reader = model::CheckpointReader::Open(base);
+  EXPECT_TRUE(cfg.ok() && reader.ok());
+  if (!cfg.ok() || !reader.ok()) return {};
+  model::WeightOptions wo;
+  wo.dtype = torch::kBFloat16;
+  auto w = model::LoadWeights(*reader, *cfg, wo);
+  EXPECT_TRUE(w.ok()) << w.status();
+  if (!w.ok()) return {};
+  torch::manual_seed(7);
+  std::vector<model::NamedTensor> tensors;
+  for (model::NamedTensor& nt : model::NamedParameters(*w, *cfg)) {
+    tensors.push_back({nt.name, (nt.tensor.to(torch::kFloat32) +
+                                 0.05 * torch::randn(nt.tensor.sizes()))
+                                    .to(torch::kBFloat16)});
+  }
+  fs::create_directories(moved);
+  for (const auto& f : fs::directory_iterator(base)) {
+    if (f.path().extension() != ".safetensors" &&
+        f.path().filename() != "model.safetensors.index.json") {
+      fs::copy(f.path(), moved + "/" + f.path().filename().string());
+    }
+  }
+  EXPECT_TRUE(model::WriteCheckpoint(moved, tensors).ok());
+  return tensors;
+}
+
+// `slime_train serve ARGS` as a child process (stdout and stderr in `log`); killed on destruction.
+class ServeChild {
+ public:
+  ServeChild(const std::vector<std::string>& args, const std::string& log) : log_(log) {
+    std::vector<std::string> a = {SLIME_TRAIN_BIN_DEFAULT, "serve"};
+    a.insert(a.end(), args.begin(), args.end());
+    if (const char* bin = std::getenv("SLIME_TRAIN_BIN"); bin != nullptr && *bin != '\0') a[0] = bin;
+    std::vector<char*> argv;
+    for (std::string& s : a) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ~ServeChild() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      int status = 0;
+      for (int i = 0; i < 100 && ::waitpid(pid_, &status, WNOHANG) == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+    }
+  }
+  // The port from "listening on http://host:port", or 0 after `timeout`.
+  int WaitForPort(std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const std::regex re("listening on http://[^:]+:([0-9]+)");
+    while (std::chrono::steady_clock::now() < deadline && pid_ > 0) {
+      std::smatch m;
+      const std::string text = Log();
+      if (std::regex_search(text, m, re)) return std::stoi(m[1]);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return 0;
+  }
+  std::string Log() const {
+    std::ifstream in(log_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+};
+
+json PostJson(int port, const std::string& path, const json& body) {
+  http::Client c("127.0.0.1", port);
+  auto r = c.Post(path, body.dump());
+  EXPECT_TRUE(r.ok()) << path << ": " << r.status();
+  if (!r.ok()) return json();
+  EXPECT_EQ(r->status, 200) << path << ": " << r->body;
+  return json::parse(r->body, nullptr, false);
+}
+
+TEST(WeightSyncGpuTest, CudaIpcHandOverToAColocatedServeProcess) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "CUDA is not available: GPU test skipped";
+  const std::string base = (fs::temp_directory_path() / "slime-wsync-ipc-base").string();
+  const std::string moved = (fs::temp_directory_path() / "slime-wsync-ipc-moved").string();
+  const std::string log = (fs::temp_directory_path() / "slime-wsync-ipc-serve.log").string();
+  // head_dim 128: the fused kernels and decode CUDA graphs are on in the served engine.
+  std::vector<model::NamedTensor> tensors = MakeBaseAndMoved(
+      SourceDir() + "/tests/data/model/configs/qwen3-hd128-test.json", base, moved);
+  ASSERT_FALSE(tensors.empty());
+  ServeChild child({"--model", base, "--port", "0", "--device", "cuda:0", "--dtype", "bfloat16",
+                    "--max-total-tokens", "4096", "--context-length", "256",
+                    "--cuda-graph-max-bs", "4", "--enable-memory-saver"},
+                   log);
+  const int port = child.WaitForPort(std::chrono::seconds(180));
+  ASSERT_GT(port, 0) << "serve did not come up:\n" << child.Log();
+  ServedEngine reference = Serve(moved, "cuda:0");
+  ASSERT_TRUE(reference.server);
+  const json want = Greedy(reference.server->port());
+  ASSERT_NE(Greedy(port)["output_ids"], want["output_ids"]);
+
+  WeightSenderOptions so;
+  so.engines = {{"127.0.0.1", port, 1}};
+  so.backend = "cuda_ipc";
+  so.device = torch::Device("cuda:0");
+  so.bucket_bytes = 32 << 20;  // several buckets through one reused buffer
+  so.timeout_s = 120;
+  auto sender = WeightSender::Connect(so);
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  for (int round = 0; round < 3; ++round) {
+    // slime's colocated order: release all -> (train) -> resume weights -> sync -> resume K/V.
+    PostJson(port, "/release_memory_occupation", json::object());
+    PostJson(port, "/resume_memory_occupation", {{"tags", {"weights"}}});
+    ASSERT_TRUE((*sender)->PauseEngines().ok());
+    auto stats = (*sender)->Send(tensors, std::to_string(round + 1));
+    ASSERT_TRUE(stats.ok()) << stats.status() << "\n" << child.Log();
+    ASSERT_TRUE((*sender)->ContinueEngines().ok());
+    PostJson(port, "/resume_memory_occupation", {{"tags", {"kv_cache", "cuda_graph"}}});
+    std::printf("cuda ipc sync %d: %.1f MB in %lld buckets, %.3f s, %.2f GB/s\n", round,
+                stats->bytes / 1e6, static_cast<long long>(stats->buckets), stats->seconds,
+                stats->gb_per_s());
+  }
+  const json got = Greedy(port);
+  EXPECT_EQ(got["output_ids"], want["output_ids"]);
+  EXPECT_EQ(got["meta_info"]["weight_version"], "3");
+  const auto& a = got["meta_info"]["output_token_logprobs"];
+  const auto& b = want["meta_info"]["output_token_logprobs"];
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(a[i][0].get<double>(), b[i][0].get<double>(), 1e-5) << i;
+  }
+  // A bucket that claims another GPU is refused with a message naming both.
+  IpcBucket foreign;
+  foreign.handle = std::string(128, '0');
+  foreign.device_uuid = "GPU-00000000-0000-0000-0000-000000000000";
+  foreign.bytes = 0;
+  http::Client c("127.0.0.1", port);
+  auto r = c.Post("/update_weights_from_tensor",
+                  json{{"load_format", "slime_cuda_ipc"}, {"ipc_buckets", {IpcBucketToJson(foreign)}}}
+                      .dump());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("colocated"), std::string::npos) << r->body;
   slime::testing::RemoveTree(base);
   slime::testing::RemoveTree(moved);
 }

@@ -10,12 +10,14 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <thread>
 
 #include "remove_tree.h"
 #include "nlohmann/json.hpp"
 #include "slime/comm/process_group.h"
+#include "slime/comm/cuda_ipc.h"
 #include "slime/comm/weight_sender.h"
 #include "slime/engine/engine.h"
 #include "slime/engine/server.h"
@@ -398,6 +400,79 @@ TEST_F(WeightSyncTest, EngineBroadcastWithoutASenderTimesOutClearly) {
                                    .dump());
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(g->status, 200);
+}
+
+TEST(CudaIpcWireTest, BucketRoundTripsAndBadFieldsAreNamed) {
+  IpcBucket b;
+  b.handle = std::string(126, 'a') + "0F";
+  b.device_uuid = "GPU-12345678-9abc-def0-1234-56789abcdef0";
+  b.bytes = 4096;
+  b.tensors = {{"model.norm.weight", torch::kBFloat16, {64}, 0},
+               {"model.embed_tokens.weight", torch::kFloat32, {8, 64}, 256}};
+  auto back = IpcBucketFromJson(IpcBucketToJson(b));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->handle, b.handle);
+  EXPECT_EQ(back->device_uuid, b.device_uuid);
+  EXPECT_EQ(back->bytes, 4096);
+  ASSERT_EQ(back->tensors.size(), 2u);
+  EXPECT_EQ(back->tensors[1].name, "model.embed_tokens.weight");
+  EXPECT_EQ(back->tensors[1].dtype, torch::kFloat32);
+  EXPECT_EQ(back->tensors[1].shape, (std::vector<int64_t>{8, 64}));
+  EXPECT_EQ(back->tensors[1].offset, 256);
+  auto error = [&](const std::function<void(json&)>& edit) {
+    json j = IpcBucketToJson(b);
+    edit(j);
+    auto r = IpcBucketFromJson(j);
+    EXPECT_FALSE(r.ok()) << j.dump();
+    return r.ok() ? std::string() : std::string(r.status().message());
+  };
+  EXPECT_NE(error([](json& j) { j["handle"] = "xyz"; }).find("128 hex digits"), std::string::npos);
+  EXPECT_NE(error([](json& j) { j["handle"] = std::string(127, 'g') + "0"; }).find("hex"),
+            std::string::npos);
+  EXPECT_NE(error([](json& j) { j.erase("device_uuid"); }).find("device_uuid"), std::string::npos);
+  EXPECT_NE(error([](json& j) { j["bytes"] = -1; }).find("bytes"), std::string::npos);
+  EXPECT_NE(error([](json& j) { j["tensors"][1]["dtype"] = "complex32"; }).find("model.embed_tokens"),
+            std::string::npos);
+  EXPECT_NE(error([](json& j) { j["tensors"][0]["shape"] = {-1}; }).find("shape"), std::string::npos);
+  // 8 x 64 float32 = 2048 bytes from offset 2304 end at 4352 > 4096.
+  EXPECT_NE(error([](json& j) { j["tensors"][1]["offset"] = 2304; }).find("outside the 4096-byte"),
+            std::string::npos);
+  EXPECT_EQ(IpcExportBuffer::PackedBytes({{"a", torch::zeros({3}, torch::kBFloat16)},
+                                          {"b", torch::zeros({2, 2})}},
+                                         std::nullopt),
+            256 + 16);
+  EXPECT_EQ(IpcExportBuffer::PackedBytes({{"a", torch::zeros({3})}}, torch::kBFloat16), 6);
+}
+
+TEST_F(WeightSyncTest, TensorRouteExplainsWhatItAcceptsAndNeedsACudaEngine) {
+  // SGLang's pickled payload: refused with what to use instead.
+  auto [s1, j1] = Post(0, "/update_weights_from_tensor",
+                       {{"serialized_named_tensors", {"gASV"}}, {"load_format", "flattened_bucket"}});
+  EXPECT_EQ(s1, 400);
+  EXPECT_NE(j1["message"].get<std::string>().find("slime_cuda_ipc"), std::string::npos) << j1.dump();
+  auto [s2, j2] = Post(0, "/update_weights_from_tensor",
+                       {{"load_format", "slime_cuda_ipc"}, {"ipc_buckets", json::array()}});
+  EXPECT_EQ(s2, 400);
+  EXPECT_NE(j2["message"].get<std::string>().find("one bucket per engine GPU"), std::string::npos)
+      << j2.dump();
+  IpcBucket b;
+  b.handle = std::string(128, '0');
+  b.device_uuid = "GPU-0";
+  b.bytes = 256;
+  b.tensors = {{"model.norm.weight", torch::kFloat32, {64}, 0}};
+  auto [s3, j3] = Post(0, "/update_weights_from_tensor",
+                       {{"load_format", "slime_cuda_ipc"}, {"ipc_buckets", {IpcBucketToJson(b)}}});
+  EXPECT_EQ(s3, 400);
+  EXPECT_NE(j3["message"].get<std::string>().find("CUDA"), std::string::npos) << j3.dump();
+  // The sender refuses the transport without a CUDA trainer.
+  WeightSenderOptions o;
+  o.engines = {{"127.0.0.1", Port(0), 1}};
+  o.backend = "cuda_ipc";
+  auto sender = WeightSender::Connect(o);
+  ASSERT_FALSE(sender.ok());
+  EXPECT_NE(sender.status().message().find("cuda_ipc"), std::string::npos) << sender.status();
+  // The engine still serves, on its own weights.
+  EXPECT_EQ(Greedy(0).first.size(), 8u);
 }
 
 }  // namespace

@@ -317,5 +317,51 @@ TEST(EngineGpuTest, GreedyOutputSurvivesWeightOffload) {
   EXPECT_EQ(greedy(), before);
 }
 
+// The fused CUDA path (head_dim 128: fused QK-norm/RoPE, paged decode kernel, small-m GEMM) with
+// decode CUDA graphs, through slime's colocated cycle twice: release everything, resume the
+// weights, then the K/V cache and graphs. The graphs are captured again at the weights' new
+// addresses and the greedy output (with log-probs) is unchanged.
+TEST(EngineGpuTest, FusedGraphsSurviveAWeightReleaseCycle) {
+  SKIP_WITHOUT_CUDA();
+  static const std::string dir = [] {
+    std::string d =
+        (fs::temp_directory_path() / ("slime-engine-gpu-hd128-" + std::to_string(::getpid())))
+            .string();
+    slime::testing::RemoveTreeAtExit(d);
+    Status s = model::InitRandomModel(SourceDir() + "/tests/data/model/configs/qwen3-hd128-test.json",
+                                      SourceDir() + "/.cache/testdata/qwen3", d, 5, "bf16");
+    EXPECT_TRUE(s.ok()) << s;
+    return d;
+  }();
+  EngineOptions o;
+  o.model_path = dir;
+  o.device = "cuda";
+  o.dtype = "bfloat16";
+  o.max_total_tokens = 8192;
+  o.context_length = 1024;
+  o.cuda_graph_max_bs = 8;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto greedy = [&]() {
+    GenerateInput in;
+    in.input_ids = {9707, 11, 1879, 0, 576, 374};
+    in.sampling.temperature = 0.0;
+    in.sampling.max_new_tokens = 32;
+    in.sampling.ignore_eos = true;
+    std::promise<std::vector<int32_t>> done;
+    (*engine)->Submit(in, [&](const RequestOutput& out) {
+      if (out.finish.finished()) done.set_value(out.output_ids);
+    });
+    return done.get_future().get();
+  };
+  const std::vector<int32_t> before = greedy();
+  for (int cycle = 0; cycle < 2; ++cycle) {
+    ASSERT_TRUE((*engine)->ReleaseMemory({}).get().ok()) << cycle;
+    ASSERT_TRUE((*engine)->ResumeMemory({"weights"}).get().ok()) << cycle;
+    ASSERT_TRUE((*engine)->ResumeMemory({"kv_cache", "cuda_graph"}).get().ok()) << cycle;
+    EXPECT_EQ(greedy(), before) << "cycle " << cycle;
+  }
+}
+
 }  // namespace
 }  // namespace slime::engine

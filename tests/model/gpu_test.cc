@@ -2,6 +2,9 @@
 // transformers' logits, SDPA against the math path, packed == per-sequence, cache == full.
 // Every test skips with a message where CUDA is not available.
 #include <ATen/Context.h>
+#ifdef SLIME_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -10,6 +13,7 @@
 #include "hf_fixture.h"
 #include "reference_decoder.h"
 #include "slime/model/decoder.h"
+#include "slime/model/offload.h"
 #include "test_util.h"
 
 namespace slime::model {
@@ -208,6 +212,47 @@ TEST(GpuQwen3ShapeTest, RandomQwen3_0_6bBf16PackedAndIncrementalAgree) {
     parts.push_back(*(*m)->Logits(*hi));
   }
   EXPECT_LE(MaxAbsDiff(torch::cat(parts, 0), packed.narrow(0, 0, 200)), tol);
+}
+
+// Bytes the CUDA caching allocator has handed out on device 0.
+int64_t AllocatedBytes() {
+#ifdef SLIME_WITH_CUDA
+  return static_cast<int64_t>(
+      c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current);
+#else
+  return 0;
+#endif
+}
+
+// StorageOffloader: device memory really goes back to the allocator; every tensor (and a view
+// sharing its storage) keeps its identity and its bytes after Onload, at a new address.
+TEST(ModelGpuTest, StorageOffloaderFreesDeviceMemoryAndRestoresContents) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(3);
+  torch::Tensor a = torch::randn({1024, 1024}, torch::dtype(torch::kBFloat16).device(torch::kCUDA));
+  torch::Tensor fused = torch::randn({3, 4096, 1024}, torch::device(torch::kCUDA));  // 48 MiB
+  torch::Tensor view = fused.narrow(0, 1, 1);
+  const torch::Tensor a_cpu = a.cpu(), fused_cpu = fused.cpu();
+  const void* old_ptr = fused.data_ptr();
+  torch::cuda::synchronize();
+  const int64_t before = AllocatedBytes();
+  StorageOffloader off;
+  ASSERT_TRUE(off.Offload({a, fused, view, torch::Tensor(), torch::ones({2})}).ok());
+  EXPECT_TRUE(off.offloaded());
+  EXPECT_EQ(off.bytes(), a.numel() * 2 + fused.numel() * 4);  // the view's storage counted once
+  const int64_t during = AllocatedBytes();
+  EXPECT_LE(during, before - off.bytes());
+  EXPECT_FALSE(off.Offload({a}).ok());  // twice is refused
+  ASSERT_TRUE(off.Onload().ok());
+  EXPECT_FALSE(off.offloaded());
+  EXPECT_TRUE(torch::equal(a.cpu(), a_cpu));
+  EXPECT_TRUE(torch::equal(fused.cpu(), fused_cpu));
+  EXPECT_TRUE(torch::equal(view.cpu(), fused_cpu.narrow(0, 1, 1)));
+  view.fill_(2.0f);  // the view still shares the (new) storage
+  EXPECT_EQ(fused[1][0][0].item<float>(), 2.0f);
+  std::printf("offload: %lld bytes, fused storage %p -> %p\n", static_cast<long long>(off.bytes()),
+              old_ptr, fused.data_ptr());
+  EXPECT_TRUE(off.Onload().ok());  // a no-op now
 }
 
 }  // namespace

@@ -10,6 +10,12 @@
 //              rank 0 in list order (one broadcast per tensor), then waits for every reply.
 //   Disconnect()  POSTs /destroy_weights_update_group and drops the group.
 //
+// backend "cuda_ipc" (engines on the trainer's own GPU, colocated): no group. Send() allocates
+// one device buffer of max(bucket_bytes, the largest tensor) on `device`, and per bucket copies
+// the tensors into it and POSTs /update_weights_from_tensor (load_format "slime_cuda_ipc", the
+// buffer's CUDA IPC handle and each tensor's offset; comm/cuda_ipc.h) to every engine, which
+// copies them out before it answers; the buffer is freed when Send returns.
+//
 // The tensors are HF-named and full (unsharded): model::NamedParameters() of a TP-size-1 model.
 // They are moved to the backend's device (CPU for gloo, CUDA for nccl) and, when `dtype` is set,
 // converted, one bucket at a time. Pausing generation and flushing the prefix cache around a
@@ -57,7 +63,8 @@ struct WeightSenderOptions {
   std::string master_address = "127.0.0.1";  // what engines dial to reach this process
   int master_port = 0;                         // 0 = a free port
   std::string group_name = "weight_update_group";
-  std::string backend = "auto";                // gloo | nccl | auto
+  std::string backend = "auto";                // gloo | nccl | auto | cuda_ipc
+  torch::Device device = torch::kCPU;          // cuda_ipc: the trainer's GPU
   int64_t bucket_bytes = int64_t{512} << 20;   // weight_sync.buffer_size
   double timeout_s = 600.0;                    // rendezvous, each bucket's broadcasts and replies
   std::optional<torch::ScalarType> dtype;      // convert before sending (e.g. bf16 engines)
@@ -86,7 +93,6 @@ class WeightSender {
   Status PauseEngines();
   Status ContinueEngines();
 
-  ProcessGroup& group() { return *group_; }
   const WeightSenderOptions& options() const { return options_; }
 
  private:
@@ -95,6 +101,9 @@ class WeightSender {
   // engine. `during` runs on this thread while the calls are in flight.
   Status PostAll(const std::string& path, const std::vector<std::string>& bodies,
                  const std::function<Status()>& during);
+  bool ipc() const { return options_.backend == "cuda_ipc"; }
+  StatusOr<SyncStats> SendIpc(const std::vector<model::NamedTensor>& tensors,
+                              const std::string& weight_version, bool flush_cache);
 
   WeightSenderOptions options_;
   std::unique_ptr<ProcessGroup> group_;

@@ -53,6 +53,7 @@ class Registry;
 namespace slime::comm {
 struct ProcessGroupOptions;
 class ProcessGroup;
+struct IpcBucket;
 }
 
 namespace slime::engine {
@@ -86,6 +87,13 @@ struct DistributedWeightsUpdate {
   std::vector<std::string> dtypes;
   std::vector<std::vector<int64_t>> shapes;
   std::string group_name = "weight_update_group";
+  bool flush_cache = true;
+  std::optional<std::string> weight_version;  // stamped on success when set
+};
+
+// One /update_weights_from_tensor bucket: a colocated trainer's CUDA IPC buffer (comm/cuda_ipc.h).
+struct TensorWeightsUpdate {
+  std::shared_ptr<const comm::IpcBucket> bucket;
   bool flush_cache = true;
   std::optional<std::string> weight_version;  // stamped on success when set
 };
@@ -133,6 +141,10 @@ class Engine {
   // names the tensor), flushes the prefix cache if asked and stamps the version. The bucket is
   // received even when it is then rejected, so the group stays in step with the sender.
   std::future<Status> UpdateWeightsFromDistributed(DistributedWeightsUpdate update);
+  // Maps the bucket's buffer (the same GPU only), copies its tensors into the weights on the
+  // engine thread (all or none, as above), waits for the copies and unmaps it; flushes the
+  // prefix cache if asked and stamps the version.
+  std::future<Status> UpdateWeightsFromTensor(TensorWeightsUpdate update);
   // NotFound when no such group exists.
   Status DestroyWeightsUpdateGroup(const std::string& group_name);
   // tags: "kv_cache", "weights" (empty = both). Release needs no request in flight.

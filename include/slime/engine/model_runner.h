@@ -6,8 +6,10 @@
 // Logits() turns chosen rows of them into float32 logits.
 //
 // Memory occupation (colocated training): ReleaseKv()/ResumeKv() free and re-allocate the K/V
-// pools (contents lost); OffloadWeights()/OnloadWeights() move the weights to host memory and
-// back (contents kept, unlike SGLang, which discards them).
+// pools (contents lost); OffloadWeights()/OnloadWeights() move the weights' device memory to
+// pinned host memory and back (model::StorageOffloader: contents kept, unlike SGLang, which
+// discards them; every weight tensor and fused view stays the same object, at a new address,
+// so the decode CUDA graphs are captured again).
 //
 // Thread-safety: the engine thread only. LibTorch errors surface as Status.
 #ifndef SLIME_ENGINE_MODEL_RUNNER_H_
@@ -23,6 +25,7 @@
 #include "slime/common/status.h"
 #include "slime/engine/paged_kv.h"
 #include "slime/model/decoder.h"
+#include "slime/model/offload.h"
 
 namespace slime::engine {
 
@@ -93,12 +96,15 @@ class ModelRunner {
   struct DecodeGraphs;
   ModelRunner() = default;
   void DropGraphs();
+  // FailedPrecondition while the weights' device memory is released.
+  Status CheckWeightsResident() const;
   std::unique_ptr<DecodeGraphs> graphs_;
   int64_t graph_max_batch_ = 0;
   int64_t graph_context_ = 0;
   std::unique_ptr<model::DecoderModel> model_;
   std::unique_ptr<PagedKvCache> kv_;
   bool weights_offloaded_ = false;
+  model::StorageOffloader weight_offloader_;
   bool fuse_projections_ = true;
 };
 

@@ -75,6 +75,12 @@ class TrainerWorker {
   Status DisconnectEngines();
   // {"dir": dir}
   StatusOr<nlohmann::json> ExportHf(const std::string& dir);
+  // cluster.offload_train: the model's weights and gradients and the optimizer state move to
+  // pinned host memory and their device memory goes back to the driver; ResumeMemory brings them
+  // back (Train, Save, SyncWeights and ResyncEngine also do, first). The PPO critic stays.
+  // {"bytes", "seconds"}; no-ops when already there (CPU trainers move nothing).
+  StatusOr<nlohmann::json> ReleaseMemory();
+  StatusOr<nlohmann::json> ResumeMemory();
 
  private:
   struct Impl;

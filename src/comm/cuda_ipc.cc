@@ -1,0 +1,312 @@
+// CUDA IPC weight hand-over (see include/slime/comm/cuda_ipc.h).
+#include "slime/comm/cuda_ipc.h"
+
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#ifdef SLIME_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include "slime/comm/weight_sender.h"
+
+namespace slime::comm {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int64_t kAlign = 256;
+constexpr size_t kHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
+
+int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+int64_t TensorBytes(torch::ScalarType dtype, const std::vector<int64_t>& shape) {
+  int64_t n = static_cast<int64_t>(c10::elementSize(dtype));
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+bool Unhex(const std::string& hex, unsigned char* out, size_t n) {
+  if (hex.size() != 2 * n) return false;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out[i] = static_cast<unsigned char>(hi << 4 | lo);
+  }
+  return true;
+}
+
+#ifdef SLIME_WITH_CUDA
+std::string Hex(const unsigned char* data, size_t n) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back(kDigits[data[i] >> 4]);
+    out.push_back(kDigits[data[i] & 15]);
+  }
+  return out;
+}
+
+int DeviceIndex(torch::Device device) { return device.has_index() ? device.index() : 0; }
+
+Status CudaError(cudaError_t err, const std::string& what) {
+  cudaGetLastError();  // reset the last-error state so later calls do not report this one
+  const std::string message =
+      fmt::format("{}: {} ({})", what, cudaGetErrorString(err), cudaGetErrorName(err));
+  return err == cudaErrorMemoryAllocation ? absl::ResourceExhaustedError(message)
+                                          : absl::InternalError(message);
+}
+#define SLIME_CUDA_RETURN_IF_ERROR(expr, what)        \
+  do {                                                \
+    const cudaError_t slime_err_ = (expr);            \
+    if (slime_err_ != cudaSuccess) return CudaError(slime_err_, what); \
+  } while (0)
+#endif
+
+}  // namespace
+
+json IpcBucketToJson(const IpcBucket& bucket) {
+  json tensors = json::array();
+  for (const IpcTensor& t : bucket.tensors) {
+    tensors.push_back(
+        {{"name", t.name}, {"dtype", DtypeName(t.dtype)}, {"shape", t.shape}, {"offset", t.offset}});
+  }
+  return {{"handle", bucket.handle},
+          {"device_uuid", bucket.device_uuid},
+          {"bytes", bucket.bytes},
+          {"tensors", std::move(tensors)}};
+}
+
+StatusOr<IpcBucket> IpcBucketFromJson(const json& j) {
+  if (!j.is_object()) return absl::InvalidArgumentError("an IPC bucket must be a JSON object");
+  IpcBucket b;
+  const json& handle = j.contains("handle") ? j["handle"] : json();
+  unsigned char raw[kHandleBytes];
+  if (!handle.is_string() || !Unhex(handle.get<std::string>(), raw, kHandleBytes)) {
+    return absl::InvalidArgumentError(
+        fmt::format("handle must be a string of {} hex digits (a cudaIpcMemHandle_t)", 2 * kHandleBytes));
+  }
+  b.handle = handle.get<std::string>();
+  const json& uuid = j.contains("device_uuid") ? j["device_uuid"] : json();
+  if (!uuid.is_string() || uuid.get<std::string>().empty()) {
+    return absl::InvalidArgumentError("device_uuid must be a non-empty string (\"GPU-...\")");
+  }
+  b.device_uuid = uuid.get<std::string>();
+  const json& bytes = j.contains("bytes") ? j["bytes"] : json();
+  if (!bytes.is_number_integer() || bytes.get<int64_t>() < 0) {
+    return absl::InvalidArgumentError("bytes must be a non-negative integer");
+  }
+  b.bytes = bytes.get<int64_t>();
+  const json& tensors = j.contains("tensors") ? j["tensors"] : json();
+  if (!tensors.is_array()) return absl::InvalidArgumentError("tensors must be an array");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const json& t = tensors[i];
+    IpcTensor it;
+    if (!t.is_object() || !t.contains("name") || !t["name"].is_string() ||
+        t["name"].get<std::string>().empty()) {
+      return absl::InvalidArgumentError(fmt::format("tensors[{}].name must be a non-empty string", i));
+    }
+    it.name = t["name"].get<std::string>();
+    if (!t.contains("dtype") || !t["dtype"].is_string()) {
+      return absl::InvalidArgumentError(fmt::format("tensor '{}': dtype must be a string", it.name));
+    }
+    StatusOr<torch::ScalarType> dtype = ParseDtypeName(t["dtype"].get<std::string>());
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(
+          fmt::format("tensor '{}': {}", it.name, std::string(dtype.status().message())));
+    }
+    it.dtype = *dtype;
+    bool valid = t.contains("shape") && t["shape"].is_array();
+    for (size_t k = 0; valid && k < t["shape"].size(); ++k) {
+      valid = t["shape"][k].is_number_integer() && t["shape"][k].get<int64_t>() >= 0;
+      if (valid) it.shape.push_back(t["shape"][k].get<int64_t>());
+    }
+    if (!valid) {
+      return absl::InvalidArgumentError(fmt::format(
+          "tensor '{}': shape must be a list of non-negative integers", it.name));
+    }
+    if (!t.contains("offset") || !t["offset"].is_number_integer() || t["offset"].get<int64_t>() < 0) {
+      return absl::InvalidArgumentError(
+          fmt::format("tensor '{}': offset must be a non-negative integer", it.name));
+    }
+    it.offset = t["offset"].get<int64_t>();
+    const int64_t n = TensorBytes(it.dtype, it.shape);
+    if (it.offset + n > b.bytes) {
+      return absl::InvalidArgumentError(fmt::format(
+          "tensor '{}': bytes [{}, {}) lie outside the {}-byte buffer", it.name, it.offset,
+          it.offset + n, b.bytes));
+    }
+    b.tensors.push_back(std::move(it));
+  }
+  return b;
+}
+
+int64_t IpcExportBuffer::PackedBytes(const std::vector<model::NamedTensor>& tensors,
+                                     std::optional<torch::ScalarType> dtype) {
+  int64_t offset = 0;
+  for (const model::NamedTensor& t : tensors) {
+    offset = AlignUp(offset) + TensorBytes(dtype.value_or(t.tensor.scalar_type()), t.tensor.sizes().vec());
+  }
+  return offset;
+}
+
+#ifdef SLIME_WITH_CUDA
+
+bool CudaIpcBuilt() { return true; }
+
+StatusOr<std::string> DeviceUuid(torch::Device device) {
+  if (!device.is_cuda()) {
+    return absl::InvalidArgumentError(fmt::format("{} is not a CUDA device", device.str()));
+  }
+  cudaDeviceProp prop;
+  SLIME_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, DeviceIndex(device)),
+                             "cudaGetDeviceProperties");
+  const auto* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  const std::string h = Hex(u, 16);
+  return fmt::format("GPU-{}-{}-{}-{}-{}", h.substr(0, 8), h.substr(8, 4), h.substr(12, 4),
+                     h.substr(16, 4), h.substr(20, 12));
+}
+
+StatusOr<std::unique_ptr<IpcExportBuffer>> IpcExportBuffer::Create(torch::Device device,
+                                                                   int64_t capacity) {
+  if (!device.is_cuda()) {
+    return absl::InvalidArgumentError(
+        fmt::format("CUDA IPC needs a CUDA device, got {}", device.str()));
+  }
+  if (capacity < 1) return absl::InvalidArgumentError("CUDA IPC buffer of 0 bytes");
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(DeviceIndex(device)));
+  std::unique_ptr<IpcExportBuffer> b(new IpcExportBuffer());
+  b->device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(DeviceIndex(device)));
+  SLIME_CUDA_RETURN_IF_ERROR(cudaMalloc(&b->data_, static_cast<size_t>(capacity)),
+                             fmt::format("cudaMalloc of the {}-byte IPC buffer", capacity));
+  b->capacity_ = capacity;
+  cudaIpcMemHandle_t handle;
+  SLIME_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, b->data_), "cudaIpcGetMemHandle");
+  static_assert(sizeof(handle) == kHandleBytes, "cudaIpcMemHandle_t is 64 bytes");
+  b->handle_ = Hex(reinterpret_cast<const unsigned char*>(&handle), kHandleBytes);
+  SLIME_ASSIGN_OR_RETURN(b->uuid_, DeviceUuid(b->device_));
+  return b;
+}
+
+IpcExportBuffer::~IpcExportBuffer() {
+  if (data_ != nullptr) {
+    c10::cuda::CUDAGuard guard(device_.index());
+    cudaDeviceSynchronize();
+    cudaFree(data_);
+  }
+}
+
+StatusOr<IpcBucket> IpcExportBuffer::Pack(const std::vector<model::NamedTensor>& tensors,
+                                          std::optional<torch::ScalarType> dtype) {
+  const int64_t needed = PackedBytes(tensors, dtype);
+  if (needed > capacity_) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{} tensors need {} bytes; the IPC buffer holds {}", tensors.size(), needed, capacity_));
+  }
+  IpcBucket bucket;
+  bucket.handle = handle_;
+  bucket.device_uuid = uuid_;
+  bucket.bytes = capacity_;
+  try {
+    c10::cuda::CUDAGuard guard(device_.index());
+    torch::NoGradGuard no_grad;
+    int64_t offset = 0;
+    for (const model::NamedTensor& nt : tensors) {
+      torch::Tensor t = nt.tensor.detach();
+      if (dtype && t.scalar_type() != *dtype) t = t.to(*dtype);
+      offset = AlignUp(offset);
+      torch::Tensor dst = torch::from_blob(static_cast<char*>(data_) + offset, t.sizes(),
+                                           torch::TensorOptions().dtype(t.scalar_type()).device(device_));
+      dst.copy_(t);
+      bucket.tensors.push_back({nt.name, t.scalar_type(), t.sizes().vec(), offset});
+      offset += t.numel() * static_cast<int64_t>(t.element_size());
+    }
+    torch::cuda::synchronize(device_.index());
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        fmt::format("packing the IPC bucket: {}", std::string(e.what()).substr(0, 300)));
+  }
+  return bucket;
+}
+
+StatusOr<std::unique_ptr<IpcImportedBucket>> IpcImportedBucket::Open(const IpcBucket& bucket,
+                                                                     torch::Device device) {
+  if (!device.is_cuda()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "a CUDA IPC bucket needs an engine on a CUDA device; this engine runs on {}", device.str()));
+  }
+  SLIME_ASSIGN_OR_RETURN(std::string uuid, DeviceUuid(device));
+  if (uuid != bucket.device_uuid) {
+    return absl::FailedPreconditionError(fmt::format(
+        "the CUDA IPC bucket comes from GPU {} but this engine runs on GPU {}; the IPC hand-over "
+        "is for an engine colocated with the trainer (use the nccl or disk transport)",
+        bucket.device_uuid, uuid));
+  }
+  cudaIpcMemHandle_t handle;
+  if (!Unhex(bucket.handle, reinterpret_cast<unsigned char*>(&handle), kHandleBytes)) {
+    return absl::InvalidArgumentError("handle is not 128 hex digits");
+  }
+  const auto index = static_cast<c10::DeviceIndex>(DeviceIndex(device));
+  c10::cuda::CUDAGuard guard(index);
+  std::unique_ptr<IpcImportedBucket> b(new IpcImportedBucket());
+  b->device_ = torch::Device(torch::kCUDA, index);
+  SLIME_CUDA_RETURN_IF_ERROR(cudaIpcOpenMemHandle(&b->base_, handle, cudaIpcMemLazyEnablePeerAccess),
+                             "cudaIpcOpenMemHandle (is the trainer process still alive?)");
+  try {
+    for (const IpcTensor& t : bucket.tensors) {
+      b->tensors_.push_back(
+          {t.name, torch::from_blob(static_cast<char*>(b->base_) + t.offset, t.shape,
+                                    torch::TensorOptions().dtype(t.dtype).device(b->device_))});
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        fmt::format("viewing the IPC bucket: {}", std::string(e.what()).substr(0, 300)));
+  }
+  return b;
+}
+
+IpcImportedBucket::~IpcImportedBucket() {
+  tensors_.clear();
+  if (base_ != nullptr) {
+    c10::cuda::CUDAGuard guard(device_.index());
+    cudaDeviceSynchronize();  // every copy out of the mapping is done
+    cudaIpcCloseMemHandle(base_);
+  }
+}
+
+#else  // CPU build
+
+namespace {
+Status NoCuda() {
+  return absl::UnimplementedError(
+      "CUDA IPC weight hand-over: this build has no CUDA (use the nccl/gloo or disk transport)");
+}
+}  // namespace
+
+bool CudaIpcBuilt() { return false; }
+StatusOr<std::string> DeviceUuid(torch::Device) { return NoCuda(); }
+StatusOr<std::unique_ptr<IpcExportBuffer>> IpcExportBuffer::Create(torch::Device, int64_t) {
+  return NoCuda();
+}
+IpcExportBuffer::~IpcExportBuffer() = default;
+StatusOr<IpcBucket> IpcExportBuffer::Pack(const std::vector<model::NamedTensor>&,
+                                          std::optional<torch::ScalarType>) {
+  return NoCuda();
+}
+StatusOr<std::unique_ptr<IpcImportedBucket>> IpcImportedBucket::Open(const IpcBucket&, torch::Device) {
+  return NoCuda();
+}
+IpcImportedBucket::~IpcImportedBucket() = default;
+
+#endif
+
+}  // namespace slime::comm
