@@ -7,6 +7,7 @@
 #include "slime/comm/process_group.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -216,14 +217,78 @@ StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const ProcessGroupO
   return pg;
 }
 
-Status ProcessGroup::Broadcast(std::vector<torch::Tensor>& tensors, int root,
-                               const std::vector<std::string>& names, double timeout_s) {
+Status ProcessGroup::CheckUsable() const {
   if (!joined()) return absl::FailedPreconditionError(fmt::format("{} is not joined", Describe()));
   if (broken()) {
     return absl::FailedPreconditionError(fmt::format(
-        "{} is broken by an earlier failed collective; destroy it and initialise a new one",
-        Describe()));
+        "{} is broken by an earlier failed collective; destroy it and initialise a new one{}",
+        Describe(), Recent()));
   }
+  return absl::OkStatus();
+}
+
+uint64_t ProcessGroup::Record(const std::string& what) {
+  const uint64_t seq = ++seq_;
+  std::string entry = fmt::format("#{} {}", seq, what);
+  if (recent_.size() < kRecent) {
+    recent_.push_back(std::move(entry));
+  } else {
+    recent_[(seq - 1) % kRecent] = std::move(entry);
+  }
+  return seq;
+}
+
+std::string ProcessGroup::Recent() const {
+  if (recent_.empty()) return "";
+  std::vector<std::string> ordered;
+  for (size_t k = 0; k < recent_.size(); ++k) {
+    // The ring's oldest entry follows the newest one.
+    const size_t i = recent_.size() < kRecent ? k : (seq_ + k) % kRecent;
+    ordered.push_back(recent_[i]);
+  }
+  return fmt::format("; this rank's last collectives: {}", fmt::join(ordered, ", "));
+}
+
+Status ProcessGroup::AllReduceSum(torch::Tensor& tensor, const std::string& name,
+                                  double timeout_s) {
+  SLIME_RETURN_IF_ERROR(CheckUsable());
+  if (!tensor.defined()) return absl::InvalidArgumentError("all-reduce of an undefined tensor");
+  const torch::Device dev = device();
+  const double limit = timeout_s > 0 ? timeout_s : options_.timeout_s;
+  const std::string label = name.empty() ? std::string("tensor") : "'" + name + "'";
+  const uint64_t seq = Record(fmt::format("all-reduce {} [{}] {}", label,
+                                          fmt::join(tensor.sizes().vec(), ","),
+                                          c10::toString(tensor.scalar_type())));
+  const auto start = std::chrono::steady_clock::now();
+  Status s = Guard(fmt::format("all-reduce on {}", Describe()), absl::StatusCode::kInternal, [&] {
+    const bool half = tensor.scalar_type() == torch::kBFloat16 || tensor.scalar_type() == torch::kHalf;
+    const bool copy = !tensor.is_contiguous() || tensor.device() != dev || (backend_ == "gloo" && half);
+    at::Tensor work = copy ? tensor.to(dev, backend_ == "gloo" && half ? torch::kFloat32
+                                                                      : tensor.scalar_type())
+                                 .contiguous()
+                           : tensor;
+    std::vector<at::Tensor> one{work};
+    c10d::AllreduceOptions ao;
+    ao.timeout = Millis(limit);
+    state_->backend->allreduce(one, ao)->wait(Millis(limit));
+    if (copy) tensor.copy_(work);
+  });
+  if (s.ok()) return s;
+  broken_ = true;
+  const bool timed_out = LooksLikeTimeout(s) ||
+                         std::chrono::steady_clock::now() - start >= Millis(limit);
+  return Status(timed_out ? absl::StatusCode::kDeadlineExceeded : s.code(),
+                fmt::format("all-reduce #{} of {} {} after {:.1f} s: {}{}{}", seq, label,
+                            timed_out ? "timed out" : "failed", limit, std::string(s.message()),
+                            timed_out ? " (a peer did not take part: does every rank run the "
+                                        "same collectives in the same order?)"
+                                      : "",
+                            Recent()));
+}
+
+Status ProcessGroup::Broadcast(std::vector<torch::Tensor>& tensors, int root,
+                               const std::vector<std::string>& names, double timeout_s) {
+  SLIME_RETURN_IF_ERROR(CheckUsable());
   if (root < 0 || root >= options_.world_size) {
     return absl::InvalidArgumentError(fmt::format("broadcast root {} is outside the group", root));
   }
@@ -241,6 +306,9 @@ Status ProcessGroup::Broadcast(std::vector<torch::Tensor>& tensors, int root,
   }
   const double limit = timeout_s > 0 ? timeout_s : options_.timeout_s;
   const auto deadline = std::chrono::steady_clock::now() + Millis(limit);
+  const uint64_t seq = Record(fmt::format(
+      "broadcast of {} tensor(s) from rank {}{}", tensors.size(), root,
+      tensors.empty() ? std::string() : " starting " + label(0)));
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   works.reserve(tensors.size());
   size_t idx = 0;  // the tensor being posted or awaited
@@ -268,13 +336,14 @@ Status ProcessGroup::Broadcast(std::vector<torch::Tensor>& tensors, int root,
   broken_ = true;
   const bool timed_out = LooksLikeTimeout(s) || std::chrono::steady_clock::now() >= deadline;
   return Status(timed_out ? absl::StatusCode::kDeadlineExceeded : s.code(),
-                fmt::format("{} of tensor {} ({} of {}) from rank {} {} after {:.1f} s: {}{}",
-                            "broadcast", idx < tensors.size() ? label(idx) : std::string("?"),
+                fmt::format("{} #{} of tensor {} ({} of {}) from rank {} {} after {:.1f} s: {}{}{}",
+                            "broadcast", seq, idx < tensors.size() ? label(idx) : std::string("?"),
                             idx + 1, tensors.size(), root,
                             timed_out ? "timed out" : "failed", limit, std::string(s.message()),
                             timed_out ? " (a peer did not take part: is every rank receiving "
                                         "the same tensors in the same order?)"
-                                      : ""));
+                                      : "",
+                            Recent()));
 }
 
 Status ProcessGroup::Barrier(double timeout_s) {

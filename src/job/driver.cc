@@ -264,7 +264,7 @@ class Driver : public RolloutSteps {
   // graphs) back while the trainer works, take the weights back for the weight sync and the K/V
   // cache after it. `tags`: SGLang's memory tags ([] = all).
   Status EngineMemory(bool release, const std::vector<std::string>& tags);
-  // Colocated with offload_train: trainer rank 0 moves its weights and optimizer state to host
+  // Colocated with offload_train: every trainer moves its weights and optimizer state to host
   // memory while the engines generate.
   Status TrainerMemory(bool release, const char* metric, MetricValues* values);
   bool offload_engines_ = false;
@@ -536,6 +536,19 @@ Status Driver::InitTrainers() {
   if (init.is_discarded()) return absl::InternalError("init on trainer-0: reply is not JSON");
   spdlog::info("trainers ready in {:.1f} s ({} parameters on {})", Since(start),
                init.value("num_parameters", int64_t{0}), init.value("device", std::string("?")));
+  if (trainer_ids_.size() > 1) {
+    // Data parallelism: rank 0 opens the group's store, then every rank joins at once.
+    const auto t = Clock::now();
+    SLIME_ASSIGN_OR_RETURN(runtime::ActorEndpoint rank0, head_->Resolve(trainer_ids_.front()));
+    SLIME_ASSIGN_OR_RETURN(auto host, runtime::SplitHostPort(rank0.address));
+    SLIME_ASSIGN_OR_RETURN(Json opened, CallJson(head_->Handle(trainer_ids_.front()), "open_dp_group",
+                                                 {{"master_address", host.first}}, LongCall()));
+    SLIME_ASSIGN_OR_RETURN(std::vector<std::string> joined,
+                           trainers.CallAll("join_dp_group", opened.dump(), co));
+    Json first = Json::parse(joined.front(), nullptr, false);
+    spdlog::info("trainers: data-parallel group of {} formed in {:.1f} s ({})", trainer_ids_.size(),
+                 Since(t), first.is_object() ? first.value("backend", std::string("?")) : "?");
+  }
   start_rollout_id_ = 0;
   if (init.value("loaded", false)) {
     const int64_t loaded = init.at("rollout_id").get<int64_t>();
@@ -612,9 +625,11 @@ Status Driver::EngineMemory(bool release, const std::vector<std::string>& tags) 
 
 Status Driver::TrainerMemory(bool release, const char* metric, MetricValues* values) {
   const auto t = Clock::now();
-  SLIME_ASSIGN_OR_RETURN(Json reply, CallJson(head_->Handle(trainer_ids_.front()),
-                                              release ? "release_memory" : "resume_memory",
-                                              Json::object(), LongCall()));
+  runtime::CallOptions co;
+  co.timeout = LongCall();
+  SLIME_RETURN_IF_ERROR(head_->Group(trainer_ids_)
+                            .CallAll(release ? "release_memory" : "resume_memory", "{}", co)
+                            .status());
   if (values != nullptr) (*values)[metric] = Since(t);
   return absl::OkStatus();
 }
@@ -658,6 +673,13 @@ Status Driver::SaveCheckpoint(int64_t rollout_id, const RolloutSideState* state)
     SLIME_RETURN_IF_ERROR(at_rollout.Save(data::DataSourceStatePath(save, rollout_id)));
   }
   const Json coordinator = state != nullptr ? state->coordinator : coordinator_.State();
+  // <save>/rollout/ may not exist yet (train-only runs have no data source to create it).
+  std::error_code ec;
+  std::filesystem::create_directories(save + "/rollout", ec);
+  if (ec) {
+    return absl::InternalError(
+        fmt::format("checkpoint.save: cannot create {}/rollout: {}", save, ec.message()));
+  }
   SLIME_RETURN_IF_ERROR(WriteFileAtomically(
       fmt::format("{}/rollout/coordinator_state_{}.json", save, rollout_id),
       coordinator.dump() + "\n"));

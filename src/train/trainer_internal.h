@@ -97,7 +97,7 @@ void Accumulate(const std::map<std::string, torch::Tensor>& metrics,
                 std::map<std::string, torch::Tensor>& sums);
 
 // Data parallelism: sums the gradients of `trainable` (a zero gradient where undefined) and
-// the metric sums over the DP group through `all_reduce`.
+// the metric sums over the DP group through `all_reduce` (gradients in buckets of up to 64 MiB).
 Status AllReduceGradsAndMetrics(const AllReduceSumFn& all_reduce,
                                 const std::vector<torch::Tensor>& trainable,
                                 std::map<std::string, torch::Tensor>& sums);

@@ -96,10 +96,38 @@ Status AllReduceGradsAndMetrics(const AllReduceSumFn& all_reduce,
                                 std::map<std::string, torch::Tensor>& sums) {
   return GuardTorch("trainer: DP all-reduce", [&]() -> Status {
     torch::NoGradGuard no_grad;
+    // Gradients go in buckets of up to kGradBucketBytes (consecutive parameters of one dtype
+    // and device, flattened into one tensor): a few large all-reduces instead of one per
+    // parameter.
+    constexpr int64_t kGradBucketBytes = int64_t{64} << 20;
+    std::vector<torch::Tensor> grads;
     for (torch::Tensor p : trainable) {
       if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-      torch::Tensor g = p.grad();
-      SLIME_RETURN_IF_ERROR(all_reduce(g));
+      grads.push_back(p.grad());
+    }
+    auto nbytes = [](const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); };
+    for (size_t i = 0; i < grads.size();) {
+      size_t j = i + 1;
+      int64_t bytes = nbytes(grads[i]);
+      while (j < grads.size() && grads[j].scalar_type() == grads[i].scalar_type() &&
+             grads[j].device() == grads[i].device() && bytes + nbytes(grads[j]) <= kGradBucketBytes) {
+        bytes += nbytes(grads[j++]);
+      }
+      if (j == i + 1) {
+        SLIME_RETURN_IF_ERROR(all_reduce(grads[i]));
+      } else {
+        std::vector<torch::Tensor> flat;
+        for (size_t k = i; k < j; ++k) flat.push_back(grads[k].reshape({-1}));
+        torch::Tensor bucket = torch::cat(flat);
+        SLIME_RETURN_IF_ERROR(all_reduce(bucket));
+        int64_t offset = 0;
+        for (size_t k = i; k < j; ++k) {
+          const int64_t n = grads[k].numel();
+          grads[k].copy_(bucket.narrow(0, offset, n).view(grads[k].sizes()));
+          offset += n;
+        }
+      }
+      i = j;
     }
     if (!sums.empty()) {
       std::vector<torch::Tensor> values;

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "fmt/format.h"
+#include "slime/comm/process_group.h"
 #include "slime/comm/weight_sender.h"
 #include "slime/http/client.h"
 #include "slime/model/decoder.h"
@@ -72,6 +73,29 @@ struct TrainerWorker::Impl {
     const config::Config& c = options.config;
     return c.weight_sync.transport == "disk" ||
            (c.cluster.colocate && options.device == "cuda" && !UseIpc());
+  }
+
+  // Data parallelism across trainer processes (world_size > 1): the group the gradients and
+  // metric sums are all-reduced in (Gloo on CPU, NCCL on CUDA). Formed after Init by
+  // OpenDpGroup (rank 0) and JoinDpGroup (every rank).
+  std::unique_ptr<comm::ProcessGroup> dp_group;
+  comm::ProcessGroupOptions DpGroupOptions() const {
+    comm::ProcessGroupOptions o;
+    o.world_size = options.world_size;
+    o.rank = options.rank;
+    o.group_name = "slime_trainer_dp";
+    o.backend = options.device == "cuda" ? "nccl" : "gloo";
+    o.timeout_s = 60.0 * options.config.cluster.distributed_timeout_minutes;
+    return o;
+  }
+  Status CheckDp() const {
+    if (options.world_size > 1 && (dp_group == nullptr || !dp_group->joined())) {
+      return absl::FailedPreconditionError(fmt::format(
+          "trainer rank {} of {}: the data-parallel group is not formed (open_dp_group on rank 0, "
+          "then join_dp_group on every rank)",
+          options.rank, options.world_size));
+    }
+    return absl::OkStatus();
   }
 
   // Offload (cluster.offload_train): the model's weights and gradients and the optimizer's
@@ -144,11 +168,12 @@ StatusOr<nlohmann::json> TrainerWorker::Init() {
   }
   to.dp_size = o.world_size;
   to.dp_rank = o.rank;
-  if (o.world_size != 1) {
-    return absl::UnimplementedError(fmt::format(
-        "trainer: {} data-parallel trainer processes requested; training across trainer "
-        "processes is not built yet (use actor_num_nodes × actor_num_gpus_per_node = 1)",
-        o.world_size));
+  if (o.world_size > 1) {
+    Impl* impl = impl_.get();
+    to.dp_all_reduce = [impl](torch::Tensor& t) -> Status {
+      SLIME_RETURN_IF_ERROR(impl->CheckDp());
+      return impl->dp_group->AllReduceSum(t, "trainer data-parallel sum");
+    };
   }
   const auto start = std::chrono::steady_clock::now();
   SLIME_ASSIGN_OR_RETURN(impl_->trainer, train::Trainer::Create(std::move(to)));
@@ -194,8 +219,49 @@ StatusOr<nlohmann::json> TrainerWorker::Init() {
   return reply;
 }
 
+StatusOr<nlohmann::json> TrainerWorker::OpenDpGroup(const nlohmann::json& request) {
+  SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  const WorkerOptions& o = impl_->options;
+  if (o.world_size < 2) {
+    return absl::FailedPreconditionError("open_dp_group: this trainer is the only one (world_size 1)");
+  }
+  if (o.rank != 0) {
+    return absl::FailedPreconditionError(
+        fmt::format("open_dp_group: trainer rank {} asked; rank 0 opens the group", o.rank));
+  }
+  if (impl_->dp_group != nullptr) return absl::AlreadyExistsError("open_dp_group: already open");
+  comm::ProcessGroupOptions po = impl_->DpGroupOptions();
+  po.master_address = request.value("master_address", std::string("127.0.0.1"));
+  SLIME_ASSIGN_OR_RETURN(impl_->dp_group, comm::ProcessGroup::Open(po));
+  return nlohmann::json{{"master_address", po.master_address},
+                        {"master_port", impl_->dp_group->port()}};
+}
+
+StatusOr<nlohmann::json> TrainerWorker::JoinDpGroup(const nlohmann::json& request) {
+  SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  const WorkerOptions& o = impl_->options;
+  const auto start = std::chrono::steady_clock::now();
+  if (o.rank != 0) {
+    if (impl_->dp_group != nullptr) return absl::AlreadyExistsError("join_dp_group: already joined");
+    comm::ProcessGroupOptions po = impl_->DpGroupOptions();
+    try {
+      po.master_address = request.at("master_address").get<std::string>();
+      po.master_port = request.at("master_port").get<int>();
+    } catch (const nlohmann::json::exception& e) {
+      return absl::InvalidArgumentError(fmt::format("join_dp_group: bad request: {}", e.what()));
+    }
+    SLIME_ASSIGN_OR_RETURN(impl_->dp_group, comm::ProcessGroup::Open(po));
+  } else if (impl_->dp_group == nullptr) {
+    return absl::FailedPreconditionError("join_dp_group: rank 0 must run open_dp_group first");
+  }
+  SLIME_RETURN_IF_ERROR(impl_->dp_group->Join());
+  return nlohmann::json{{"rank", o.rank}, {"world_size", o.world_size},
+                        {"backend", impl_->dp_group->backend()}, {"seconds", SecondsSince(start)}};
+}
+
 StatusOr<nlohmann::json> TrainerWorker::Train(int64_t rollout_id, const train::RolloutBatch& batch) {
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  SLIME_RETURN_IF_ERROR(impl_->CheckDp());
   SLIME_RETURN_IF_ERROR(impl_->EnsureResident());
   const auto start = std::chrono::steady_clock::now();
   SLIME_ASSIGN_OR_RETURN(train::TrainRolloutResult result,
@@ -220,6 +286,9 @@ StatusOr<nlohmann::json> TrainerWorker::Save(int64_t rollout_id, const nlohmann:
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
   const std::optional<std::string>& save = impl_->options.config.checkpoint.save;
   if (!save) return absl::FailedPreconditionError("trainer: save called without checkpoint.save");
+  // Data parallel without sharded state: every rank holds the same weights and optimizer
+  // state, so rank 0 writes the checkpoint alone.
+  if (impl_->options.rank != 0) return nlohmann::json{{"dir", ""}, {"seconds", 0.0}, {"written", false}};
   SLIME_RETURN_IF_ERROR(impl_->EnsureResident());
   const auto start = std::chrono::steady_clock::now();
   SLIME_ASSIGN_OR_RETURN(std::string dir,

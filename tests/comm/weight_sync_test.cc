@@ -122,6 +122,57 @@ TEST(ProcessGroupTest, BroadcastThatNoPeerReceivesTimesOutAndBreaksTheGroup) {
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
 }
 
+// All-reduce (the trainers' data-parallel sums): float32, bfloat16 (summed in float32 on Gloo)
+// and a non-contiguous view, then a rank that skips one: the error names the collective's
+// sequence number and this rank's last collectives (the flight recorder).
+TEST(ProcessGroupTest, GlooAllReduceSumsAndAMissedOneNamesTheRecentCollectives) {
+  ProcessGroupOptions o;
+  o.world_size = 2;
+  o.backend = "gloo";
+  o.group_name = "sum";
+  o.timeout_s = 30;
+  auto root = ProcessGroup::Open(o);
+  ASSERT_TRUE(root.ok()) << root.status();
+  auto values = [](int rank) {
+    return std::vector<torch::Tensor>{torch::full({4, 3}, 1.5f + rank),
+                                      torch::full({5}, 0.25f * (rank + 1)).to(torch::kBFloat16),
+                                      torch::arange(12, torch::kFloat).view({3, 4}).t() * (rank + 1)};
+  };
+  std::promise<void> peer_done;
+  auto peer = std::async(std::launch::async, [&, port = (*root)->port()] {
+    ProcessGroupOptions p = o;
+    p.rank = 1;
+    p.master_port = port;
+    auto pg = ProcessGroup::Create(p);
+    if (!pg.ok()) return pg.status();
+    std::vector<torch::Tensor> v = values(1);
+    for (size_t i = 0; i < v.size(); ++i) SLIME_RETURN_IF_ERROR((*pg)->AllReduceSum(v[i]));
+    peer_done.set_value();
+    // Joined, then skips the next collective; stays alive until rank 0 gives up.
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE((*root)->Join().ok());
+  std::vector<torch::Tensor> v = values(0);
+  const std::vector<std::string> names = {"grads", "bf16", "view"};
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_TRUE((*root)->AllReduceSum(v[i], names[i]).ok()) << i;
+  EXPECT_TRUE(torch::allclose(v[0], torch::full({4, 3}, 4.0f)));
+  EXPECT_EQ(v[1].scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::allclose(v[1].to(torch::kFloat), torch::full({5}, 0.75f)));
+  EXPECT_TRUE(torch::allclose(v[2], torch::arange(12, torch::kFloat).view({3, 4}).t() * 3));
+  peer_done.get_future().wait();
+  torch::Tensor lone = torch::ones({8});
+  Status s = (*root)->AllReduceSum(lone, "metrics", 1.0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  const std::string m(s.message());
+  EXPECT_NE(m.find("all-reduce #4 of 'metrics'"), std::string::npos) << m;
+  EXPECT_NE(m.find("last collectives: #1 all-reduce 'grads' [4,3] Float"), std::string::npos) << m;
+  EXPECT_NE(m.find("#3 all-reduce 'view'"), std::string::npos) << m;
+  EXPECT_TRUE((*root)->broken());
+  EXPECT_TRUE(peer.get().ok());
+}
+
 TEST(ProcessGroupTest, BadOptionsAndBackends) {
   ProcessGroupOptions o;
   o.world_size = 2;

@@ -12,7 +12,9 @@
 // Watchdog: every collective waits for its work with a deadline (the group's timeout unless a
 // shorter one is given) and fails with DeadlineExceeded naming the group, the operation and the
 // ranks instead of hanging; the rendezvous in Join() is bounded the same way (store timeout).
-// After a failed or timed-out collective the group is `broken()`: later collectives fail fast
+// Flight recorder: every collective gets a sequence number; an error names it and the last few
+// collectives of this rank (operation, tensor, shape), so a rank that skipped or reordered one
+// shows in the message. After a failed or timed-out collective the group is `broken()`: later collectives fail fast
 // with FailedPrecondition; destroy it and create a new one. On NCCL, the backend's own watchdog
 // (timeout = the group's) also aborts the communicator.
 //
@@ -29,6 +31,7 @@
 #include <torch/types.h>
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,6 +74,10 @@ class ProcessGroup {
   // `names` (optional, same length) only label errors. timeout_s <= 0: the group's timeout.
   Status Broadcast(std::vector<torch::Tensor>& tensors, int root = 0,
                    const std::vector<std::string>& names = {}, double timeout_s = 0);
+  // Sums `tensor` element-wise over every rank, in place (one c10d all-reduce). A tensor that
+  // is not contiguous or not on the backend's device goes through a temporary copy; Gloo sums
+  // bfloat16 / float16 in float32. `name` labels errors.
+  Status AllReduceSum(torch::Tensor& tensor, const std::string& name = "", double timeout_s = 0);
   // All ranks meet (a one-element broadcast from rank 0).
   Status Barrier(double timeout_s = 0);
 
@@ -88,6 +95,13 @@ class ProcessGroup {
  private:
   explicit ProcessGroup(ProcessGroupOptions options);
   std::string Describe() const;
+  Status CheckUsable() const;
+  // Numbers a collective and remembers it; Recent() lists the last kRecent.
+  uint64_t Record(const std::string& what);
+  std::string Recent() const;
+  static constexpr size_t kRecent = 8;
+  uint64_t seq_ = 0;                  // collectives issued (one thread at a time)
+  std::vector<std::string> recent_;   // ring of the last kRecent, "#seq op ..."
 
   ProcessGroupOptions options_;
   std::string backend_;

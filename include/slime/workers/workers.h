@@ -52,10 +52,18 @@ class TrainerWorker {
   // {"loaded": bool, "dir": "...", "rollout_id": I, "step": S, "extra_state": {...},
   //  "num_parameters": N, "device": "cpu"}; rollout_id is −1 on a fresh start.
   StatusOr<nlohmann::json> Init();
+  // Data parallelism over world_size trainer processes (after Init): rank 0's OpenDpGroup
+  // ({"master_address": its host}) starts the group's store and answers {"master_address",
+  // "master_port"}; then JoinDpGroup with that answer on every rank at once (rank 0 included)
+  // forms the c10d group (Gloo on CPU, NCCL on CUDA) that gradients and metric sums are
+  // all-reduced in. Train refuses to run on a world_size > 1 trainer before that.
+  StatusOr<nlohmann::json> OpenDpGroup(const nlohmann::json& request);
+  StatusOr<nlohmann::json> JoinDpGroup(const nlohmann::json& request);
   // {"steps": [{"step", "step_in_rollout", "num_samples", "skipped", "values": {...}}],
   //  "rollout_values": {...}, "dropped_samples": n, "seconds": s}
   StatusOr<nlohmann::json> Train(int64_t rollout_id, const train::RolloutBatch& batch);
   // {"dir": iteration directory, "seconds": s}. FailedPrecondition without checkpoint.save.
+  // Ranks other than 0 write nothing (their state equals rank 0's): {"written": false}.
   StatusOr<nlohmann::json> Save(int64_t rollout_id, const nlohmann::json& extra_state);
   // request: {"engines": [{"host", "port", "num_gpus"}], "master_address": host,
   //           "group_name": "..."}; backend gloo on CPU, nccl on CUDA.
