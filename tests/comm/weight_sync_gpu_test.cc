@@ -8,6 +8,7 @@
 // slime's colocated cycle (release all memory, resume the weights, CUDA IPC weight sync from this
 // process on the same GPU, resume K/V and graphs) and then generates what a fresh engine with the
 // sent weights generates.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -21,6 +22,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -319,6 +321,49 @@ TEST(WeightSyncGpuTest, CudaIpcHandOverToAColocatedServeProcess) {
   EXPECT_NE(r->body.find("colocated"), std::string::npos) << r->body;
   slime::testing::RemoveTree(base);
   slime::testing::RemoveTree(moved);
+}
+
+// The trainers' data-parallel sum over NCCL: two ranks (threads of this process, cuda:0 and
+// cuda:1) all-reduce a bfloat16 gradient bucket and float32 metrics in place.
+TEST(WeightSyncGpuTest, NcclAllReduceSumBetweenTwoGpus) {
+  if (!torch::cuda::is_available() || torch::cuda::device_count() < 2) {
+    GTEST_SKIP() << "needs 2 CUDA devices";
+  }
+  auto backend = ResolveBackend("nccl");
+  if (!backend.ok()) GTEST_SKIP() << backend.status();
+  ProcessGroupOptions o;
+  o.world_size = 2;
+  o.backend = "nccl";
+  o.group_name = "dp-sum";
+  o.timeout_s = 120;
+  auto root = ProcessGroup::Open(o);
+  ASSERT_TRUE(root.ok()) << root.status();
+  auto run = [](ProcessGroup& pg, int rank) -> Status {
+    const torch::Device dev(torch::kCUDA, static_cast<c10::DeviceIndex>(rank));
+    torch::Tensor grads = torch::full({1 << 20}, 0.5 * (rank + 1), torch::dtype(torch::kBFloat16).device(dev));
+    torch::Tensor metrics = torch::tensor({1.0f + rank, 2.0f}, torch::kFloat32);  // on the host
+    SLIME_RETURN_IF_ERROR(pg.AllReduceSum(grads, "grads"));
+    SLIME_RETURN_IF_ERROR(pg.AllReduceSum(metrics, "metrics"));
+    if (!torch::allclose(grads.to(torch::kFloat32).cpu(), torch::full({1 << 20}, 1.5f)) ||
+        !torch::allclose(metrics, torch::tensor({3.0f, 4.0f}))) {
+      return absl::InternalError(fmt::format("rank {}: wrong sums", rank));
+    }
+    return absl::OkStatus();
+  };
+  auto peer = std::async(std::launch::async, [&, port = (*root)->port()]() -> Status {
+    ProcessGroupOptions p = o;
+    p.rank = 1;
+    p.master_port = port;
+    p.cuda_device = 1;
+    auto pg = ProcessGroup::Create(p);
+    if (!pg.ok()) return pg.status();
+    return run(**pg, 1);
+  });
+  ASSERT_TRUE((*root)->Join().ok());
+  Status mine = run(**root, 0);
+  Status theirs = peer.get();
+  EXPECT_TRUE(mine.ok()) << mine;
+  EXPECT_TRUE(theirs.ok()) << theirs;
 }
 
 }  // namespace
