@@ -87,80 +87,6 @@ json Greedy(int port) {
   return r.ok() ? json::parse(r->body) : json();
 }
 
-TEST(WeightSyncGpuTest, NcclSyncMatchesAFreshEngine) {
-  if (!torch::cuda::is_available() || torch::cuda::device_count() < 2) {
-    GTEST_SKIP() << "needs 2 CUDA devices (NCCL cannot put two ranks of a group on one GPU)";
-  }
-  auto backend = ResolveBackend("nccl");
-  if (!backend.ok()) GTEST_SKIP() << backend.status();
-  const std::string tok = SourceDir() + "/.cache/testdata/qwen3";
-  const std::string base = (fs::temp_directory_path() / "slime-wsync-gpu-base").string();
-  const std::string moved = (fs::temp_directory_path() / "slime-wsync-gpu-moved").string();
-  slime::testing::RemoveTree(base);
-  slime::testing::RemoveTree(moved);
-  ASSERT_TRUE(model::InitRandomModel(SourceDir() + "/tests/data/model/configs/qwen3-engine-test.json",
-                                     tok, base, 0, "bf16")
-                  .ok());
-  auto config = model::LoadModelConfig(base);
-  ASSERT_TRUE(config.ok());
-  auto reader = model::CheckpointReader::Open(base);
-  ASSERT_TRUE(reader.ok());
-  model::WeightOptions wo;
-  wo.dtype = torch::kBFloat16;
-  auto w = model::LoadWeights(*reader, *config, wo);
-  ASSERT_TRUE(w.ok()) << w.status();
-  torch::manual_seed(7);
-  std::vector<model::NamedTensor> tensors;
-  for (model::NamedTensor& nt : model::NamedParameters(*w, *config)) {
-    tensors.push_back({nt.name, (nt.tensor.to(torch::kFloat32) +
-                                 0.05 * torch::randn(nt.tensor.sizes()))
-                                    .to(torch::kBFloat16)});
-  }
-  fs::create_directories(moved);
-  for (const auto& f : fs::directory_iterator(base)) {
-    if (f.path().extension() != ".safetensors" &&
-        f.path().filename() != "model.safetensors.index.json") {
-      fs::copy(f.path(), moved + "/" + f.path().filename().string());
-    }
-  }
-  ASSERT_TRUE(model::WriteCheckpoint(moved, tensors).ok());
-  ServedEngine target = Serve(base);
-  ServedEngine reference = Serve(moved);
-  ASSERT_TRUE(target.server && reference.server);
-  const json want = Greedy(reference.server->port());
-  ASSERT_NE(Greedy(target.server->port())["output_ids"], want["output_ids"]);
-
-  WeightSenderOptions so;
-  so.engines = {{"127.0.0.1", target.server->port(), 1}};
-  so.group_name = "gpu-sync";
-  so.backend = "nccl";
-  so.bucket_bytes = 16 << 20;
-  so.timeout_s = 120;
-  auto sender = WeightSender::Connect(so);
-  ASSERT_TRUE(sender.ok()) << sender.status();
-  ASSERT_TRUE((*sender)->PauseEngines().ok());
-  for (int round = 0; round < 3; ++round) {  // the first includes NCCL warm-up
-    auto stats = (*sender)->Send(tensors, std::to_string(round + 1));
-    ASSERT_TRUE(stats.ok()) << stats.status();
-    std::printf("nccl sync %d: %.1f MB in %lld buckets, %.3f s, %.2f GB/s\n", round,
-                stats->bytes / 1e6, static_cast<long long>(stats->buckets), stats->seconds,
-                stats->gb_per_s());
-  }
-  ASSERT_TRUE((*sender)->ContinueEngines().ok());
-  const json got = Greedy(target.server->port());
-  EXPECT_EQ(got["output_ids"], want["output_ids"]);
-  EXPECT_EQ(got["meta_info"]["weight_version"], "3");
-  const auto& a = got["meta_info"]["output_token_logprobs"];
-  const auto& b = want["meta_info"]["output_token_logprobs"];
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_NEAR(a[i][0].get<double>(), b[i][0].get<double>(), 1e-5) << i;
-  }
-  EXPECT_TRUE((*sender)->Disconnect().ok());
-  slime::testing::RemoveTree(base);
-  slime::testing::RemoveTree(moved);
-}
-
 // A random-weight model at `base` and the same model with perturbed weights at `moved`
 // (returned as tensors too).
 std::vector<model::NamedTensor> MakeBaseAndMoved(const std::string& config, const std::string& base,
@@ -194,6 +120,59 @@ std::vector<model::NamedTensor> MakeBaseAndMoved(const std::string& config, cons
   }
   EXPECT_TRUE(model::WriteCheckpoint(moved, tensors).ok());
   return tensors;
+}
+
+// The two /generate answers' output log-probs agree to 1e-5.
+void ExpectSameLogprobs(const json& got, const json& want) {
+  const auto& a = got["meta_info"]["output_token_logprobs"];
+  const auto& b = want["meta_info"]["output_token_logprobs"];
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(a[i][0].get<double>(), b[i][0].get<double>(), 1e-5) << i;
+  }
+}
+
+TEST(WeightSyncGpuTest, NcclSyncMatchesAFreshEngine) {
+  if (!torch::cuda::is_available() || torch::cuda::device_count() < 2) {
+    GTEST_SKIP() << "needs 2 CUDA devices (NCCL cannot put two ranks of a group on one GPU)";
+  }
+  auto backend = ResolveBackend("nccl");
+  if (!backend.ok()) GTEST_SKIP() << backend.status();
+  const std::string base = (fs::temp_directory_path() / "slime-wsync-gpu-base").string();
+  const std::string moved = (fs::temp_directory_path() / "slime-wsync-gpu-moved").string();
+  std::vector<model::NamedTensor> tensors = MakeBaseAndMoved(
+      SourceDir() + "/tests/data/model/configs/qwen3-engine-test.json", base, moved);
+  ASSERT_FALSE(tensors.empty());
+  ServedEngine target = Serve(base);
+  ServedEngine reference = Serve(moved);
+  ASSERT_TRUE(target.server && reference.server);
+  const json want = Greedy(reference.server->port());
+  ASSERT_NE(Greedy(target.server->port())["output_ids"], want["output_ids"]);
+
+  WeightSenderOptions so;
+  so.engines = {{"127.0.0.1", target.server->port(), 1}};
+  so.group_name = "gpu-sync";
+  so.backend = "nccl";
+  so.bucket_bytes = 16 << 20;
+  so.timeout_s = 120;
+  auto sender = WeightSender::Connect(so);
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  ASSERT_TRUE((*sender)->PauseEngines().ok());
+  for (int round = 0; round < 3; ++round) {  // the first includes NCCL warm-up
+    auto stats = (*sender)->Send(tensors, std::to_string(round + 1));
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    std::printf("nccl sync %d: %.1f MB in %lld buckets, %.3f s, %.2f GB/s\n", round,
+                stats->bytes / 1e6, static_cast<long long>(stats->buckets), stats->seconds,
+                stats->gb_per_s());
+  }
+  ASSERT_TRUE((*sender)->ContinueEngines().ok());
+  const json got = Greedy(target.server->port());
+  EXPECT_EQ(got["output_ids"], want["output_ids"]);
+  EXPECT_EQ(got["meta_info"]["weight_version"], "3");
+  ExpectSameLogprobs(got, want);
+  EXPECT_TRUE((*sender)->Disconnect().ok());
+  slime::testing::RemoveTree(base);
+  slime::testing::RemoveTree(moved);
 }
 
 // `slime_train serve ARGS` as a child process (stdout and stderr in `log`); killed on destruction.
@@ -301,12 +280,7 @@ TEST(WeightSyncGpuTest, CudaIpcHandOverToAColocatedServeProcess) {
   const json got = Greedy(port);
   EXPECT_EQ(got["output_ids"], want["output_ids"]);
   EXPECT_EQ(got["meta_info"]["weight_version"], "3");
-  const auto& a = got["meta_info"]["output_token_logprobs"];
-  const auto& b = want["meta_info"]["output_token_logprobs"];
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_NEAR(a[i][0].get<double>(), b[i][0].get<double>(), 1e-5) << i;
-  }
+  ExpectSameLogprobs(got, want);
   // A bucket that claims another GPU is refused with a message naming both.
   IpcBucket foreign;
   foreign.handle = std::string(128, '0');

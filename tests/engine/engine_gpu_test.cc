@@ -288,8 +288,22 @@ TEST(EngineGpuTest, ReleaseMemoryReturnsDeviceMemory) {
   ASSERT_TRUE((*engine)->ResumeMemory({"kv_cache"}).get().ok());
 }
 
-// Weights offloaded to the host and back (fused projections are undone and redone around the
-// move): greedy output is unchanged.
+// The greedy continuation of a fixed prompt (ignore_eos), `n` tokens.
+std::vector<int32_t> GreedyIds(Engine& engine, int n) {
+  GenerateInput in;
+  in.input_ids = {9707, 11, 1879, 0, 576, 374};
+  in.sampling.temperature = 0.0;
+  in.sampling.max_new_tokens = n;
+  in.sampling.ignore_eos = true;
+  std::promise<std::vector<int32_t>> done;
+  engine.Submit(in, [&](const RequestOutput& out) {
+    if (out.finish.finished()) done.set_value(out.output_ids);
+  });
+  return done.get_future().get();
+}
+
+// Weights offloaded to pinned host memory and back (the fused projections keep their storage,
+// at a new address): greedy output is unchanged.
 TEST(EngineGpuTest, GreedyOutputSurvivesWeightOffload) {
   SKIP_WITHOUT_CUDA();
   EngineOptions o;
@@ -299,22 +313,10 @@ TEST(EngineGpuTest, GreedyOutputSurvivesWeightOffload) {
   o.context_length = 1024;
   auto engine = Engine::Create(o);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  auto greedy = [&]() {
-    GenerateInput in;
-    in.input_ids = {9707, 11, 1879, 0, 576, 374};
-    in.sampling.temperature = 0.0;
-    in.sampling.max_new_tokens = 24;
-    in.sampling.ignore_eos = true;
-    std::promise<std::vector<int32_t>> done;
-    (*engine)->Submit(in, [&](const RequestOutput& out) {
-      if (out.finish.finished()) done.set_value(out.output_ids);
-    });
-    return done.get_future().get();
-  };
-  const std::vector<int32_t> before = greedy();
+  const std::vector<int32_t> before = GreedyIds(**engine, 24);
   ASSERT_TRUE((*engine)->ReleaseMemory({"kv_cache", "weights"}).get().ok());
   ASSERT_TRUE((*engine)->ResumeMemory({"weights", "kv_cache"}).get().ok());
-  EXPECT_EQ(greedy(), before);
+  EXPECT_EQ(GreedyIds(**engine, 24), before);
 }
 
 // The fused CUDA path (head_dim 128: fused QK-norm/RoPE, paged decode kernel, small-m GEMM) with
@@ -342,24 +344,12 @@ TEST(EngineGpuTest, FusedGraphsSurviveAWeightReleaseCycle) {
   o.cuda_graph_max_bs = 8;
   auto engine = Engine::Create(o);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  auto greedy = [&]() {
-    GenerateInput in;
-    in.input_ids = {9707, 11, 1879, 0, 576, 374};
-    in.sampling.temperature = 0.0;
-    in.sampling.max_new_tokens = 32;
-    in.sampling.ignore_eos = true;
-    std::promise<std::vector<int32_t>> done;
-    (*engine)->Submit(in, [&](const RequestOutput& out) {
-      if (out.finish.finished()) done.set_value(out.output_ids);
-    });
-    return done.get_future().get();
-  };
-  const std::vector<int32_t> before = greedy();
+  const std::vector<int32_t> before = GreedyIds(**engine, 32);
   for (int cycle = 0; cycle < 2; ++cycle) {
     ASSERT_TRUE((*engine)->ReleaseMemory({}).get().ok()) << cycle;
     ASSERT_TRUE((*engine)->ResumeMemory({"weights"}).get().ok()) << cycle;
     ASSERT_TRUE((*engine)->ResumeMemory({"kv_cache", "cuda_graph"}).get().ok()) << cycle;
-    EXPECT_EQ(greedy(), before) << "cycle " << cycle;
+    EXPECT_EQ(GreedyIds(**engine, 32), before) << "cycle " << cycle;
   }
 }
 
