@@ -5,7 +5,9 @@
 #include <spdlog/spdlog.h>
 
 #include <future>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "nlohmann/json.hpp"
 #include "slime/comm/cuda_ipc.h"
@@ -168,6 +170,29 @@ StatusOr<TensorWeightsUpdate> ParseTensorUpdate(const json& body) {
   return u;
 }
 
+// A weight-update route: parse the body (`parse`), abort everything in flight when asked
+// (abort_all_requests), queue the update on the engine (`start`) and answer once it is done.
+template <typename Parse, typename Start>
+void AddUpdateRoute(http::Router& r, const std::string& path, Engine* engine,
+                    const std::function<void(std::function<void()>)>& on_worker, Parse parse,
+                    Start start) {
+  r.Add("POST", path, [path, engine, on_worker, parse, start](const http::Request& req, Writer w) {
+    StatusOr<json> body = Body(req, path.c_str());
+    if (!body.ok()) return Reply(w, body.status(), "");
+    auto u = parse(*body);
+    if (!u.ok()) return Reply(w, u.status(), "");
+    StatusOr<bool> abort_all = Bool(*body, "abort_all_requests", false);
+    if (!abort_all.ok()) return Reply(w, abort_all.status(), "");
+    if (*abort_all) engine->Abort("", true);
+    auto f = std::make_shared<std::future<Status>>(start(engine, *std::move(u)));
+    on_worker([f, w, path] {
+      Status s = f->get();
+      if (!s.ok()) spdlog::warn("engine: {}: {}", path.substr(1), std::string(s.message()));
+      Reply(w, s, "Succeeded to update parameter online.");
+    });
+  });
+}
+
 }  // namespace
 
 void AddWeightsRoutes(http::Router& r, Engine* engine, WeightsRoutesOptions options,
@@ -186,40 +211,14 @@ void AddWeightsRoutes(http::Router& r, Engine* engine, WeightsRoutesOptions opti
             Reply(w, s, "Succeeded to initialize custom process group.");
           });
         });
-  r.Add("POST", "/update_weights_from_distributed",
-        [engine, on_worker](const http::Request& req, Writer w) {
-          StatusOr<json> body = Body(req, "/update_weights_from_distributed");
-          StatusOr<DistributedWeightsUpdate> u =
-              body.ok() ? ParseUpdate(*body) : StatusOr<DistributedWeightsUpdate>(body.status());
-          if (!u.ok()) return Reply(w, u.status(), "");
-          StatusOr<bool> abort_all = Bool(*body, "abort_all_requests", false);
-          if (!abort_all.ok()) return Reply(w, abort_all.status(), "");
-          if (*abort_all) engine->Abort("", true);
-          auto f = std::make_shared<std::future<Status>>(
-              engine->UpdateWeightsFromDistributed(*std::move(u)));
-          on_worker([f, w] {
-            Status s = f->get();
-            if (!s.ok()) spdlog::warn("engine: update_weights_from_distributed: {}", std::string(s.message()));
-            Reply(w, s, "Succeeded to update parameter online.");
-          });
-        });
-  r.Add("POST", "/update_weights_from_tensor",
-        [engine, on_worker](const http::Request& req, Writer w) {
-          StatusOr<json> body = Body(req, "/update_weights_from_tensor");
-          StatusOr<TensorWeightsUpdate> u =
-              body.ok() ? ParseTensorUpdate(*body) : StatusOr<TensorWeightsUpdate>(body.status());
-          if (!u.ok()) return Reply(w, u.status(), "");
-          StatusOr<bool> abort_all = Bool(*body, "abort_all_requests", false);
-          if (!abort_all.ok()) return Reply(w, abort_all.status(), "");
-          if (*abort_all) engine->Abort("", true);
-          auto f = std::make_shared<std::future<Status>>(
-              engine->UpdateWeightsFromTensor(*std::move(u)));
-          on_worker([f, w] {
-            Status s = f->get();
-            if (!s.ok()) spdlog::warn("engine: update_weights_from_tensor: {}", std::string(s.message()));
-            Reply(w, s, "Succeeded to update parameter online.");
-          });
-        });
+  AddUpdateRoute(r, "/update_weights_from_distributed", engine, on_worker, ParseUpdate,
+                 [](Engine* e, DistributedWeightsUpdate u) {
+                   return e->UpdateWeightsFromDistributed(std::move(u));
+                 });
+  AddUpdateRoute(r, "/update_weights_from_tensor", engine, on_worker, ParseTensorUpdate,
+                 [](Engine* e, TensorWeightsUpdate u) {
+                   return e->UpdateWeightsFromTensor(std::move(u));
+                 });
   r.Add("POST", "/destroy_weights_update_group",
         [engine, on_worker](const http::Request& req, Writer w) {
           StatusOr<json> body = Body(req, "/destroy_weights_update_group");

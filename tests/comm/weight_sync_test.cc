@@ -47,12 +47,18 @@ std::string TempPath(const std::string& name) {
 
 // ---- process groups between two threads of this process
 
-TEST(ProcessGroupTest, GlooBroadcastOfMixedDtypesBetweenTwoRanks) {
+// Rank 0's options of a two-rank Gloo group.
+ProcessGroupOptions TwoRankGloo(const std::string& name, double timeout_s) {
   ProcessGroupOptions o;
   o.world_size = 2;
   o.backend = "gloo";
-  o.group_name = "pg-test";
-  o.timeout_s = 30;
+  o.group_name = name;
+  o.timeout_s = timeout_s;
+  return o;
+}
+
+TEST(ProcessGroupTest, GlooBroadcastOfMixedDtypesBetweenTwoRanks) {
+  ProcessGroupOptions o = TwoRankGloo("pg-test", 30);
   auto root = ProcessGroup::Open(o);
   ASSERT_TRUE(root.ok()) << root.status();
   ASSERT_GT((*root)->port(), 0);
@@ -78,11 +84,7 @@ TEST(ProcessGroupTest, GlooBroadcastOfMixedDtypesBetweenTwoRanks) {
 }
 
 TEST(ProcessGroupTest, PeerThatNeverJoinsTimesOutWithAClearError) {
-  ProcessGroupOptions o;
-  o.world_size = 2;
-  o.backend = "gloo";
-  o.group_name = "lonely";
-  o.timeout_s = 2;
+  ProcessGroupOptions o = TwoRankGloo("lonely", 2);
   const auto t0 = Clock::now();
   auto pg = ProcessGroup::Create(o);
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -94,11 +96,7 @@ TEST(ProcessGroupTest, PeerThatNeverJoinsTimesOutWithAClearError) {
 }
 
 TEST(ProcessGroupTest, BroadcastThatNoPeerReceivesTimesOutAndBreaksTheGroup) {
-  ProcessGroupOptions o;
-  o.world_size = 2;
-  o.backend = "gloo";
-  o.group_name = "deaf";
-  o.timeout_s = 3;
+  ProcessGroupOptions o = TwoRankGloo("deaf", 3);
   auto root = ProcessGroup::Open(o);
   ASSERT_TRUE(root.ok()) << root.status();
   std::unique_ptr<ProcessGroup> peer;
@@ -126,11 +124,7 @@ TEST(ProcessGroupTest, BroadcastThatNoPeerReceivesTimesOutAndBreaksTheGroup) {
 // and a non-contiguous view, then a rank that skips one: the error names the collective's
 // sequence number and this rank's last collectives (the flight recorder).
 TEST(ProcessGroupTest, GlooAllReduceSumsAndAMissedOneNamesTheRecentCollectives) {
-  ProcessGroupOptions o;
-  o.world_size = 2;
-  o.backend = "gloo";
-  o.group_name = "sum";
-  o.timeout_s = 30;
+  ProcessGroupOptions o = TwoRankGloo("sum", 30);
   auto root = ProcessGroup::Open(o);
   ASSERT_TRUE(root.ok()) << root.status();
   auto values = [](int rank) {
@@ -412,11 +406,7 @@ TEST_F(WeightSyncTest, EngineBroadcastWithoutASenderTimesOutClearly) {
   // A separate engine with a short group timeout; this process joins as rank 0 but never
   // broadcasts the bucket the engine was told about.
   ServedEngine e = Serve(base_dir_, 2);
-  ProcessGroupOptions o;
-  o.world_size = 2;
-  o.backend = "gloo";
-  o.group_name = "silent";
-  o.timeout_s = 30;
+  ProcessGroupOptions o = TwoRankGloo("silent", 30);
   auto root = ProcessGroup::Open(o);
   ASSERT_TRUE(root.ok()) << root.status();
   auto init = std::async(std::launch::async, [&] {
