@@ -407,6 +407,7 @@ Status Driver::StartRuntime() {
   ho.head_node_name = options_.head_node_name;
   ho.metrics = &registry_;
   ho.max_restarts = config_.fault_tolerance.max_engine_restarts;  // engines only restart
+  ho.max_restarts_name = "fault_tolerance.max_engine_restarts";
   ho.restart_backoff_s = config_.fault_tolerance.restart_backoff;
   SLIME_ASSIGN_OR_RETURN(head_, runtime::Head::Start(ho));
   runtime::AgentOptions ao;

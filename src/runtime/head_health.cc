@@ -53,8 +53,8 @@ void Head::HandleActorLossLocked(ActorRecord* actor, const std::string& reason,
   SetState(actor, ActorState::kDead);
   const std::string why =
       o.restartable
-          ? fmt::format("it was restarted {} time(s) already, the limit (max_restarts)",
-                        actor->restarts)
+          ? fmt::format("it was restarted {} time(s) already, the limit ({} = {})",
+                        actor->restarts, options_.max_restarts_name, options_.max_restarts)
           : fmt::format("{} actors are not restartable", o.role);
   FailJobLocked(fmt::format("actor {} (role {}, rank {}) on node {} died: {}; {}, so the job fails",
                             o.actor_id, o.role, o.rank, o.node_name, reason, why));

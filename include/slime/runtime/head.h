@@ -83,6 +83,8 @@ struct HeadOptions {
   double head_lost_timeout_s = 10.0;    // agents and workers give up on the head after this
   double restart_backoff_s = 1.0;       // first restart delay; doubles per restart of an actor
   int max_restarts = 3;                 // per restartable actor
+  // How errors name that limit (the user's setting, e.g. fault_tolerance.max_engine_restarts).
+  std::string max_restarts_name = "max_restarts";
   int max_message_bytes = 64 << 20;
   // When set: slime_runtime_nodes_alive, and per actor slime_runtime_actor_state and
   // slime_runtime_actor_restarts_total (labels actor, role, node). One head per registry.
