@@ -31,24 +31,47 @@ void Router::Add(std::string method, std::string path, Handler handler) {
   routes_[std::move(path)][std::move(method)] = std::move(handler);
 }
 
+void Router::AddPrefix(std::string method, std::string prefix, Handler handler) {
+  if (prefix.empty() || prefix.front() != '/' || prefix.back() != '/') {
+    spdlog::warn("http: route prefix \"{}\" must start and end with '/'; it is ignored", prefix);
+    return;
+  }
+  prefixes_[std::move(prefix)][std::move(method)] = std::move(handler);
+}
+
+const std::map<std::string, Handler>* Router::Find(const std::string& path) const {
+  auto it = routes_.find(path);
+  if (it != routes_.end()) return &it->second;
+  const std::map<std::string, Handler>* best = nullptr;
+  size_t best_size = 0;
+  for (const auto& [prefix, methods] : prefixes_) {
+    if (path.size() >= prefix.size() && path.compare(0, prefix.size(), prefix) == 0 &&
+        prefix.size() > best_size) {
+      best = &methods;
+      best_size = prefix.size();
+    }
+  }
+  return best;
+}
+
 std::vector<std::string> Router::AllowedMethods(const std::string& path) const {
   std::vector<std::string> methods;
-  auto it = routes_.find(path);
-  if (it == routes_.end()) return methods;
-  for (const auto& [method, handler] : it->second) methods.push_back(method);
-  if (it->second.count("GET") && !it->second.count("HEAD")) methods.push_back("HEAD");
+  const auto* found = Find(path);
+  if (found == nullptr) return methods;
+  for (const auto& [method, handler] : *found) methods.push_back(method);
+  if (found->count("GET") && !found->count("HEAD")) methods.push_back("HEAD");
   std::sort(methods.begin(), methods.end());
   return methods;
 }
 
 void Router::Dispatch(const Request& request, std::shared_ptr<ResponseWriter> writer) const {
-  auto it = routes_.find(request.path);
-  if (it == routes_.end()) {
+  const auto* found = Find(request.path);
+  if (found == nullptr) {
     writer->SendJson(404,
                      ErrorBody(fmt::format("no route for {} {}", request.method, request.path)));
     return;
   }
-  const auto& methods = it->second;
+  const auto& methods = *found;
   auto handler = methods.find(request.method);
   if (handler == methods.end()) handler = methods.find("*");
   if (handler == methods.end() && request.method == "HEAD") handler = methods.find("GET");

@@ -203,6 +203,35 @@ TEST(RouterTest, DispatchRules) {
   EXPECT_TRUE(mid_stream.ends_with("9\r\ndata: 1\n\n\r\n0\r\n\r\n")) << mid_stream;
 }
 
+TEST(RouterTest, PrefixRoutesMatchTheLongestPrefixAfterExactPaths) {
+  Router router;
+  auto tagged = [](std::string tag) {
+    return [tag](const Request& r, std::shared_ptr<ResponseWriter> w) {
+      w->Send(200, tag + ":" + r.path, "text/plain");
+    };
+  };
+  router.AddPrefix("POST", "/s/", tagged("s"));
+  router.AddPrefix("GET", "/s/deep/", tagged("deep"));
+  router.Add("POST", "/s/exact", tagged("exact"));
+  router.AddPrefix("GET", "no-slash", tagged("never"));  // refused: ignored
+  auto run = [&](std::string method, std::string path) {
+    auto sink = std::make_shared<FakeSink>();
+    Request request;
+    request.method = method;
+    request.path = path;
+    router.Dispatch(request, MakeWriter(sink, method));
+    return sink->All();
+  };
+  EXPECT_TRUE(run("POST", "/s/abc/v1/x").ends_with("s:/s/abc/v1/x"));
+  EXPECT_TRUE(run("GET", "/s/deep/1").ends_with("deep:/s/deep/1"));
+  EXPECT_TRUE(run("POST", "/s/exact").ends_with("exact:/s/exact"));
+  std::string wrong_method = run("GET", "/s/abc");
+  EXPECT_TRUE(wrong_method.starts_with("HTTP/1.1 405 ")) << wrong_method;
+  EXPECT_NE(wrong_method.find("Allow: POST\r\n"), std::string::npos);
+  EXPECT_TRUE(run("POST", "/s").starts_with("HTTP/1.1 404 "));
+  EXPECT_TRUE(run("GET", "no-slash/x").starts_with("HTTP/1.1 404 "));
+}
+
 TEST(RequestTest, HeaderIsCaseInsensitive) {
   Request request;
   request.headers = {{"Content-Type", "a"}, {"X-Id", "1"}, {"x-id", "2"}};

@@ -4,7 +4,8 @@
 // immutable afterwards (the server keeps its own copy), so lookups take no lock.
 //
 // Dispatch rules (Router::Dispatch, called by the server on an I/O thread):
-//   - the path must match exactly (no prefixes, no patterns; the query string is not part of it);
+//   - the path must match exactly (no patterns; the query string is not part of it), else the
+//     longest prefix route (AddPrefix) it starts with;
 //   - method: the exact method, else a "*" route, else for HEAD the GET route (the writer then
 //     sends the GET answer's status and headers, Content-Length included, without the body);
 //   - unknown path -> 404 {"error":{"message":"no route for GET /x"}};
@@ -54,6 +55,10 @@ class Router {
   // Registers `handler` for `method` ("GET", "POST", ... or "*" for any) on `path` (must start
   // with '/'). Adding the same (method, path) again replaces the earlier handler.
   void Add(std::string method, std::string path, Handler handler);
+  // Registers `handler` for every path that starts with `prefix` (must start and end with '/')
+  // and has no exact route, e.g. "/sessions/" for "/sessions/<id>/v1/models". The handler reads
+  // the rest from Request::path. Method rules as for exact routes.
+  void AddPrefix(std::string method, std::string prefix, Handler handler);
 
   // Finds the handler for `request` and runs it, or answers 404/405 itself; turns an exception
   // from the handler into a 500. Never throws.
@@ -63,7 +68,11 @@ class Router {
   std::vector<std::string> AllowedMethods(const std::string& path) const;
 
  private:
+  // The route entry for `path`: exact first, then the longest matching prefix; null if none.
+  const std::map<std::string, Handler>* Find(const std::string& path) const;
+
   std::map<std::string, std::map<std::string, Handler>> routes_;  // path -> method -> handler
+  std::map<std::string, std::map<std::string, Handler>> prefixes_;  // prefix -> method -> handler
 };
 
 }  // namespace slime::http
