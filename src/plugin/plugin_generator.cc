@@ -85,10 +85,11 @@ int EngineGenerate(void* ctx, const int32_t* input_ids, size_t input_len,
       }
       overrides = std::move(*parsed);
     }
-    call->turn.reset();
+    // The last turn stays alive during the call: input_ids may point into it.
     StatusOr<rollout::GenerateTurn> answer =
         call->session->Generate(std::span<const int32_t>(input_ids, input_len), overrides);
     if (!answer.ok()) {
+      call->turn.reset();
       call->last_error = answer.status();
       WriteErr(err, err_len, std::string(answer.status().message()));
       return SLIME_GENERATE_ERROR;

@@ -242,6 +242,21 @@ TEST(PluginGenerate, SegmentsAndRewards) {
   EXPECT_EQ(b.group_index, 5);
 }
 
+TEST(PluginGenerate, AnEngineCallMayReadThePreviousTurn) {
+  // The second call's input ids point into the first turn's memory, which must stay valid
+  // until that call has read them (valgrind would flag it otherwise).
+  auto gen = Load(PLUGIN_GOOD);
+  ASSERT_NE(gen, nullptr);
+  FakeEngine engine;
+  auto out = gen->Generate(MakeSample(2, {9}, "chain"), &engine);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(engine.calls.size(), 2u);
+  EXPECT_EQ(engine.calls[1], (std::vector<int32_t>{109, 110, 111}));
+  // 3 input ids, last 111 → 411 412 413.
+  EXPECT_EQ(out->segments[0].tokens, (std::vector<int32_t>{9, 411, 412, 413}));
+  EXPECT_EQ(out->segments[0].status, SampleStatus::kCompleted);
+}
+
 TEST(PluginGenerate, InputsReachThePlugin) {
   // The aborting mode echoes engine->aborting(); the sampling params are checked through the
   // example (max_context_len) below.

@@ -65,6 +65,8 @@ static int Has(const slime_generate_input* in, const char* mode) {
  *   bad_status       set_status(9)
  *   error            returns an error after one engine call
  *   engine_error     engine->generate with overrides "[1]" (not an object), passes its error on
+ *   chain            engine(prompt), then engine(the first turn's output ids, read from the
+ *                    turn itself) → one trainable span of the second turn; status completed
  *   aborting         reports engine->aborting() into metadata and stops: status aborted
  *   nothing          returns 0 without touching the output */
 static int Generate(void* st, const slime_generate_input* in, const slime_generate_engine* engine,
@@ -131,6 +133,19 @@ static int Generate(void* st, const slime_generate_input* in, const slime_genera
                      turn.text, turn.text_len, turn.weight_version);
     if (Has(in, "segments")) out->set_reward(out->ctx, 0.5, NULL, 0);
     return out->set_status(out->ctx, SLIME_GENERATE_STATUS_TRUNCATED);
+  }
+  if (Has(in, "chain")) {
+    if (engine->generate(engine->ctx, in->prompt_ids, in->prompt_len, NULL, 0, &turn, err,
+                         err_len) != 0 ||
+        engine->generate(engine->ctx, turn.output_ids, turn.output_len, NULL, 0, &turn, err,
+                         err_len) != 0) {
+      return 1;
+    }
+    if (out->append_span(out->ctx, turn.output_ids, turn.output_len, turn.log_probs,
+                         turn.output_len, 1, turn.text, turn.text_len, turn.weight_version) != 0) {
+      return 1;
+    }
+    return out->set_status(out->ctx, SLIME_GENERATE_STATUS_COMPLETED);
   }
   if (Has(in, "bad_logprobs")) {
     const int32_t ids[3] = {1, 2, 3};
