@@ -200,7 +200,7 @@ TEST(PluginGenerate, TwoTurnsGiveExactSpansMasksAndLogProbs) {
   EXPECT_EQ(s.response, "303304305<v>808809");
   EXPECT_EQ(s.status, SampleStatus::kTruncated);
   EXPECT_EQ(s.weight_versions, (std::vector<std::string>{"v3", "v3"}));
-  EXPECT_EQ(s.metadata, (nlohmann::ordered_json{{"mode", "two_turns"}, {"turns", 2}}));
+  EXPECT_EQ(s.metadata.dump(), R"({"mode":"two_turns","turns":2})");
   EXPECT_EQ(s.index, 11);
   EXPECT_EQ(s.group_index, 5);
   EXPECT_EQ(s.rollout_id, 4);
@@ -210,8 +210,8 @@ TEST(PluginGenerate, TwoTurnsGiveExactSpansMasksAndLogProbs) {
   ASSERT_EQ(engine.calls.size(), 2u);
   EXPECT_EQ(engine.calls[0], (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(engine.calls[1], (std::vector<int32_t>{1, 2, 3, 303, 304, 305, 7, 8}));
-  EXPECT_EQ(engine.call_overrides[0], nlohmann::json::object());
-  EXPECT_EQ(engine.call_overrides[1], (nlohmann::json{{"max_new_tokens", 2}}));
+  EXPECT_EQ(engine.call_overrides[0].dump(), "{}");
+  EXPECT_EQ(engine.call_overrides[1].dump(), R"({"max_new_tokens":2})");
 }
 
 TEST(PluginGenerate, SegmentsAndRewards) {
@@ -228,7 +228,7 @@ TEST(PluginGenerate, SegmentsAndRewards) {
   EXPECT_EQ(a.loss_mask, (std::vector<uint8_t>{1, 1, 1}));
   EXPECT_EQ(a.rollout_log_probs, (std::vector<float>{-0.125f, -0.25f, -0.375f}));
   EXPECT_EQ(a.reward, 1.0);
-  EXPECT_EQ(a.raw_reward, (nlohmann::json{{"acc", true}}));
+  EXPECT_EQ(a.raw_reward.dump(), R"({"acc":true})");
   EXPECT_EQ(a.status, SampleStatus::kCompleted);
   // Segment 1's prompt is the first turn's whole context: 5 tokens, last 208 → 708 709 710.
   const Sample& b = out->segments[1];
@@ -236,7 +236,7 @@ TEST(PluginGenerate, SegmentsAndRewards) {
   EXPECT_EQ(b.PromptLength(), 5);
   EXPECT_EQ(b.response, "708709710");
   EXPECT_EQ(b.reward, 0.5);
-  EXPECT_EQ(b.raw_reward, nlohmann::json(0.5));
+  EXPECT_EQ(b.raw_reward.dump(), "0.5");
   EXPECT_EQ(b.status, SampleStatus::kTruncated);
   EXPECT_EQ(b.index, 11);
   EXPECT_EQ(b.group_index, 5);
@@ -267,12 +267,12 @@ TEST(PluginGenerate, InputsReachThePlugin) {
   auto out = gen->Generate(MakeSample(3, {1}, "aborting"), &engine);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->segments[0].status, SampleStatus::kAborted);
-  EXPECT_EQ(out->segments[0].metadata["aborting"], 1);
+  EXPECT_EQ(out->segments[0].metadata["aborting"].get<int>(), 1);
   EXPECT_EQ(out->segments[0].response_length, 0);
   engine.abort_flag = false;
   out = gen->Generate(MakeSample(3, {1}, "aborting"), &engine);
   ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_EQ(out->segments[0].metadata["aborting"], 0);
+  EXPECT_EQ(out->segments[0].metadata["aborting"].get<int>(), 0);
 }
 
 TEST(PluginGenerate, SamplingParamsJsonUsesSglangNames) {
@@ -375,10 +375,10 @@ TEST(SelfCheckPlugin, AnswerThenVerify) {
             (std::vector<float>{-0.125f, -0.25f, -0.375f, 0, 0, 0, -0.125f, -0.25f, -0.375f}));
   EXPECT_EQ(s.response, "205206207 Check:852853854");
   EXPECT_EQ(s.status, SampleStatus::kCompleted);
-  EXPECT_EQ(s.metadata["self_check"], (nlohmann::json{{"answer_tokens", 3}, {"verify_tokens", 3}}));
+  EXPECT_EQ(s.metadata["self_check"].dump(), R"({"answer_tokens":3,"verify_tokens":3})");
   ASSERT_EQ(engine.call_overrides.size(), 2u);
-  EXPECT_EQ(engine.call_overrides[0], nlohmann::json::object());
-  EXPECT_EQ(engine.call_overrides[1], (nlohmann::json{{"max_new_tokens", 4}}));
+  EXPECT_EQ(engine.call_overrides[0].dump(), "{}");
+  EXPECT_EQ(engine.call_overrides[1].dump(), R"({"max_new_tokens":4})");
 }
 
 TEST(SelfCheckPlugin, TruncatedAnswerOrNoRoomIsNotVerified) {
