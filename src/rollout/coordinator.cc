@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "coordinator_internal.h"
 #include "request.h"
 #include "slime/reward/reward.h"
 
@@ -19,35 +20,9 @@ namespace slime::rollout {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-bool NeedsGeneration(const data::Sample& s) {
-  return s.status != data::SampleStatus::kCompleted && s.status != data::SampleStatus::kTruncated;
-}
-
 }  // namespace
-
-// One group in flight. The main thread creates it; each sample is touched only by its own
-// /generate callback until the last callback (FinishGroup) scores the group and hands it back
-// through Run::done.
-struct RolloutCoordinator::Job {
-  data::SampleGroup group;
-  const SamplingOptions* sampling = nullptr;
-  std::string rm_type;
-  std::string reward_key;
-  int calls_left = 0;  // guarded by Run::mu
-  Status error;        // guarded by Run::mu until the job is in Run::done
-  enum class Fate { kOpen, kKept, kDropped } fate = Fate::kOpen;  // main thread only
-  // Engine recovery: the group as first submitted (a retried group starts over from it), a
-  // call lost to an unreachable engine (guarded by Run::mu), and what this attempt counted
-  // in Run's progress.
-  data::SampleGroup original;
-  bool retry = false;
-  std::atomic<int64_t> attempt_samples{0};
-  std::atomic<int64_t> attempt_tokens{0};
-};
 
 // One Recover() on its helper thread.
 struct RolloutCoordinator::RecoveryTask {
@@ -59,29 +34,13 @@ struct RolloutCoordinator::RecoveryTask {
   double seconds = 0;
 };
 
-// The state of one Generate or Eval call, shared with the /generate callbacks (which may
-// outlive an abandoned call: they hold a shared_ptr).
-struct RolloutCoordinator::Run {
-  int64_t rollout_id = 0;
-  bool eval = false;
-  int64_t samples_target = 0;
-  reward::RewardModel* reward = nullptr;
-  Clock::time_point start = Clock::now();
-  Clock::time_point last_progress = Clock::now();
-  std::vector<std::unique_ptr<Job>> jobs;  // main thread only; Jobs never move
-  std::atomic<int64_t> samples_done{0};
-  std::atomic<int64_t> response_tokens{0};
+namespace internal {
 
-  absl::Mutex mu;
-  std::deque<Job*> done ABSL_GUARDED_BY(mu);  // generated (and scored) groups
-  bool aborting ABSL_GUARDED_BY(mu) = false;
-  int64_t calls_out ABSL_GUARDED_BY(mu) = 0;  // submitted, callback not finished
-};
+bool NeedsGeneration(const data::Sample& s) {
+  return s.status != data::SampleStatus::kCompleted && s.status != data::SampleStatus::kTruncated;
+}
 
-namespace {
-
-// Scores the generated samples of a group in one reward call (slime: aborted samples get no
-// reward). Runs on the worker thread of the group's last call.
+// Runs on the worker thread of the group's last call.
 Status ScoreGroup(reward::RewardModel* model, const std::string& rm_type,
                   const std::string& reward_key, data::SampleGroup* group) {
   std::vector<data::Sample*> scored;
@@ -129,7 +88,10 @@ Status ScoreGroup(reward::RewardModel* model, const std::string& rm_type,
   return absl::OkStatus();
 }
 
-}  // namespace
+}  // namespace internal
+
+using internal::NeedsGeneration;
+using internal::ScoreGroup;
 
 RolloutCoordinator::RolloutCoordinator() = default;
 RolloutCoordinator::~RolloutCoordinator() {
@@ -166,6 +128,18 @@ Status RolloutCoordinator::Configure(RolloutOptions options, GroupSource* source
           fmt::format("eval dataset '{}': n_samples = {} must be >= 1", d.name, d.n_samples));
     }
   }
+  if (options.custom_generate_concurrency < 1) {
+    return absl::InvalidArgumentError(
+        fmt::format("custom_generate_concurrency = {} must be >= 1",
+                    options.custom_generate_concurrency));
+  }
+  bool custom = options.custom_generator != nullptr;
+  for (const EvalDataset& d : eval_datasets) custom = custom || d.custom_generator != nullptr;
+  if (options.custom_generator != nullptr && options.partial_rollout) {
+    return absl::InvalidArgumentError(
+        "rollout.partial_rollout cannot continue custom-generated samples (their multi-turn "
+        "state lives in the generator): turn partial_rollout off with rollout.custom_generate");
+  }
   options.reward_postprocess.n_samples_per_prompt = options.n_samples_per_prompt;
   options.reward_postprocess.rollout_batch_size = options.rollout_batch_size;
   SLIME_RETURN_IF_ERROR(train::GroupRewardNormalizationFor(options.reward_postprocess).status());
@@ -180,6 +154,11 @@ Status RolloutCoordinator::Configure(RolloutOptions options, GroupSource* source
     std::lock_guard<std::mutex> lock(cancel_mu_);
     if (cancelled_) pool->Shutdown();
     pool_ = std::move(pool);
+  }
+  if (custom && (custom_pool_ == nullptr ||
+                 custom_pool_->max_threads() != options.custom_generate_concurrency)) {
+    custom_pool_.reset();  // joins the old threads (no Generate or Eval is running)
+    custom_pool_ = std::make_unique<TaskPool>(options.custom_generate_concurrency);
   }
   options_ = std::move(options);
   source_ = source;
@@ -202,6 +181,10 @@ Status RolloutCoordinator::CheckConfigured() const {
 void RolloutCoordinator::SubmitJob(const std::shared_ptr<Run>& run, Job* job, int64_t rollout_id) {
   static std::atomic<uint64_t> rid_counter{0};
   if (recovery_enabled_ && job->original.empty()) job->original = job->group;
+  if (job->custom != nullptr) {
+    SubmitCustomJob(run, job, rollout_id);
+    return;
+  }
   std::vector<std::pair<size_t, nlohmann::json>> calls;
   for (size_t j = 0; j < job->group.size(); ++j) {
     data::Sample& s = job->group[j];
@@ -483,6 +466,7 @@ StatusOr<RolloutResult> RolloutCoordinator::Generate(int64_t rollout_id) {
         auto job = std::make_unique<Job>();
         job->group = std::move(g);
         job->sampling = &options_.sampling;
+        job->custom = options_.custom_generator.get();
         run->jobs.push_back(std::move(job));
         SubmitJob(run, run->jobs.back().get(), rollout_id);
         ++pending;
@@ -546,7 +530,7 @@ StatusOr<RolloutResult> RolloutCoordinator::Generate(int64_t rollout_id) {
     for (const auto& s : job->group) {
       aborted_samples += s.status == data::SampleStatus::kAborted ? 1 : 0;
     }
-    if (!options_.partial_rollout) continue;
+    if (!options_.partial_rollout || job->custom != nullptr) continue;
     for (auto& s : job->group) {
       if (!s.metadata.contains("start_rollout_id")) s.metadata["start_rollout_id"] = rollout_id;
     }
@@ -567,10 +551,9 @@ StatusOr<RolloutResult> RolloutCoordinator::Generate(int64_t rollout_id) {
       result.raw_rewards.push_back(s.reward);
     }
   }
-  SLIME_ASSIGN_OR_RETURN(
-      train::NormalizedRewards normalized,
-      train::NormalizeGroupRewards(result.raw_rewards, options_.reward_postprocess));
-  result.rewards = std::move(normalized.rewards);
+  SLIME_ASSIGN_OR_RETURN(result.rewards,
+                         internal::PostProcessRewards(result.groups, result.raw_rewards,
+                                                      options_.reward_postprocess));
 
   const double elapsed = Seconds(Clock::now() - run->start);
   result.metrics = RolloutSampleMetrics(
@@ -617,6 +600,7 @@ StatusOr<EvalResult> RolloutCoordinator::Eval(int64_t rollout_id) {
       job->sampling = &d.sampling;
       job->rm_type = d.rm_type;
       job->reward_key = d.reward_key;
+      job->custom = d.custom_generator.get();
       run->samples_target += d.n_samples;
       run->jobs.push_back(std::move(job));
       jobs.emplace_back(&d, run->jobs.back().get());

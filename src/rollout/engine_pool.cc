@@ -140,6 +140,12 @@ int EnginePool::PickEngine(int64_t num_calls) {
   return best;
 }
 
+void EnginePool::Reserve(int engine, int64_t num_calls) {
+  Engine* e = engines_.at(engine).get();
+  absl::MutexLock lock(&e->mu);
+  e->stats.outstanding += num_calls;
+}
+
 void EnginePool::Submit(int engine, nlohmann::json body, Done done) {
   Engine* e = engines_.at(engine).get();
   absl::ReleasableMutexLock lock(&e->mu);

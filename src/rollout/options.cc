@@ -49,6 +49,7 @@ StatusOr<RolloutOptions> RolloutOptionsFromConfig(const config::Config& config,
   o.reward_postprocess.n_samples_per_prompt = o.n_samples_per_prompt;
   o.reward_postprocess.rollout_batch_size = o.rollout_batch_size;
   o.log_passrate = config.metrics.log_passrate;
+  o.custom_generate_concurrency = config.rollout.custom_generate_concurrency;
   return o;
 }
 

@@ -94,6 +94,9 @@ class EnginePool {
   // up (among all when every engine is down); reserves `num_calls` there. Every reserved call
   // must then be Submitted (each completion releases one).
   int PickEngine(int64_t num_calls);
+  // Reserves `num_calls` more on `engine` (custom generation: a sample's engine calls are not
+  // known when its group is placed, so each call reserves its own before Submit).
+  void Reserve(int engine, int64_t num_calls);
 
   // Engine loss. MarkEngineDown: as when a call found it unreachable, without `on_unreachable`;
   // true when it was up. SetEngineUp: `address` serves again (a restarted engine's new one);
