@@ -197,6 +197,49 @@ void AddRolloutFields(std::vector<FieldSpec<Config>>* table) {
       .Doc(
           "Fraction of device memory an engine reserves for weights and KV cache. Unset: the "
           "engine decides.");
+  b.Add("custom_generate", &RolloutConfig::custom_generate)
+      .Slime("--custom-generate-function-path")
+      .Enum({"plugin", "env", "agent"})
+      .Doc(
+          "Custom generation instead of one /generate call per sample: `plugin` (a shared "
+          "library, custom_generate_path), `env` (a tool environment over HTTP at env_url, run "
+          "as multi-turn episodes), `agent` (agent_command pointed at an OpenAI endpoint). "
+          "Unset: default generation. See docs/operations.md, \"Custom workflows\".");
+  b.Add("custom_generate_path", &RolloutConfig::custom_generate_path)
+      .Doc("custom_generate `plugin`: path of the generate plugin (.so).");
+  b.Add("custom_generate_config", &RolloutConfig::custom_generate_config)
+      .Doc(
+          "custom_generate `plugin`: its configuration, JSON object text handed to the plugin "
+          "as is, e.g. `'{\"max_turns\": 4}'`.");
+  b.Add("env_url", &RolloutConfig::env_url)
+      .Doc(
+          "custom_generate `env`: base URL of the tool environment (`http://host:port`; "
+          "/reset, /step, /close as in docs/http-api.md).");
+  b.Add("agent_command", &RolloutConfig::agent_command)
+      .Doc("custom_generate `agent`: the agent program and its arguments (a list).");
+  b.Add("max_turns", &RolloutConfig::max_turns)
+      .Min(1)
+      .Doc("Model turns per episode (env, agent); the episode is truncated after the last.");
+  b.Add("max_total_tokens", &RolloutConfig::max_total_tokens)
+      .Min(2)
+      .Doc(
+          "Prompt + all turns' tokens of one episode; the episode is truncated when no room is "
+          "left. Unset: max_context_len (no cap when that is unset).");
+  b.Add("episode_timeout_s", &RolloutConfig::episode_timeout_s)
+      .Above(0)
+      .Doc(
+          "Wall time of one episode; every environment call waits at most what is left of it. "
+          "Running out is an environment error (on_env_error).");
+  b.Add("on_env_error", &RolloutConfig::on_env_error)
+      .Enum({"fail", "drop", "zero_reward"})
+      .Doc(
+          "An environment that fails (HTTP error, timeout, malformed answer): `fail` stops the "
+          "rollout with an error naming env_url and the sample, `drop` keeps the sample out of "
+          "training (status failed, remove_sample), `zero_reward` trains on what was generated "
+          "with reward 0. The error is recorded in the sample's metadata.env_error.");
+  b.Add("custom_generate_concurrency", &RolloutConfig::custom_generate_concurrency)
+      .Min(1)
+      .Doc("Samples in custom generation at once (threads of the coordinator).");
 }
 
 void AddDataFields(std::vector<FieldSpec<Config>>* table) {
@@ -380,6 +423,13 @@ void AddEvalDatasetFields(std::vector<FieldSpec<EvalDatasetConfig>>* table) {
   b.Add("apply_chat_template", &EvalDatasetConfig::apply_chat_template)
       .Slime("apply_chat_template")
       .Doc("Unset: data.apply_chat_template.");
+  b.Add("custom_generate", &EvalDatasetConfig::custom_generate)
+      .Enum({"none", "plugin", "env", "agent"})
+      .Doc(
+          "Custom generation for this dataset; `none` = default generation. Unset: "
+          "rollout.custom_generate.");
+  b.Add("env_url", &EvalDatasetConfig::env_url)
+      .Doc("Tool environment for this dataset. Unset: rollout.env_url.");
 }
 
 void AddRewardFields(std::vector<FieldSpec<Config>>* table) {

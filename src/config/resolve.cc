@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <set>
 
+#include <yaml-cpp/yaml.h>
+
 #include "slime/common/strings.h"
 #include "slime/config/config.h"
 #include "slime/config/fields.h"
@@ -27,6 +29,7 @@ class Resolver {
     ResolveData();
     ResolveLengths();
     ResolveEval();
+    ResolveCustomGenerate();
     ResolveReward();
     ResolveTrain();
     ResolveWeightSync();
@@ -469,6 +472,74 @@ class Resolver {
         Error("eval.datasets[{}].rm_type 'remote_rm' requires reward.rm_url", i);
       }
     }
+  }
+
+  // rollout.custom_generate and its keys; eval datasets inherit custom_generate and env_url.
+  void ResolveCustomGenerate() {
+    RolloutConfig& r = c_.rollout;
+    if (!r.max_total_tokens) r.max_total_tokens = r.max_context_len;
+    if (r.max_total_tokens && r.max_context_len && *r.max_total_tokens > *r.max_context_len) {
+      Error("rollout.max_total_tokens ({}) must be at most rollout.max_context_len ({})",
+            *r.max_total_tokens, *r.max_context_len);
+    }
+    const auto check = [this](const std::string& where, const std::optional<std::string>& kind,
+                              const std::optional<std::string>& env_url) {
+      if (!kind || *kind == "none") return;
+      if (*kind == "plugin" && !c_.rollout.custom_generate_path) {
+        Error("{} 'plugin' requires rollout.custom_generate_path (the plugin's .so)", where);
+      }
+      if (*kind == "env") {
+        if (!env_url || env_url->empty()) {
+          Error("{} 'env' requires an env_url (rollout.env_url, or the dataset's env_url): "
+                "the tool environment's http://host:port",
+                where);
+        } else if (!IsHttpUrl(*env_url)) {
+          Error("{}: env_url '{}' is not an http://host:port[/path] URL", where, *env_url);
+        }
+      }
+      if (*kind == "agent" && c_.rollout.agent_command.empty()) {
+        Error("{} 'agent' requires rollout.agent_command (the agent program and its arguments)",
+              where);
+      }
+    };
+    if (r.custom_generate == "none") {
+      Error("rollout.custom_generate 'none' is not valid (leave it unset for default generation)");
+    }
+    check("rollout.custom_generate", r.custom_generate, r.env_url);
+    if (r.custom_generate && r.partial_rollout) {
+      Error(
+          "rollout.partial_rollout cannot be used with rollout.custom_generate (custom samples "
+          "keep their multi-turn state in the generator and are never continued)");
+    }
+    if (r.custom_generate_config) {
+      bool map = false;
+      try {
+        map = YAML::Load(*r.custom_generate_config).IsMap();
+      } catch (const YAML::Exception&) {
+      }
+      if (!map) {
+        Error("rollout.custom_generate_config must be JSON object text, e.g. '{{\"key\": 1}}'; "
+              "got '{}'",
+              *r.custom_generate_config);
+      }
+    }
+    if (r.custom_generate_path && r.custom_generate != "plugin") {
+      Warn("rollout.custom_generate_path is set but rollout.custom_generate is not 'plugin'");
+    }
+    for (size_t i = 0; i < c_.eval.datasets.size(); ++i) {
+      EvalDatasetConfig& ds = c_.eval.datasets[i];
+      if (!ds.custom_generate) ds.custom_generate = r.custom_generate.value_or("none");
+      if (!ds.env_url) ds.env_url = r.env_url;
+      check(fmt::format("eval.datasets[{}].custom_generate", i), ds.custom_generate, ds.env_url);
+    }
+  }
+
+  static bool IsHttpUrl(const std::string& url) {
+    const std::string prefix = "http://";
+    if (url.rfind(prefix, 0) != 0) return false;
+    std::string rest = url.substr(prefix.size());
+    rest = rest.substr(0, rest.find('/'));
+    return IsHostPort(rest);
   }
 
   void ResolveReward() {

@@ -80,6 +80,17 @@ struct RolloutConfig {
   double request_timeout_s = 3600;  // one /generate call of the rollout
   int request_max_attempts = 60;    // tries while an engine refuses connections
   std::optional<double> mem_fraction_static;
+  // Custom generation (docs/operations.md, "Custom workflows"; rollout/custom_generate.h).
+  std::optional<std::string> custom_generate;  // plugin | env | agent; unset = one /generate
+  std::optional<std::string> custom_generate_path;    // plugin: the shared library
+  std::optional<std::string> custom_generate_config;  // plugin: JSON text (a YAML map becomes it)
+  std::optional<std::string> env_url;                 // env: the environment's base URL
+  std::vector<std::string> agent_command;             // agent: argv of the agent program
+  int max_turns = 8;                                  // model turns per episode
+  std::optional<int> max_total_tokens;  // prompt + response cap; resolved: max_context_len
+  double episode_timeout_s = 300;
+  std::string on_env_error = "fail";  // fail | drop | zero_reward
+  int custom_generate_concurrency = 64;
   bool operator==(const RolloutConfig&) const = default;
 };
 
@@ -101,8 +112,8 @@ struct DataConfig {
 };
 
 // One evaluation dataset. After ResolveConfig every optional field except min_new_tokens,
-// label_key, rm_type, custom_rm_path and reward_key is set (inherited from `eval`, `rollout`,
-// `data` or `reward` when the entry does not override it).
+// label_key, rm_type, custom_rm_path, reward_key and env_url is set (inherited from `eval`,
+// `rollout`, `data` or `reward` when the entry does not override it).
 struct EvalDatasetConfig {
   std::string name;
   std::string path;
@@ -120,6 +131,8 @@ struct EvalDatasetConfig {
   std::optional<std::string> label_key;
   std::optional<std::string> tool_key;
   std::optional<bool> apply_chat_template;
+  std::optional<std::string> custom_generate;  // unset: rollout.custom_generate
+  std::optional<std::string> env_url;          // unset: rollout.env_url
   bool operator==(const EvalDatasetConfig&) const = default;
 };
 
