@@ -7,6 +7,7 @@
 #include <cmath>
 #include <optional>
 
+#include "slime/model/fused_train.h"
 #include "torch_util.h"
 
 #ifdef SLIME_MODEL_FUSED_KERNELS
@@ -19,8 +20,8 @@ namespace slime::model {
 namespace {
 
 #ifdef SLIME_MODEL_FUSED_KERNELS
-// The fused kernels serve inference (the engine runs under InferenceMode); autograd keeps the
-// eager ops below.
+// The fused inference kernels serve the engine (InferenceMode); training on CUDA uses the
+// autograd functions of fused_train.h, CPU the eager ops below.
 bool Fusable(const torch::Tensor& x) {
   return x.is_cuda() && c10::InferenceMode::is_enabled() && x.is_contiguous() &&
          (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat32 ||
@@ -36,6 +37,10 @@ void* Stream() { return at::cuda::getCurrentCUDAStream().stream(); }
 
 // x [..., n] -> weight * (x / rms(x)) with the normalisation in float32.
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  if (FusedTrainingApplies(x) && weight.scalar_type() == x.scalar_type() &&
+      weight.dim() == 1 && weight.numel() == x.size(-1) && x.size(-1) <= 12288) {
+    return FusedRmsNorm(x, weight, eps);
+  }
 #ifdef SLIME_MODEL_FUSED_KERNELS
   if (Fusable(x) && weight.is_contiguous() && weight.scalar_type() == x.scalar_type() &&
       weight.numel() == x.size(-1)) {
@@ -61,6 +66,11 @@ torch::Tensor RotateHalf(const torch::Tensor& x) {
 
 // x [T, heads, D] rotated by cos/sin [T, 1, D]: x * cos + rotate_half(x) * sin.
 torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  if (FusedTrainingApplies(x) && x.dim() == 3 && x.size(2) % 2 == 0 &&
+      cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() &&
+      cos.numel() == x.size(0) * x.size(2) && sin.numel() == cos.numel()) {
+    return FusedRope(x, cos, sin);
+  }
 #ifdef SLIME_MODEL_FUSED_KERNELS
   if (Fusable(x) && cos.is_contiguous() && sin.is_contiguous() &&
       cos.scalar_type() == x.scalar_type() && cos.numel() == x.size(0) * x.size(2)) {
@@ -77,6 +87,10 @@ torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos, const 
 
 // silu(gate) * up.
 torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
+  if (FusedTrainingApplies(gate) && up.sizes() == gate.sizes() &&
+      up.scalar_type() == gate.scalar_type()) {
+    return FusedSiluMul(gate, up);
+  }
 #ifdef SLIME_MODEL_FUSED_KERNELS
   if (Fusable(gate) && up.is_contiguous() && up.sizes() == gate.sizes() &&
       up.scalar_type() == gate.scalar_type()) {

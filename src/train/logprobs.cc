@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "slime/model/fused_train.h"
+
 namespace slime::train {
 namespace {
 
@@ -52,7 +54,9 @@ model::TensorParallelGroup* GroupFrom(AutogradContext* ctx) {
 //   forward(hidden [C, H], weight [V/P, H], targets [C] int64 global ids, temperature, group,
 //           with_entropy) -> {log_probs [C]} or {log_probs [C], entropy [C]}
 // Saved per chunk: hidden, weight, targets and per row m (global max of z), log S
-// (S = Σ_v exp(z_v - m) over all ranks) and, with entropy, E_p[z - m].
+// (S = Σ_v exp(z_v - m) over all ranks) and, with entropy, E_p[z - m]. On one rank with CUDA
+// tensors the fused kernels of model/fused_train.h compute the same rows in one pass over the
+// model-dtype logits (no [C, V] float32 buffer) and the backward in one in-place pass.
 class VocabParallelLogProbChunk : public torch::autograd::Function<VocabParallelLogProbChunk> {
  public:
   static variable_list forward(AutogradContext* ctx, torch::Tensor hidden, torch::Tensor weight,
@@ -60,6 +64,20 @@ class VocabParallelLogProbChunk : public torch::autograd::Function<VocabParallel
                                model::TensorParallelGroup* group, bool with_entropy) {
     const int64_t vocab_local = weight.size(0);
     const bool parallel = group->size() > 1;
+    ctx->saved_data["temperature"] = temperature;
+    ctx->saved_data["group"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(group));
+    ctx->set_materialize_grads(false);
+    if (!parallel && model::FusedTrainingApplies(hidden)) {
+      // One pass over the model-dtype logits; no [C, V] float32 buffer.
+      const torch::Tensor logits = torch::linear(hidden, weight).contiguous();
+      model::LogSoftmaxRows r =
+          model::FusedLogSoftmaxRows(logits, targets, temperature, with_entropy);
+      ctx->save_for_backward({hidden, weight, targets, r.row_max, r.log_sum, r.mean_shifted});
+      ctx->saved_data["fused"] = true;
+      if (with_entropy) return {r.log_probs, r.entropy};
+      return {r.log_probs};
+    }
+    ctx->saved_data["fused"] = false;
     torch::Tensor z = ShiftedLogits(hidden, weight, temperature, torch::Tensor());  // [C, V/P]
     torch::Tensor m = std::get<0>(z.max(1));                                        // [C]
     if (parallel) m = std::get<0>(group->AllGather(m.unsqueeze(1), 1).max(1));      // [C, P] -> [C]
@@ -88,9 +106,6 @@ class VocabParallelLogProbChunk : public torch::autograd::Function<VocabParallel
       out.push_back(log_s - mean_z);  // H = log S - E_p[z - m]
     }
     ctx->save_for_backward({hidden, weight, targets, m, log_s, mean_z});
-    ctx->saved_data["temperature"] = temperature;
-    ctx->saved_data["group"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(group));
-    ctx->set_materialize_grads(false);
     return out;
   }
 
@@ -112,6 +127,33 @@ class VocabParallelLogProbChunk : public torch::autograd::Function<VocabParallel
     variable_list grads(6);
     if (!g_lp.defined() && !g_ent.defined()) return grads;
 
+    torch::Tensor grad_logits;  // ∂loss/∂logits [C, V/P] in the model dtype
+    if (ctx->saved_data["fused"].toBool()) {
+      grad_logits = torch::linear(hidden, weight).contiguous();
+      model::LogSoftmaxRows rows;
+      rows.row_max = m;
+      rows.log_sum = log_s;
+      rows.mean_shifted = mean_z;
+      model::FusedLogSoftmaxBackwardInPlace(grad_logits, targets, rows, g_lp, g_ent, temperature);
+    } else {
+      grad_logits = EagerGradLogits(hidden, weight, targets, m, log_s, mean_z, g_lp, g_ent,
+                                    temperature, *group);
+    }
+    if (ctx->needs_input_grad(0)) {
+      torch::Tensor grad_hidden = grad_logits.mm(weight);  // [C, H], this shard's part
+      if (group->size() > 1) group->AllReduceSum(grad_hidden);
+      grads[0] = grad_hidden;
+    }
+    if (ctx->needs_input_grad(1)) grads[1] = grad_logits.t().mm(hidden);  // [V/P, H]
+    return grads;
+  }
+
+ private:
+  static torch::Tensor EagerGradLogits(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                       const torch::Tensor& targets, const torch::Tensor& m,
+                                       const torch::Tensor& log_s, const torch::Tensor& mean_z,
+                                       const torch::Tensor& g_lp, const torch::Tensor& g_ent,
+                                       double temperature, model::TensorParallelGroup& group) {
     torch::Tensor z = ShiftedLogits(hidden, weight, temperature, m);  // z - m  [C, V/P]
     torch::Tensor p = (z - log_s.unsqueeze(1)).exp_();                // softmax [C, V/P]
     torch::Tensor grad_z;                                             // ∂loss/∂z [C, V/P]
@@ -125,19 +167,12 @@ class VocabParallelLogProbChunk : public torch::autograd::Function<VocabParallel
     }
     if (g_lp.defined()) {
       const int64_t vocab_local = weight.size(0);
-      LocalTargets t = Localize(targets, group->rank() * vocab_local, vocab_local);
+      LocalTargets t = Localize(targets, group.rank() * vocab_local, vocab_local);
       grad_z.scatter_add_(1, t.index.unsqueeze(1),
                           torch::where(t.owned, g_lp, torch::zeros_like(g_lp)).unsqueeze(1));
     }
     if (temperature != 1.0) grad_z.div_(temperature);
-    const torch::Tensor grad_logits = grad_z.to(hidden.scalar_type());  // [C, V/P]
-    if (ctx->needs_input_grad(0)) {
-      torch::Tensor grad_hidden = grad_logits.mm(weight);  // [C, H], this shard's part
-      if (group->size() > 1) group->AllReduceSum(grad_hidden);
-      grads[0] = grad_hidden;
-    }
-    if (ctx->needs_input_grad(1)) grads[1] = grad_logits.t().mm(hidden);  // [V/P, H]
-    return grads;
+    return grad_z.to(hidden.scalar_type());
   }
 };
 

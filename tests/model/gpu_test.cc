@@ -13,6 +13,7 @@
 #include "hf_fixture.h"
 #include "reference_decoder.h"
 #include "slime/model/decoder.h"
+#include "slime/model/fused_train.h"
 #include "slime/model/offload.h"
 #include "test_util.h"
 
@@ -253,6 +254,130 @@ TEST(ModelGpuTest, StorageOffloaderFreesDeviceMemoryAndRestoresContents) {
   std::printf("offload: %lld bytes, fused storage %p -> %p\n", static_cast<long long>(off.bytes()),
               old_ptr, fused.data_ptr());
   EXPECT_TRUE(off.Onload().ok());  // a no-op now
+}
+
+// ---- fused training ops (model/fused_train.h) against the eager ops, forward and backward.
+
+torch::Tensor EagerRmsNorm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  torch::Tensor xf = x.to(torch::kFloat32);
+  xf = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps);
+  return w * xf.to(x.scalar_type());
+}
+torch::Tensor EagerRope(const torch::Tensor& x, const torch::Tensor& c, const torch::Tensor& s) {
+  const int64_t half = x.size(-1) / 2;
+  torch::Tensor rot = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * c + rot * s;
+}
+// max |a - b| / max |b|: one scale per tensor, so bf16 rounding of large entries does not
+// dominate.
+double RelErr(const torch::Tensor& a, const torch::Tensor& b) {
+  const double scale = b.to(torch::kFloat64).abs().max().item<double>();
+  return MaxAbsDiff(a, b) / (scale > 0 ? scale : 1.0);
+}
+
+struct FusedCase {
+  torch::ScalarType dtype;
+  double tol;
+};
+
+class FusedTrainingOpsTest : public ::testing::TestWithParam<FusedCase> {};
+
+TEST_P(FusedTrainingOpsTest, RmsNormRopeSiluMulMatchEagerWithGradients) {
+  SKIP_WITHOUT_CUDA();
+  DisableTf32();
+  const auto [dtype, tol] = GetParam();
+  const auto opts = torch::TensorOptions().dtype(dtype).device(torch::kCUDA);
+  torch::manual_seed(11);
+  ASSERT_TRUE(FusedTrainingEnabled());
+  // RMSNorm over a hidden row (1024) and over q/k heads (128), ragged row counts.
+  for (auto shape : {std::vector<int64_t>{333, 1024}, std::vector<int64_t>{77, 16, 128}}) {
+    const int64_t n = shape.back();
+    torch::Tensor x = torch::randn(shape, opts);
+    torch::Tensor w = (1 + 0.1 * torch::randn({n}, opts)).detach();
+    torch::Tensor dy = torch::randn(shape, opts);
+    torch::Tensor xa = x.clone().requires_grad_(true), wa = w.clone().requires_grad_(true);
+    ASSERT_TRUE(FusedTrainingApplies(xa));
+    torch::Tensor ya = FusedRmsNorm(xa, wa, 1e-6);
+    ya.backward(dy);
+    torch::Tensor xb = x.clone().requires_grad_(true), wb = w.clone().requires_grad_(true);
+    torch::Tensor yb = EagerRmsNorm(xb, wb, 1e-6);
+    yb.backward(dy);
+    EXPECT_LE(RelErr(ya, yb), tol) << "RMSNorm y, n " << n;
+    EXPECT_LE(RelErr(xa.grad(), xb.grad()), tol) << "RMSNorm dx, n " << n;
+    EXPECT_LE(RelErr(wa.grad(), wb.grad()), tol) << "RMSNorm dw, n " << n;
+  }
+  {
+    const int64_t t = 129, heads = 6, d = 128;
+    torch::Tensor x = torch::randn({t, heads, d}, opts);
+    torch::Tensor ang = torch::rand({t, 1, d / 2}, torch::kCUDA) * 6.28;
+    ang = torch::cat({ang, ang}, -1);
+    torch::Tensor c = ang.cos().to(dtype), s = ang.sin().to(dtype);
+    torch::Tensor dy = torch::randn({t, heads, d}, opts);
+    torch::Tensor xa = x.clone().requires_grad_(true);
+    torch::Tensor ya = FusedRope(xa, c, s);
+    ya.backward(dy);
+    torch::Tensor xb = x.clone().requires_grad_(true);
+    torch::Tensor yb = EagerRope(xb, c, s);
+    yb.backward(dy);
+    EXPECT_LE(RelErr(ya, yb), tol) << "RoPE y";
+    EXPECT_LE(RelErr(xa.grad(), xb.grad()), tol) << "RoPE dx";
+  }
+  {
+    torch::Tensor g = torch::randn({97, 3072}, opts) * 3, u = torch::randn({97, 3072}, opts);
+    torch::Tensor dy = torch::randn({97, 3072}, opts);
+    torch::Tensor ga = g.clone().requires_grad_(true), ua = u.clone().requires_grad_(true);
+    torch::Tensor ya = FusedSiluMul(ga, ua);
+    ya.backward(dy);
+    torch::Tensor gb = g.clone().requires_grad_(true), ub = u.clone().requires_grad_(true);
+    torch::Tensor yb = torch::silu(gb) * ub;
+    yb.backward(dy);
+    EXPECT_LE(RelErr(ya, yb), tol) << "SiLU*up y";
+    EXPECT_LE(RelErr(ga.grad(), gb.grad()), tol) << "SiLU*up dgate";
+    EXPECT_LE(RelErr(ua.grad(), ub.grad()), tol) << "SiLU*up dup";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, FusedTrainingOpsTest,
+                         ::testing::Values(FusedCase{torch::kFloat32, 2e-5},
+                                           FusedCase{torch::kBFloat16, 2e-2}),
+                         [](const auto& info) {
+                           return std::string(info.param.dtype == torch::kFloat32 ? "Fp32"
+                                                                                  : "Bf16");
+                         });
+
+// The whole decoder: a training forward + backward with the fused ops equals the eager one
+// (float32: to 1e-4 of each gradient's scale).
+TEST(FusedTrainingDecoderTest, Qwen3GradientsMatchEagerFp32) {
+  SKIP_WITHOUT_CUDA();
+  DisableTf32();
+  const ModelConfig c = ConfigFor("qwen3");
+  std::unique_ptr<DecoderModel> model = Make(c, CpuWeights(c, 5), torch::kFloat32);
+  std::vector<NamedTensor> params = NamedParameters(model->weights(), c);
+  for (NamedTensor& p : params) p.tensor.requires_grad_(true);
+  std::vector<int64_t> all = Tokens(c.vocab_size, 1, 17), second = Tokens(c.vocab_size, 2, 23);
+  all.insert(all.end(), second.begin(), second.end());
+  auto grads_with = [&](bool fused) {
+    SetFusedTraining(fused);
+    for (NamedTensor& p : params) p.tensor.mutable_grad() = torch::Tensor();
+    auto hidden = model->ForwardPacked(Ids(all), {0, 17, 40});
+    EXPECT_TRUE(hidden.ok()) << hidden.status();
+    torch::Tensor probe =
+        torch::linspace(-1, 1, hidden->numel(), hidden->options()).view_as(*hidden);
+    (*hidden * probe).sum().backward();
+    std::vector<torch::Tensor> g;
+    for (NamedTensor& p : params) {
+      g.push_back(p.tensor.grad().defined() ? p.tensor.grad().clone() : torch::Tensor());
+    }
+    return g;
+  };
+  const std::vector<torch::Tensor> fused = grads_with(true);
+  const std::vector<torch::Tensor> eager = grads_with(false);
+  SetFusedTraining(true);
+  ASSERT_EQ(fused.size(), eager.size());
+  for (size_t i = 0; i < fused.size(); ++i) {
+    ASSERT_EQ(fused[i].defined(), eager[i].defined()) << params[i].name;
+    if (fused[i].defined()) EXPECT_LE(RelErr(fused[i], eager[i]), 1e-4) << params[i].name;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,223 @@
+// Fused training ops (see include/slime/model/fused_train.h).
+#include "slime/model/fused_train.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#ifdef SLIME_MODEL_FUSED_KERNELS
+#include <ATen/cuda/CUDAContext.h>
+
+#include "cuda/fused_ops.h"
+#include "cuda/train_ops.h"
+#endif
+
+namespace slime::model {
+namespace {
+
+std::atomic<bool>& Switch() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("SLIME_FUSED_TRAIN");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }()};
+  return on;
+}
+
+#ifdef SLIME_MODEL_FUSED_KERNELS
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+cuda::DType KernelType(const torch::Tensor& x) {
+  return x.scalar_type() == torch::kBFloat16 ? cuda::DType::kBFloat16
+         : x.scalar_type() == torch::kHalf   ? cuda::DType::kFloat16
+                                             : cuda::DType::kFloat32;
+}
+void* Stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+void Check(int err, const char* what) {
+  TORCH_CHECK(err == 0, "fused ", what, " failed with CUDA error ", err);
+}
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
+                               const torch::Tensor& w_in, double eps) {
+    const torch::Tensor x = x_in.contiguous();
+    const torch::Tensor w = w_in.contiguous();
+    torch::Tensor y = torch::empty_like(x);
+    const int64_t n = x.size(-1);
+    Check(cuda::LaunchRmsNorm(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.numel() / n,
+                              static_cast<int>(n), static_cast<float>(eps), KernelType(x),
+                              Stream()),
+          "RMSNorm");
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["eps"] = eps;
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& w = saved[1];
+    const torch::Tensor dy = grads[0].contiguous();
+    const int64_t n = x.size(-1);
+    torch::Tensor dx = torch::empty_like(x);
+    torch::Tensor dw = torch::zeros({n}, x.options().dtype(torch::kFloat32));
+    Check(cuda::LaunchRmsNormBackward(x.data_ptr(), w.data_ptr(), dy.data_ptr(), dx.data_ptr(),
+                                      dw.data_ptr<float>(), x.numel() / n, static_cast<int>(n),
+                                      static_cast<float>(ctx->saved_data["eps"].toDouble()),
+                                      KernelType(x), Stream()),
+          "RMSNorm backward");
+    return {dx, dw.to(w.scalar_type()), torch::Tensor()};
+  }
+};
+
+class RopeFunction : public torch::autograd::Function<RopeFunction> {
+ public:
+  static torch::Tensor Apply(const torch::Tensor& x_in, const torch::Tensor& cos,
+                             const torch::Tensor& sin) {
+    const torch::Tensor x = x_in.contiguous();
+    torch::Tensor y = torch::empty_like(x);
+    Check(cuda::LaunchRope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr(), x.size(0),
+                           static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
+                           KernelType(x), Stream()),
+          "RoPE");
+    return y;
+  }
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& cos, const torch::Tensor& sin) {
+    const torch::Tensor c = cos.contiguous(), s = sin.contiguous();
+    ctx->save_for_backward({c, s});
+    return Apply(x, c, s);
+  }
+  // The rotation by -θ: y1 = x1 c - x2 s, y2 = x2 c + x1 s has the transpose
+  // dx1 = dy1 c + dy2 s, dx2 = dy2 c - dy1 s, i.e. the same kernel with sin negated.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    return {Apply(grads[0], saved[0], saved[1].neg()), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& g_in,
+                               const torch::Tensor& u_in) {
+    const torch::Tensor g = g_in.contiguous(), u = u_in.contiguous();
+    torch::Tensor y = torch::empty_like(g);
+    Check(cuda::LaunchSiluMul(g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel(), KernelType(g),
+                              Stream()),
+          "SiLU*up");
+    ctx->save_for_backward({g, u});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& g = saved[0];
+    const torch::Tensor& u = saved[1];
+    const torch::Tensor dy = grads[0].contiguous();
+    torch::Tensor dg = torch::empty_like(g), du = torch::empty_like(u);
+    Check(cuda::LaunchSiluMulBackward(g.data_ptr(), u.data_ptr(), dy.data_ptr(), dg.data_ptr(),
+                                      du.data_ptr(), g.numel(), KernelType(g), Stream()),
+          "SiLU*up backward");
+    return {dg, du};
+  }
+};
+#endif
+
+}  // namespace
+
+bool FusedTrainingEnabled() { return Switch().load(); }
+void SetFusedTraining(bool enabled) { Switch().store(enabled); }
+
+bool FusedTrainingApplies(const torch::Tensor& x) {
+#ifdef SLIME_MODEL_FUSED_KERNELS
+  return FusedTrainingEnabled() && x.defined() && x.is_cuda() &&
+         !c10::InferenceMode::is_enabled() &&
+         (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat32 ||
+          x.scalar_type() == torch::kHalf);
+#else
+  (void)x;
+  return false;
+#endif
+}
+
+#ifdef SLIME_MODEL_FUSED_KERNELS
+torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  return RmsNormFunction::apply(x, weight, eps);
+}
+torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  return RopeFunction::apply(x, cos, sin);
+}
+torch::Tensor FusedSiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
+  return SiluMulFunction::apply(gate, up);
+}
+
+LogSoftmaxRows FusedLogSoftmaxRows(const torch::Tensor& logits, const torch::Tensor& targets,
+                                   double temperature, bool with_entropy) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "fused log-softmax: logits [C, V]");
+  const int64_t c = logits.size(0);
+  const auto f32 = logits.options().dtype(torch::kFloat32);
+  LogSoftmaxRows r;
+  r.log_probs = torch::empty({c}, f32);
+  if (with_entropy) r.entropy = torch::empty({c}, f32);
+  r.row_max = torch::empty({c}, f32);
+  r.log_sum = torch::empty({c}, f32);
+  r.mean_shifted = torch::empty({c}, f32);
+  const torch::Tensor t = targets.to(torch::kLong).contiguous();
+  cuda::LogSoftmaxStatsArgs a;
+  a.logits = logits.data_ptr();
+  a.targets = t.data_ptr<int64_t>();
+  a.rows = c;
+  a.v = logits.size(1);
+  a.inv_temperature = static_cast<float>(1.0 / temperature);
+  a.log_probs = r.log_probs.data_ptr<float>();
+  a.entropy = with_entropy ? r.entropy.data_ptr<float>() : nullptr;
+  a.row_max = r.row_max.data_ptr<float>();
+  a.log_sum = r.log_sum.data_ptr<float>();
+  a.mean_shifted = r.mean_shifted.data_ptr<float>();
+  a.dtype = KernelType(logits);
+  Check(cuda::LaunchLogSoftmaxStats(a, Stream()), "log-softmax");
+  return r;
+}
+
+void FusedLogSoftmaxBackwardInPlace(torch::Tensor& logits, const torch::Tensor& targets,
+                                    const LogSoftmaxRows& rows, const torch::Tensor& g_lp,
+                                    const torch::Tensor& g_ent, double temperature) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "fused log-softmax: logits [C, V]");
+  const torch::Tensor t = targets.to(torch::kLong).contiguous();
+  const torch::Tensor lp = g_lp.defined() ? g_lp.to(torch::kFloat32).contiguous() : g_lp;
+  const torch::Tensor ent = g_ent.defined() ? g_ent.to(torch::kFloat32).contiguous() : g_ent;
+  cuda::LogSoftmaxGradArgs a;
+  a.logits = logits.data_ptr();
+  a.targets = t.data_ptr<int64_t>();
+  a.rows = logits.size(0);
+  a.v = logits.size(1);
+  a.inv_temperature = static_cast<float>(1.0 / temperature);
+  a.row_max = rows.row_max.data_ptr<float>();
+  a.log_sum = rows.log_sum.data_ptr<float>();
+  a.mean_shifted = rows.mean_shifted.data_ptr<float>();
+  a.g_lp = lp.defined() ? lp.data_ptr<float>() : nullptr;
+  a.g_ent = ent.defined() ? ent.data_ptr<float>() : nullptr;
+  a.dtype = KernelType(logits);
+  Check(cuda::LaunchLogSoftmaxGrad(a, Stream()), "log-softmax backward");
+}
+#else
+namespace {
+[[noreturn]] void NotBuilt() {
+  TORCH_CHECK(false, "the fused training kernels are not built (a CPU build)");
+  std::abort();
+}
+}  // namespace
+torch::Tensor FusedRmsNorm(const torch::Tensor&, const torch::Tensor&, double) { NotBuilt(); }
+torch::Tensor FusedRope(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
+  NotBuilt();
+}
+torch::Tensor FusedSiluMul(const torch::Tensor&, const torch::Tensor&) { NotBuilt(); }
+LogSoftmaxRows FusedLogSoftmaxRows(const torch::Tensor&, const torch::Tensor&, double, bool) {
+  NotBuilt();
+}
+void FusedLogSoftmaxBackwardInPlace(torch::Tensor&, const torch::Tensor&, const LogSoftmaxRows&,
+                                    const torch::Tensor&, const torch::Tensor&, double) {
+  NotBuilt();
+}
+#endif
+
+}  // namespace slime::model
