@@ -33,6 +33,7 @@
 #include "slime/runtime/agent.h"
 #include "slime/runtime/head.h"
 #include "slime/tokenizer/tokenizer.h"
+#include "slime/workflow/factory.h"
 #include "spdlog/spdlog.h"
 
 namespace slime::job {
@@ -593,6 +594,9 @@ Status Driver::InitTrainers() {
     coordinator_.SetEngineRecovery(engines_.get());
     SLIME_ASSIGN_OR_RETURN(rollout::RolloutOptions ro,
                            rollout::RolloutOptionsFromConfig(config_, engine_addresses_));
+    // rollout.custom_generate (and eval datasets' overrides): multi-turn episodes, plugins.
+    SLIME_RETURN_IF_ERROR(workflow::ConfigureCustomGeneration(config_, tokenizer_.get(), &ro,
+                                                              &eval_datasets_));
     SLIME_RETURN_IF_ERROR(coordinator_.Configure(std::move(ro), group_source_.get(), reward_.get(),
                                                  eval_datasets_));
     coordinator_.SetProgressCallback(
