@@ -2,6 +2,7 @@
 #include "slime/model/fused_train.h"
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -36,6 +37,11 @@ void* Stream() { return at::cuda::getCurrentCUDAStream().stream(); }
 void Check(int err, const char* what) {
   TORCH_CHECK(err == 0, "fused ", what, " failed with CUDA error ", err);
 }
+// The 16-byte-load kernels need 16-byte aligned rows.
+bool Aligned16(const torch::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+int64_t PerVector(const torch::Tensor& t) { return 16 / static_cast<int64_t>(t.element_size()); }
 
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
@@ -45,9 +51,10 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const torch::Tensor w = w_in.contiguous();
     torch::Tensor y = torch::empty_like(x);
     const int64_t n = x.size(-1);
-    Check(cuda::LaunchRmsNorm(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.numel() / n,
-                              static_cast<int>(n), static_cast<float>(eps), KernelType(x),
-                              Stream()),
+    const bool vec = Aligned16(x) && Aligned16(w) && n % PerVector(x) == 0;
+    Check((vec ? cuda::LaunchRmsNormForward : cuda::LaunchRmsNorm)(
+              x.data_ptr(), w.data_ptr(), y.data_ptr(), x.numel() / n, static_cast<int>(n),
+              static_cast<float>(eps), KernelType(x), Stream()),
           "RMSNorm");
     ctx->save_for_backward({x, w});
     ctx->saved_data["eps"] = eps;
@@ -76,9 +83,11 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
                              const torch::Tensor& sin) {
     const torch::Tensor x = x_in.contiguous();
     torch::Tensor y = torch::empty_like(x);
-    Check(cuda::LaunchRope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr(), x.size(0),
-                           static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
-                           KernelType(x), Stream()),
+    const bool vec = Aligned16(x) && Aligned16(cos) && Aligned16(sin) &&
+                     (x.size(2) / 2) % PerVector(x) == 0;
+    Check((vec ? cuda::LaunchRopeForward : cuda::LaunchRope)(
+              x.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr(), x.size(0),
+              static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), KernelType(x), Stream()),
           "RoPE");
     return y;
   }
@@ -102,8 +111,9 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
                                const torch::Tensor& u_in) {
     const torch::Tensor g = g_in.contiguous(), u = u_in.contiguous();
     torch::Tensor y = torch::empty_like(g);
-    Check(cuda::LaunchSiluMul(g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel(), KernelType(g),
-                              Stream()),
+    const bool vec = Aligned16(g) && Aligned16(u) && g.numel() % PerVector(g) == 0;
+    Check((vec ? cuda::LaunchSiluMulForward : cuda::LaunchSiluMul)(
+              g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel(), KernelType(g), Stream()),
           "SiLU*up");
     ctx->save_for_backward({g, u});
     return y;
@@ -199,6 +209,39 @@ void FusedLogSoftmaxBackwardInPlace(torch::Tensor& logits, const torch::Tensor& 
   a.dtype = KernelType(logits);
   Check(cuda::LaunchLogSoftmaxGrad(a, Stream()), "log-softmax backward");
 }
+
+void FusedAddSquaredNorm(const torch::Tensor& grad, torch::Tensor& accum) {
+  TORCH_CHECK(grad.is_contiguous() && accum.scalar_type() == torch::kFloat32,
+              "fused squared norm: contiguous grad, float32 accumulator");
+  Check(cuda::LaunchAddSquaredNorm(grad.data_ptr(), grad.numel(), accum.data_ptr<float>(),
+                                   KernelType(grad), Stream()),
+        "squared norm");
+}
+
+void FusedAdamW(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& master,
+                torch::Tensor& exp_avg, torch::Tensor& exp_avg_sq, const FusedAdamWStep& step) {
+  TORCH_CHECK(param.is_contiguous() && exp_avg.is_contiguous() && exp_avg_sq.is_contiguous() &&
+                  (!grad.defined() || (grad.is_contiguous() &&
+                                       grad.scalar_type() == param.scalar_type())) &&
+                  (!master.defined() || master.is_contiguous()),
+              "fused AdamW: contiguous tensors, the gradient in the parameter's dtype");
+  cuda::AdamWArgs a;
+  a.param = param.data_ptr();
+  a.grad = grad.defined() ? grad.data_ptr() : nullptr;
+  a.master = master.defined() ? master.data_ptr<float>() : nullptr;
+  a.exp_avg = exp_avg.data_ptr<float>();
+  a.exp_avg_sq = exp_avg_sq.data_ptr<float>();
+  a.n = param.numel();
+  a.grad_scale = static_cast<float>(step.grad_scale);
+  a.decay_factor = static_cast<float>(step.decay_factor);
+  a.beta1 = static_cast<float>(step.beta1);
+  a.beta2 = static_cast<float>(step.beta2);
+  a.step_size = static_cast<float>(step.step_size);
+  a.bc2_sqrt = static_cast<float>(step.bias_correction2_sqrt);
+  a.eps = static_cast<float>(step.eps);
+  a.dtype = KernelType(param);
+  Check(cuda::LaunchAdamW(a, Stream()), "AdamW");
+}
 #else
 namespace {
 [[noreturn]] void NotBuilt() {
@@ -216,6 +259,11 @@ LogSoftmaxRows FusedLogSoftmaxRows(const torch::Tensor&, const torch::Tensor&, d
 }
 void FusedLogSoftmaxBackwardInPlace(torch::Tensor&, const torch::Tensor&, const LogSoftmaxRows&,
                                     const torch::Tensor&, const torch::Tensor&, double) {
+  NotBuilt();
+}
+void FusedAddSquaredNorm(const torch::Tensor&, torch::Tensor&) { NotBuilt(); }
+void FusedAdamW(torch::Tensor&, const torch::Tensor&, torch::Tensor&, torch::Tensor&,
+                torch::Tensor&, const FusedAdamWStep&) {
   NotBuilt();
 }
 #endif

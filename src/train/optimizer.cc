@@ -15,6 +15,7 @@
 
 #include "slime/config/config.h"
 #include "slime/model/config.h"
+#include "slime/model/fused_train.h"
 #include "slime/model/weights.h"
 #include "torch_guard.h"
 
@@ -222,9 +223,13 @@ StatusOr<OptimizerStepResult> AdamW::StepImpl(double lr) {
   OptimizerStepResult result;
   result.lr = lr;
 
-  // 1-2. float32 gradients and the sum of their squares.
+  // 1-2. float32 gradients and the sum of their squares. On CUDA (model/fused_train.h) the
+  // gradients stay in the parameters' dtype: one kernel adds their squares, and step 5 runs one
+  // AdamW kernel per parameter with the clip coefficient applied inside.
   std::vector<torch::Tensor> grads(slots_.size());
+  std::vector<bool> fused(slots_.size(), false);
   torch::Tensor squared_norm;
+  torch::Tensor fused_squared_norm;  // float32 scalar on the device
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
     if (!s.trainable) continue;
@@ -240,11 +245,28 @@ StatusOr<OptimizerStepResult> AdamW::StepImpl(double lr) {
           fmt::format("optimizer: gradient of \"{}\" has shape {}, the parameter {}", s.name,
                       ShapeString(g.sizes()), ShapeString(s.param.sizes())));
     }
+    if (model::FusedTrainingApplies(s.param) && s.param.is_contiguous() && g.is_contiguous() &&
+        g.scalar_type() == s.param.scalar_type() &&
+        (s.master.defined() || s.param.scalar_type() == torch::kFloat32)) {
+      fused[i] = true;
+      grads[i] = g;
+      if (s.replicated && options_.tp_rank != 0) continue;
+      if (!fused_squared_norm.defined()) {
+        fused_squared_norm = torch::zeros({}, g.options().dtype(torch::kFloat32));
+      }
+      model::FusedAddSquaredNorm(g, fused_squared_norm);
+      continue;
+    }
     // bf16 gradients become a float32 copy; float32 ones are used (and scaled) in place.
     grads[i] = g.to(torch::kFloat32);
     if (s.replicated && options_.tp_rank != 0) continue;
     torch::Tensor sq = grads[i].square().sum();
     squared_norm = squared_norm.defined() ? squared_norm.add_(sq) : sq;
+  }
+  if (fused_squared_norm.defined()) {
+    squared_norm = squared_norm.defined() ? squared_norm.add_(fused_squared_norm.to(
+                                                squared_norm.device()))
+                                          : fused_squared_norm;
   }
   if (!squared_norm.defined()) {  // no gradient at all: a zero norm on the parameters' device
     for (const Slot& s : slots_) {
@@ -268,12 +290,14 @@ StatusOr<OptimizerStepResult> AdamW::StepImpl(double lr) {
     return result;
   }
 
-  // 4. Clipping by the global norm.
+  // 4. Clipping by the global norm (fused slots scale inside their AdamW kernel).
+  double clip_coeff = 1.0;
   if (options_.clip_grad > 0.0) {
     const double coeff = options_.clip_grad / (norm + 1e-6);
     if (coeff < 1.0) {
-      for (torch::Tensor& g : grads) {
-        if (g.defined()) g.mul_(coeff);
+      clip_coeff = coeff;
+      for (size_t i = 0; i < grads.size(); ++i) {
+        if (grads[i].defined() && !fused[i]) grads[i].mul_(coeff);
       }
     }
   }
@@ -290,6 +314,21 @@ StatusOr<OptimizerStepResult> AdamW::StepImpl(double lr) {
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     if (!s.trainable) continue;
+    if (fused[i] || (!grads[i].defined() && model::FusedTrainingApplies(s.param) &&
+                     s.param.is_contiguous() &&
+                     (s.master.defined() || s.param.scalar_type() == torch::kFloat32))) {
+      model::FusedAdamWStep f;
+      f.grad_scale = clip_coeff;
+      f.decay_factor =
+          s.decay && options_.weight_decay != 0.0 ? 1.0 - lr * options_.weight_decay : 1.0;
+      f.beta1 = beta1;
+      f.beta2 = beta2;
+      f.step_size = step_size;
+      f.bias_correction2_sqrt = bias_correction2_sqrt;
+      f.eps = options_.eps;
+      model::FusedAdamW(s.param, grads[i], s.master, s.exp_avg, s.exp_avg_sq, f);
+      continue;
+    }
     torch::Tensor target = s.Target();
     if (s.decay && options_.weight_decay != 0.0) target.mul_(1.0 - lr * options_.weight_decay);
     s.exp_avg.mul_(beta1);

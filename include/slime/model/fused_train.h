@@ -47,6 +47,22 @@ void FusedLogSoftmaxBackwardInPlace(torch::Tensor& logits, const torch::Tensor& 
                                     const LogSoftmaxRows& rows, const torch::Tensor& g_lp,
                                     const torch::Tensor& g_ent, double temperature);
 
+// Optimizer kernels (CUDA tensors, contiguous). accum: a float32 scalar on grad's device.
+void FusedAddSquaredNorm(const torch::Tensor& grad, torch::Tensor& accum);
+// One AdamW update of one parameter in one kernel (the eager update of train/optimizer.cc:
+// decoupled decay, moments, bias-corrected step; param rewritten from the float32 master when
+// there is one). `grad` may be undefined (no gradient: the moments only decay).
+struct FusedAdamWStep {
+  double grad_scale = 1.0;    // clip coefficient
+  double decay_factor = 1.0;  // 1 - lr · weight_decay, or 1
+  double beta1 = 0.9, beta2 = 0.999;
+  double step_size = 0.0;  // lr / bias_correction1
+  double bias_correction2_sqrt = 1.0;
+  double eps = 1e-8;
+};
+void FusedAdamW(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& master,
+                torch::Tensor& exp_avg, torch::Tensor& exp_avg_sq, const FusedAdamWStep& step);
+
 }  // namespace slime::model
 
 #endif  // SLIME_MODEL_FUSED_TRAIN_H_

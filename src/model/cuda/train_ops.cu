@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "train_ops.h"
 
@@ -224,6 +225,139 @@ __global__ void __launch_bounds__(kGradThreads)
   }
 }
 
+
+// ---- training forward kernels with 16-byte loads.
+// RMSNorm: one warp per row, two passes over the row (the second from cache).
+template <typename T>
+__global__ void __launch_bounds__(256)
+    RmsNormForwardKernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                         int64_t rows, int n, float eps) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const Vec16<T>* xr = reinterpret_cast<const Vec16<T>*>(x + row * n);
+  const Vec16<T>* wr = reinterpret_cast<const Vec16<T>*>(w);
+  Vec16<T>* yr = reinterpret_cast<Vec16<T>*>(y + row * n);
+  const int vecs = n / V;
+  float ss = 0.f;
+  for (int i = lane; i < vecs; i += 32) {
+    const Vec16<T> xv = xr[i];
+#pragma unroll
+    for (int j = 0; j < V; ++j) ss += F(xv.v[j]) * F(xv.v[j]);
+  }
+  ss = WarpSum(ss);
+  const float r = rsqrtf(ss / static_cast<float>(n) + eps);
+  for (int i = lane; i < vecs; i += 32) {
+    const Vec16<T> xv = xr[i];
+    const Vec16<T> wv = wr[i];
+    Vec16<T> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) out.v[j] = To<T>(F(wv.v[j]) * R<T>(F(xv.v[j]) * r));
+    yr[i] = out;
+  }
+}
+
+// RoPE: each thread rotates V pairs (element i of the first half with i + d/2).
+template <typename T>
+__global__ void RopeForwardKernel(const T* __restrict__ x, const T* __restrict__ cos_t,
+                                  const T* __restrict__ sin_t, T* __restrict__ y, int64_t total,
+                                  int heads, int d) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  const int half = d / 2;
+  const int per_head = half / V;
+  const int64_t head_row = idx / per_head;  // token * heads + head
+  const int j = static_cast<int>(idx % per_head) * V;
+  const int64_t t = head_row / heads;
+  const T* xh = x + head_row * d;
+  T* yh = y + head_row * d;
+  const Vec16<T> x1 = *reinterpret_cast<const Vec16<T>*>(xh + j);
+  const Vec16<T> x2 = *reinterpret_cast<const Vec16<T>*>(xh + half + j);
+  const Vec16<T> c1 = *reinterpret_cast<const Vec16<T>*>(cos_t + t * d + j);
+  const Vec16<T> c2 = *reinterpret_cast<const Vec16<T>*>(cos_t + t * d + half + j);
+  const Vec16<T> s1 = *reinterpret_cast<const Vec16<T>*>(sin_t + t * d + j);
+  const Vec16<T> s2 = *reinterpret_cast<const Vec16<T>*>(sin_t + t * d + half + j);
+  Vec16<T> y1, y2;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const float a = F(x1.v[k]), b = F(x2.v[k]);
+    y1.v[k] = To<T>(R<T>(a * F(c1.v[k])) + R<T>(-b * F(s1.v[k])));
+    y2.v[k] = To<T>(R<T>(b * F(c2.v[k])) + R<T>(a * F(s2.v[k])));
+  }
+  *reinterpret_cast<Vec16<T>*>(yh + j) = y1;
+  *reinterpret_cast<Vec16<T>*>(yh + half + j) = y2;
+}
+
+template <typename T>
+__global__ void SiluMulForwardKernel(const T* __restrict__ g, const T* __restrict__ u,
+                                     T* __restrict__ y, int64_t vecs) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs;
+       i += stride) {
+    const Vec16<T> gv = reinterpret_cast<const Vec16<T>*>(g)[i];
+    const Vec16<T> uv = reinterpret_cast<const Vec16<T>*>(u)[i];
+    Vec16<T> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float a = F(gv.v[j]);
+      out.v[j] = To<T>(R<T>(a / (1.0f + expf(-a))) * F(uv.v[j]));
+    }
+    reinterpret_cast<Vec16<T>*>(y)[i] = out;
+  }
+}
+
+// ---- optimizer
+template <typename T>
+__global__ void SquaredNormKernel(const T* __restrict__ g, int64_t n, float* __restrict__ accum) {
+  float s = 0.f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const float v = F(g[i]);
+    s += v * v;
+  }
+  s = WarpSum(s);
+  __shared__ float parts[8];
+  if (threadIdx.x % 32 == 0) parts[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.f;
+    for (int k = 0; k < static_cast<int>(blockDim.x / 32); ++k) total += parts[k];
+    atomicAdd(accum, total);
+  }
+}
+
+template <typename T>
+__global__ void AdamWKernel(T* __restrict__ param, const T* __restrict__ grad,
+                            float* __restrict__ master, float* __restrict__ m,
+                            float* __restrict__ v, int64_t n, float grad_scale, float decay,
+                            float b1, float b2, float step_size, float bc2_sqrt, float eps) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    float target = master != nullptr ? master[i] : F(param[i]);
+    target *= decay;
+    float mi = m[i] * b1, vi = v[i] * b2;
+    if (grad != nullptr) {
+      const float g = F(grad[i]) * grad_scale;
+      mi += (1.0f - b1) * g;
+      vi += (1.0f - b2) * g * g;
+    }
+    m[i] = mi;
+    v[i] = vi;
+    target += -step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
+    if (master != nullptr) {
+      master[i] = target;
+      param[i] = To<T>(target);
+    } else {
+      param[i] = To<T>(target);
+    }
+  }
+}
+
 template <template <typename> class Launcher, typename... Args>
 int Dispatch(DType dtype, Args... args) {
   switch (dtype) {
@@ -304,6 +438,79 @@ struct LogSoftmaxGradLauncher {
   }
 };
 
+
+template <typename T>
+struct RmsNormForwardLauncher {
+  static int Run(const void* x, const void* w, void* y, int64_t rows, int n, float eps,
+                 cudaStream_t s) {
+    constexpr int V = 16 / sizeof(T);
+    if (n % V != 0) return static_cast<int>(cudaErrorInvalidValue);
+    if (rows == 0) return 0;
+    const int64_t blocks = (rows + 7) / 8;
+    RmsNormForwardKernel<T><<<static_cast<unsigned>(blocks), 256, 0, s>>>(
+        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), rows, n, eps);
+    return static_cast<int>(cudaGetLastError());
+  }
+};
+
+template <typename T>
+struct RopeForwardLauncher {
+  static int Run(const void* x, const void* c, const void* sn, void* y, int64_t tokens, int heads,
+                 int d, cudaStream_t s) {
+    constexpr int V = 16 / sizeof(T);
+    if (d % 2 != 0 || (d / 2) % V != 0) return static_cast<int>(cudaErrorInvalidValue);
+    const int64_t total = tokens * heads * (d / 2 / V);
+    if (total == 0) return 0;
+    RopeForwardKernel<T><<<static_cast<unsigned>((total + 255) / 256), 256, 0, s>>>(
+        static_cast<const T*>(x), static_cast<const T*>(c), static_cast<const T*>(sn),
+        static_cast<T*>(y), total, heads, d);
+    return static_cast<int>(cudaGetLastError());
+  }
+};
+
+template <typename T>
+struct SiluMulForwardLauncher {
+  static int Run(const void* g, const void* u, void* y, int64_t n, cudaStream_t s) {
+    constexpr int V = 16 / sizeof(T);
+    if (n % V != 0) return static_cast<int>(cudaErrorInvalidValue);
+    const int64_t vecs = n / V;
+    if (vecs == 0) return 0;
+    const int blocks =
+        static_cast<int>(std::min<int64_t>((vecs + 255) / 256, MultiprocessorCount() * 16));
+    SiluMulForwardKernel<T><<<blocks, 256, 0, s>>>(static_cast<const T*>(g),
+                                                   static_cast<const T*>(u), static_cast<T*>(y),
+                                                   vecs);
+    return static_cast<int>(cudaGetLastError());
+  }
+};
+
+template <typename T>
+struct SquaredNormLauncher {
+  static int Run(const void* g, int64_t n, float* accum, cudaStream_t s) {
+    if (n == 0) return 0;
+    const int blocks =
+        static_cast<int>(std::min<int64_t>((n + 255) / 256, MultiprocessorCount() * 8));
+    SquaredNormKernel<T><<<blocks, 256, 0, s>>>(static_cast<const T*>(g), n, accum);
+    return static_cast<int>(cudaGetLastError());
+  }
+};
+
+template <typename T>
+struct AdamWLauncher {
+  static int Run(const AdamWArgs& a, cudaStream_t s) {
+    if (a.n == 0) return 0;
+    if (a.master == nullptr && !std::is_same<T, float>::value) {
+      return static_cast<int>(cudaErrorInvalidValue);  // a non-float32 parameter needs a master
+    }
+    const int blocks =
+        static_cast<int>(std::min<int64_t>((a.n + 255) / 256, MultiprocessorCount() * 8));
+    AdamWKernel<T><<<blocks, 256, 0, s>>>(static_cast<T*>(a.param), static_cast<const T*>(a.grad),
+                                          a.master, a.exp_avg, a.exp_avg_sq, a.n, a.grad_scale,
+                                          a.decay_factor, a.beta1, a.beta2, a.step_size,
+                                          a.bc2_sqrt, a.eps);
+    return static_cast<int>(cudaGetLastError());
+  }
+};
 }  // namespace
 
 int LaunchRmsNormBackward(const void* x, const void* w, const void* dy, void* dx, float* dw_accum,
@@ -324,6 +531,35 @@ int LaunchLogSoftmaxStats(const LogSoftmaxStatsArgs& args, void* stream) {
 
 int LaunchLogSoftmaxGrad(const LogSoftmaxGradArgs& args, void* stream) {
   return Dispatch<LogSoftmaxGradLauncher>(args.dtype, args, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace slime::model::cuda
+
+namespace slime::model::cuda {
+
+int LaunchRmsNormForward(const void* x, const void* w, void* y, int64_t rows, int n, float eps,
+                         DType dtype, void* stream) {
+  return Dispatch<RmsNormForwardLauncher>(dtype, x, w, y, rows, n, eps,
+                                          static_cast<cudaStream_t>(stream));
+}
+
+int LaunchRopeForward(const void* x, const void* c, const void* s, void* y, int64_t tokens,
+                      int heads, int d, DType dtype, void* stream) {
+  return Dispatch<RopeForwardLauncher>(dtype, x, c, s, y, tokens, heads, d,
+                                       static_cast<cudaStream_t>(stream));
+}
+
+int LaunchSiluMulForward(const void* g, const void* u, void* y, int64_t n, DType dtype,
+                         void* stream) {
+  return Dispatch<SiluMulForwardLauncher>(dtype, g, u, y, n, static_cast<cudaStream_t>(stream));
+}
+
+int LaunchAddSquaredNorm(const void* grad, int64_t n, float* accum, DType dtype, void* stream) {
+  return Dispatch<SquaredNormLauncher>(dtype, grad, n, accum, static_cast<cudaStream_t>(stream));
+}
+
+int LaunchAdamW(const AdamWArgs& args, void* stream) {
+  return Dispatch<AdamWLauncher>(args.dtype, args, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace slime::model::cuda

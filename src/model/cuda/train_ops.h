@@ -64,6 +64,43 @@ struct LogSoftmaxGradArgs {
 };
 int LaunchLogSoftmaxGrad(const LogSoftmaxGradArgs& args, void* stream);
 
+// Training forward kernels with 16-byte loads (the inference ones of fused_ops.h are tuned for
+// decode steps); same math and roundings as RmsNorm / Rope / SiluMul there.
+// x, y [rows, n]; w [n]; n % (16 / sizeof(T)) == 0 (else cudaErrorInvalidValue).
+int LaunchRmsNormForward(const void* x, const void* w, void* y, int64_t rows, int n, float eps,
+                         DType dtype, void* stream);
+// x, y [tokens, heads, d]; cos, sin [tokens, d]; (d / 2) % (16 / sizeof(T)) == 0.
+int LaunchRopeForward(const void* x, const void* cos, const void* sin, void* y, int64_t tokens,
+                      int heads, int d, DType dtype, void* stream);
+// g, u, y [n], n % (16 / sizeof(T)) == 0.
+int LaunchSiluMulForward(const void* g, const void* u, void* y, int64_t n, DType dtype,
+                         void* stream);
+
+// Σ grad² (float32) added to *accum (a device scalar). grad [n] of `dtype`.
+int LaunchAddSquaredNorm(const void* grad, int64_t n, float* accum, DType dtype, void* stream);
+
+// One AdamW step over one parameter (torch's decoupled weight decay, as the eager update):
+//   g = grad · grad_scale (0 when grad is null); target = master, or param when master is null
+//   (then param is float32); target *= decay_factor; m = β1 m + (1-β1) g;
+//   v = β2 v + (1-β2) g²; target -= step_size · m / (sqrt(v) / bc2_sqrt + eps);
+//   param = T(target) when master is set.
+struct AdamWArgs {
+  void* param = nullptr;        // [n], `dtype`
+  const void* grad = nullptr;   // [n], `dtype`, or null
+  float* master = nullptr;      // [n] or null
+  float* exp_avg = nullptr;     // [n]
+  float* exp_avg_sq = nullptr;  // [n]
+  int64_t n = 0;
+  float grad_scale = 1.f;
+  float decay_factor = 1.f;
+  float beta1 = 0.9f, beta2 = 0.999f;
+  float step_size = 0.f;
+  float bc2_sqrt = 1.f;
+  float eps = 1e-8f;
+  DType dtype = DType::kBFloat16;
+};
+int LaunchAdamW(const AdamWArgs& args, void* stream);
+
 }  // namespace slime::model::cuda
 
 #endif  // SLIME_SRC_MODEL_CUDA_TRAIN_OPS_H_
