@@ -236,6 +236,8 @@ void FusedAdamW(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& 
   a.decay_factor = static_cast<float>(step.decay_factor);
   a.beta1 = static_cast<float>(step.beta1);
   a.beta2 = static_cast<float>(step.beta2);
+  a.one_minus_beta1 = static_cast<float>(1.0 - step.beta1);
+  a.one_minus_beta2 = static_cast<float>(1.0 - step.beta2);
   a.step_size = static_cast<float>(step.step_size);
   a.bc2_sqrt = static_cast<float>(step.bias_correction2_sqrt);
   a.eps = static_cast<float>(step.eps);

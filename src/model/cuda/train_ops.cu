@@ -334,7 +334,8 @@ template <typename T>
 __global__ void AdamWKernel(T* __restrict__ param, const T* __restrict__ grad,
                             float* __restrict__ master, float* __restrict__ m,
                             float* __restrict__ v, int64_t n, float grad_scale, float decay,
-                            float b1, float b2, float step_size, float bc2_sqrt, float eps) {
+                            float b1, float b2, float c1, float c2, float step_size,
+                            float bc2_sqrt, float eps) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
@@ -343,8 +344,8 @@ __global__ void AdamWKernel(T* __restrict__ param, const T* __restrict__ grad,
     float mi = m[i] * b1, vi = v[i] * b2;
     if (grad != nullptr) {
       const float g = F(grad[i]) * grad_scale;
-      mi += (1.0f - b1) * g;
-      vi += (1.0f - b2) * g * g;
+      mi += c1 * g;
+      vi += c2 * g * g;
     }
     m[i] = mi;
     v[i] = vi;
@@ -506,7 +507,8 @@ struct AdamWLauncher {
         static_cast<int>(std::min<int64_t>((a.n + 255) / 256, MultiprocessorCount() * 8));
     AdamWKernel<T><<<blocks, 256, 0, s>>>(static_cast<T*>(a.param), static_cast<const T*>(a.grad),
                                           a.master, a.exp_avg, a.exp_avg_sq, a.n, a.grad_scale,
-                                          a.decay_factor, a.beta1, a.beta2, a.step_size,
+                                          a.decay_factor, a.beta1, a.beta2, a.one_minus_beta1,
+                                          a.one_minus_beta2, a.step_size,
                                           a.bc2_sqrt, a.eps);
     return static_cast<int>(cudaGetLastError());
   }

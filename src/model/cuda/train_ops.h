@@ -94,6 +94,9 @@ struct AdamWArgs {
   float grad_scale = 1.f;
   float decay_factor = 1.f;
   float beta1 = 0.9f, beta2 = 0.999f;
+  // 1 - β1 and 1 - β2 rounded once from double (as the eager update's alpha arguments):
+  // 1.0f - 0.999f is 1.3e-5 away from 0.001f.
+  float one_minus_beta1 = 0.1f, one_minus_beta2 = 0.001f;
   float step_size = 0.f;
   float bc2_sqrt = 1.f;
   float eps = 1e-8f;
