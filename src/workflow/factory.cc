@@ -6,8 +6,10 @@
 #include <map>
 #include <utility>
 
+#include "slime/agent/agent_generator.h"
 #include "slime/config/config.h"
 #include "slime/data/prompt_dataset.h"
+#include "slime/plugin/plugin_generator.h"
 #include "slime/workflow/env_generator.h"
 
 namespace slime::workflow {
@@ -33,12 +35,37 @@ StatusOr<std::shared_ptr<rollout::CustomGenerator>> MakeCustomGenerator(
     return std::shared_ptr<rollout::CustomGenerator>(*std::move(g));
   }
   if (kind == "plugin") {
-    return absl::UnimplementedError(
-        "rollout.custom_generate 'plugin' is not wired into the job yet (custom_generate_path)");
+    plugin::PluginOptions o;
+    o.path = r.custom_generate_path.value_or("");
+    o.config_json = r.custom_generate_config.value_or("");
+    StatusOr<std::unique_ptr<rollout::CustomGenerator>> g = plugin::LoadGeneratePlugin(o);
+    if (!g.ok()) {
+      return Status(g.status().code(), fmt::format("rollout.custom_generate plugin: {}",
+                                                   std::string(g.status().message())));
+    }
+    return std::shared_ptr<rollout::CustomGenerator>(*std::move(g));
   }
   if (kind == "agent") {
-    return absl::UnimplementedError(
-        "rollout.custom_generate 'agent' is not wired into the job yet (agent_command)");
+    agent::AgentOptions o;
+    o.command = agent::ShellJoin(r.agent_command);
+    if (tokenizer != nullptr) {
+      // Borrowed: the job's tokenizer outlives its rollout coordinator and generators.
+      o.tokenizer = std::shared_ptr<const tokenizer::Tokenizer>(
+          tokenizer, [](const tokenizer::Tokenizer*) {});
+    } else {
+      o.tokenizer_dir = config.model.hf_checkpoint;
+    }
+    o.timeout_s = r.episode_timeout_s;
+    o.max_turns = r.max_turns;
+    o.log_dir = config.cluster.run_dir + "/agent_logs";
+    o.server.chat_template_kwargs =
+        data::PromptDatasetOptionsFromConfig(config).chat_template_kwargs;
+    StatusOr<std::unique_ptr<rollout::CustomGenerator>> g = agent::MakeAgentGenerator(o);
+    if (!g.ok()) {
+      return Status(g.status().code(), fmt::format("rollout.custom_generate agent: {}",
+                                                   std::string(g.status().message())));
+    }
+    return std::shared_ptr<rollout::CustomGenerator>(*std::move(g));
   }
   return absl::InvalidArgumentError(fmt::format(
       "rollout.custom_generate '{}' is not known: use plugin, env or agent", kind));

@@ -6,7 +6,8 @@
 // run stopped mid-generation resumes with the prompts of an uninterrupted run.
 // An engine worker killed mid-rollout is restarted, resynced and its groups retried, unless
 // restarts are off (then the job fails naming it). Two data-parallel trainer processes (Gloo
-// all-reduce) train saved rollouts exactly as one trainer does.
+// all-reduce) train saved rollouts exactly as one trainer does. A multi-turn GRPO job runs its
+// episodes against the example calculator environment (real HTTP) and trains on them.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -60,8 +61,12 @@ std::string ReadFile(const fs::path& path) {
 // slime_train in its own process group, stdout and stderr to files, run from the source dir.
 class Child {
  public:
-  Child(std::vector<std::string> args, const fs::path& dir) : out_(dir / "stdout"), err_(dir / "stderr") {
-    args.insert(args.begin(), TrainBin());
+  // `binary` empty: slime_train. Output files are `<name>.stdout` / `.stderr` when `name` is set.
+  Child(std::vector<std::string> args, const fs::path& dir, const std::string& binary = "",
+        const std::string& name = "")
+      : out_(dir / (name.empty() ? "stdout" : name + ".stdout")),
+        err_(dir / (name.empty() ? "stderr" : name + ".stderr")) {
+    args.insert(args.begin(), binary.empty() ? TrainBin() : binary);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -716,6 +721,62 @@ TEST_F(DriverE2eTest, TwoDataParallelTrainersMatchOneTrainer) {
     EXPECT_GT(one["train/grad_norm"].get<double>(), 0.0) << "step " << step;
   }
 }
+
+
+#ifdef SLIME_CALC_ENV_BIN_DEFAULT
+// rollout.custom_generate: env — every sample is a multi-turn episode against the example
+// calculator environment (its own process, real HTTP): the job completes its rollouts, the
+// rewards are the environment's, and responses span several turns (model turns of at most 6
+// tokens; the prompt with the tool schema is ~190 tokens, so 400 leave room for three turns and
+// the environment's observations between them: a response is longer than one turn).
+TEST_F(DriverE2eTest, MultiTurnGrpoAgainstTheCalculatorEnvironment) {
+  Child env({"--port", "0", "--seed", "5"}, dir_, SLIME_CALC_ENV_BIN_DEFAULT, "env");
+  std::string url;
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (url.empty() && Clock::now() < deadline && !env.Wait(std::chrono::seconds(0))) {
+    const std::string out = env.out();
+    const std::string marker = "listening on ";
+    const size_t at = out.find(marker);
+    if (at != std::string::npos && out.find('\n', at) != std::string::npos) {
+      url = out.substr(at + marker.size(), out.find('\n', at) - at - marker.size());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_FALSE(url.empty()) << "calculator env did not start: " << env.err();
+
+  const fs::path base = WriteConfig(2);
+  std::string yaml = ReadFile(base);
+  const std::string rollout = "rollout:\n  max_response_len: 6\n";
+  ASSERT_NE(yaml.find(rollout), std::string::npos);
+  yaml.replace(yaml.find(rollout), rollout.size(),
+               rollout + "  custom_generate: env\n  env_url: " + url +
+                   "\n  max_turns: 3\n  max_total_tokens: 400\n  episode_timeout_s: 60\n"
+                   "  on_env_error: fail\n");
+  // Rewards come from the environment; the eval set keeps the rule-based reward of the config.
+  const fs::path config = dir_ / "env.yaml";
+  std::ofstream(config) << yaml;
+
+  Child run({"--config", config.string()}, dir_);
+  std::optional<int> code = run.Wait(std::chrono::seconds(400));
+  ASSERT_EQ(code, 0) << "stdout:\n" << run.out() << "\nstderr:\n" << run.err();
+  EXPECT_NE(run.out().find("rollout 1/2 | reward"), std::string::npos) << run.out();
+
+  int rollouts = 0;
+  for (const Json& r : ReadJsonl(dir_ / "run" / "metrics.jsonl")) {
+    if (!r.contains("rollout/raw_reward")) continue;
+    ++rollouts;
+    const double reward = r.at("rollout/raw_reward").get<double>();
+    EXPECT_GE(reward, 0.0);
+    EXPECT_LE(reward, 1.0);
+    EXPECT_TRUE(r.contains("train/loss")) << r.dump();
+    // Three turns of at most 6 model tokens with observations between them: one turn alone
+    // could not be longer than 6 tokens.
+    EXPECT_GT(r.at("rollout/response_len/mean").get<double>(), 6.0) << r.dump();
+  }
+  EXPECT_EQ(rollouts, 2);
+  EXPECT_EQ(ReadFile(dir_ / "ckpt" / "latest_checkpointed_iteration.txt").substr(0, 1), "1");
+}
+#endif
 
 }  // namespace
 }  // namespace slime

@@ -281,6 +281,7 @@ TEST_F(WorkflowEngineTest, CalculatorEpisodeTokensMasksAndLogProbsAreExact) {
       // and its tools, through the model's chat template.
       auto reset = client.Reset(s, 5s);
       ASSERT_TRUE(reset.ok()) << reset.status();
+      ASSERT_TRUE(client.Close(reset->episode_id, 5s).ok());  // the test's own episode
       tokenizer::ChatTemplateOptions co;
       co.add_generation_prompt = true;
       co.tools = reset->tools;

@@ -17,6 +17,7 @@
 #include "slime/workflow/calculator_env.h"
 #include "slime/workflow/env_client.h"
 #include "slime/workflow/episode_render.h"
+#include "slime/workflow/factory.h"
 
 namespace slime::workflow {
 namespace {
@@ -319,6 +320,49 @@ TEST(CustomGenerateConfigTest, ResolveChecks) {
   EXPECT_NE(c.status().message().find("eval.datasets[0].custom_generate 'env' requires"),
             std::string::npos)
       << c.status();
+}
+
+
+// The job's factory builds every kind from the config: the example plugin (loaded through the
+// C ABI), an agent (its session server started with the Qwen3 tokenizer) and an environment;
+// a plugin path that is not a library fails naming the key.
+TEST(CustomGenerateFactoryTest, BuildsPluginAgentAndEnvGenerators) {
+  const std::string tok_dir = SourceDir() + "/.cache/testdata/qwen3";
+  if (!std::filesystem::exists(tok_dir + "/tokenizer.json")) {
+    GTEST_SKIP() << tok_dir << " missing: run scripts/fetch_test_data.sh";
+  }
+  auto tok = tokenizer::Tokenizer::FromDirectory(tok_dir);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::string base =
+      "model: {hf_checkpoint: " + tok_dir +
+      "}\ndata: {prompt_data: /p.jsonl, rollout_batch_size: 1, num_rollout: 1}\n"
+      "cluster: {rollout_num_gpus: 1, actor_num_gpus_per_node: 1, run_dir: " +
+      ::testing::TempDir() + "/factory_run}\n"
+      "train: {global_batch_size: 1, micro_batch_size: 1}\n";
+  const auto make = [&](const std::string& rollout, const std::string& kind) {
+    std::vector<std::string> warnings;
+    auto c = config::LoadConfigFromString(base + rollout, ".", {}, &warnings);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return MakeCustomGenerator(*c, &**tok, kind, c->rollout.env_url.value_or(""));
+  };
+  auto plugin = make("rollout: {custom_generate: plugin, custom_generate_path: " +
+                         std::string(SLIME_SELF_CHECK_PLUGIN) +
+                         ", custom_generate_config: '{\"verify_ids\": [1, 2]}'}\n",
+                     "plugin");
+  ASSERT_TRUE(plugin.ok()) << plugin.status();
+  EXPECT_EQ((*plugin)->kind(), "plugin");
+  auto agent = make("rollout: {custom_generate: agent, agent_command: [/bin/true]}\n", "agent");
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  EXPECT_EQ((*agent)->kind(), "agent");
+  auto env = make("rollout: {custom_generate: env, env_url: 'http://127.0.0.1:9'}\n", "env");
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ((*env)->kind(), "env");
+  auto bad = make("rollout: {custom_generate: plugin, custom_generate_path: " + tok_dir +
+                      "/tokenizer.json}\n",
+                  "plugin");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("rollout.custom_generate plugin"), std::string::npos)
+      << bad.status();
 }
 
 }  // namespace

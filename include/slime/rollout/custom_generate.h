@@ -2,11 +2,11 @@
 // coordinator's single /generate call (slime's --custom-generate-function-path,
 // ../shared/reference/slime-inventory.md §4.3–4.4, §4.7). Three kinds plug in here:
 //   * a generate plugin: a shared library behind the versioned C ABI of
-//     include/slime/plugin/generate_plugin.h (workflow/plugin_generator.h);
+//     include/slime/plugin/generate_plugin.h (plugin/plugin_generator.h);
 //   * a tool environment spoken to over HTTP, run as a multi-turn episode
 //     (workflow/env_generator.h);
 //   * an unmodified agent program pointed at a per-sample OpenAI-compatible endpoint
-//     (workflow/agent_generator.h).
+//     (agent/agent_generator.h).
 //
 // Contract between the coordinator and a CustomGenerator:
 //   * The coordinator picks one engine per prompt group (as for default generation, so the n
