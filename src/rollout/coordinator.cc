@@ -236,20 +236,10 @@ void RolloutCoordinator::SubmitJob(const std::shared_ptr<Run>& run, Job* job, in
       } else {
         st = r.status();
       }
-      bool last = false;
-      bool aborting = false;
-      bool retry = false;
-      {
-        absl::MutexLock lock(&run->mu);
-        if (!st.ok() && job->error.ok()) job->error = st;
-        if (lost) job->retry = true;
-        last = --job->calls_left == 0;
-        aborting = run->aborting;
-        retry = job->retry;
-        st = job->error;
-      }
-      if (last) {
-        if (st.ok() && !aborting && !retry) {
+      const Run::CallEnd end = run->EndCall(job, st, lost);
+      st = end.error;
+      if (end.last) {
+        if (st.ok() && !end.aborting && !end.retry) {
           st = ScoreGroup(run->reward, job->rm_type, job->reward_key, &job->group);
         }
         absl::MutexLock lock(&run->mu);

@@ -66,6 +66,23 @@ struct RolloutCoordinator::Run {
   std::deque<Job*> done ABSL_GUARDED_BY(mu);  // generated (and scored) groups
   bool aborting ABSL_GUARDED_BY(mu) = false;
   int64_t calls_out ABSL_GUARDED_BY(mu) = 0;  // submitted, callback (or task) not finished
+
+  // One of `job`'s calls (a /generate or a custom-generation task) has ended with `status`
+  // (`lost`: to an unreachable engine). Records the first error and the loss, and returns
+  // whether it was the job's last call, the job's error so far, and the run's abort and the
+  // job's retry flags at that moment.
+  struct CallEnd {
+    bool last = false;
+    bool aborting = false;
+    bool retry = false;
+    Status error;
+  };
+  CallEnd EndCall(Job* job, const Status& status, bool lost) {
+    absl::MutexLock lock(&mu);
+    if (!status.ok() && job->error.ok()) job->error = status;
+    if (lost) job->retry = true;
+    return {--job->calls_left == 0, aborting, job->retry, job->error};
+  }
 };
 
 // A fixed-size pool of threads running queued tasks in FIFO order (custom generation: one task

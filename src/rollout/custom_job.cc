@@ -300,19 +300,10 @@ void RolloutCoordinator::SubmitCustomJob(const std::shared_ptr<Run>& run, Job* j
           }
         }
       }
-      bool last = false;
-      bool retry = false;
-      {
-        absl::MutexLock lock(&run->mu);
-        if (!st.ok() && job->error.ok()) job->error = st;
-        if (lost) job->retry = true;
-        last = --job->calls_left == 0;
-        aborting = run->aborting;
-        retry = job->retry;
-        st = job->error;
-      }
-      if (last) {
-        if (st.ok() && !retry) {
+      const Run::CallEnd end = run->EndCall(job, st, lost);
+      st = end.error;
+      if (end.last) {
+        if (st.ok() && !end.retry) {
           st = FinishCustomGroup(run->reward, job->rm_type, job->reward_key,
                                  &job->custom_results, &job->group);
         }

@@ -9,26 +9,12 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "dtype.cuh"
 #include "fused_ops.h"
 #include "pdl.cuh"
 
 namespace slime::model::cuda {
 namespace {
-
-__device__ __forceinline__ float F(float x) { return x; }
-__device__ __forceinline__ float F(__half x) { return __half2float(x); }
-__device__ __forceinline__ float F(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T To(float v);
-template <>
-__device__ __forceinline__ float To<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half To<__half>(float v) { return __float2half(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 To<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
-// Round to T and back: the value an eager op would have stored.
-template <typename T>
-__device__ __forceinline__ float R(float v) { return F(To<T>(v)); }
 
 constexpr int kNormThreads = 128;
 
@@ -204,11 +190,6 @@ __global__ void SiluMulPackedKernel(const T* __restrict__ gu, T* __restrict__ y,
 
 // ---- small-m GEMM (decode)
 
-template <typename T>
-struct alignas(16) Vec16 {
-  T v[16 / sizeof(T)];
-};
-
 constexpr int kGemmWarps = 8;
 
 // The first kPrefetch 16-byte weight vectors of each lane are loaded before the grid dependency
@@ -307,19 +288,6 @@ __global__ void AddRmsNormVecKernel(T* __restrict__ res, const T* __restrict__ d
 #pragma unroll
   for (int j = 0; j < V; ++j) out.v[j] = To<T>(F(wv.v[j]) * R<T>(v[j] * r));
   *reinterpret_cast<Vec16<T>*>(y + off) = out;
-}
-
-template <template <typename> class Launcher, typename... Args>
-int Dispatch(DType dtype, Args... args) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return Launcher<float>::Run(args...);
-    case DType::kFloat16:
-      return Launcher<__half>::Run(args...);
-    case DType::kBFloat16:
-      return Launcher<__nv_bfloat16>::Run(args...);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
 }
 
 template <typename T>

@@ -9,29 +9,11 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "dtype.cuh"
 #include "train_ops.h"
 
 namespace slime::model::cuda {
 namespace {
-
-__device__ __forceinline__ float F(float x) { return x; }
-__device__ __forceinline__ float F(__half x) { return __half2float(x); }
-__device__ __forceinline__ float F(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T To(float v);
-template <>
-__device__ __forceinline__ float To<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half To<__half>(float v) { return __float2half(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 To<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
-template <typename T>
-__device__ __forceinline__ float R(float v) { return F(To<T>(v)); }
-
-template <typename T>
-struct alignas(16) Vec16 {
-  T v[16 / sizeof(T)];
-};
 
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll
@@ -225,7 +207,6 @@ __global__ void __launch_bounds__(kGradThreads)
   }
 }
 
-
 // ---- training forward kernels with 16-byte loads.
 // RMSNorm: one warp per row, two passes over the row (the second from cache).
 template <typename T>
@@ -359,19 +340,6 @@ __global__ void AdamWKernel(T* __restrict__ param, const T* __restrict__ grad,
   }
 }
 
-template <template <typename> class Launcher, typename... Args>
-int Dispatch(DType dtype, Args... args) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return Launcher<float>::Run(args...);
-    case DType::kFloat16:
-      return Launcher<__half>::Run(args...);
-    case DType::kBFloat16:
-      return Launcher<__nv_bfloat16>::Run(args...);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
-}
-
 template <typename T>
 struct RmsNormBackwardLauncher {
   static int Run(const void* x, const void* w, const void* dy, void* dx, float* dw, int64_t rows,
@@ -438,7 +406,6 @@ struct LogSoftmaxGradLauncher {
     return 0;
   }
 };
-
 
 template <typename T>
 struct RmsNormForwardLauncher {
