@@ -24,6 +24,7 @@ PagedKvCache::PagedKvCache(int64_t num_layers, int64_t num_pages, int64_t page_s
       kv_heads_(kv_heads),
       head_dim_(head_dim),
       options_(options) {
+  split_counters_ = torch::zeros({kSplitCounters}, options.dtype(torch::kInt32));
   Resume();
 }
 
@@ -300,6 +301,11 @@ torch::Tensor PagedAttention::Attend(int layer, const torch::Tensor& q, const to
                                                               a.num_splits)},
                               qd.options().dtype(torch::kFloat32));
       a.partials = partials.data_ptr<float>();
+      torch::Tensor& counters = cache_->split_counters();
+      if (counters.is_cuda() &&
+          static_cast<int64_t>(a.batch) * a.num_kv_heads <= counters.numel()) {
+        a.split_counters = counters.data_ptr<int32_t>();
+      }
     }
     a.dtype = qd.scalar_type() == torch::kBFloat16 ? cuda::DType::kBFloat16
               : qd.scalar_type() == torch::kHalf   ? cuda::DType::kFloat16

@@ -387,6 +387,7 @@ torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch:
   // Decode steps (a few rows, one rank): our small-m GEMM streams the weights near HBM bandwidth;
   // otherwise the Megatron-style layers (cuBLAS, and the all-reduce of row-parallel outputs).
   const bool small_gemm = tp.size() == 1 && cuda::SmallGemmSupported(t, n, dt);
+  static const bool silu_gemm = cuda::DecodeFusionEnabled("silu_gemm");
   auto linear = [&](const torch::Tensor& in, const torch::Tensor& weight, const torch::Tensor& b,
                     bool row_parallel) {
     if (small_gemm && in.is_contiguous() && weight.is_contiguous() &&
@@ -435,11 +436,21 @@ torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch:
     torch::Tensor o = attention.Attend(l, q, k, v);  // [T, heads, D]
     delta = linear(o.reshape({t, -1}), w.o_proj, w.o_bias, true);
     h = add_norm(w.post_attention_norm);
-    torch::Tensor gu = linear(h, w.gate_up_proj, {}, false);  // [T, 2 I/P]
-    const int64_t inter = gu.size(1) / 2;
-    torch::Tensor act = torch::empty({t, inter}, gu.options());
-    const int err2 = cuda::LaunchSiluMulPacked(gu.data_ptr(), act.data_ptr(), t, inter, dt, Stream());
-    TORCH_CHECK(err2 == 0, "fused SiLU*up failed with CUDA error ", err2);
+    const int64_t inter = w.gate_up_proj.size(0) / 2;
+    torch::Tensor act;
+    if (small_gemm && silu_gemm && w.gate_up_proj.is_contiguous()) {
+      // Decode: the gate/up GEMM writes SiLU(gate)·up directly.
+      act = torch::empty({t, inter}, h.options());
+      const int err2 = cuda::LaunchSmallGemmSiluMul(h.data_ptr(), w.gate_up_proj.data_ptr(),
+                                                    act.data_ptr(), t, inter, n, dt, Stream());
+      TORCH_CHECK(err2 == 0, "small-m gate/up GEMM + SiLU failed with CUDA error ", err2);
+    } else {
+      torch::Tensor gu = linear(h, w.gate_up_proj, {}, false);  // [T, 2 I/P]
+      act = torch::empty({t, inter}, gu.options());
+      const int err2 =
+          cuda::LaunchSiluMulPacked(gu.data_ptr(), act.data_ptr(), t, inter, dt, Stream());
+      TORCH_CHECK(err2 == 0, "fused SiLU*up failed with CUDA error ", err2);
+    }
     delta = linear(act, w.down_proj, {}, true);
   }
   return add_norm(weights_.final_norm);

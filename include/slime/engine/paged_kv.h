@@ -49,11 +49,18 @@ class PagedKvCache {
   torch::Tensor& keys(int layer) { return k_[layer]; }    // [num_slots, kv_heads, D]
   torch::Tensor& values(int layer) { return v_[layer]; }  // [num_slots, kv_heads, D]
 
+  // [kSplitCounters] int32, zero between kernels: the paged decode kernel's per-(sequence, KV
+  // head) arrival counters for merging split-K partials in the last block (it resets them).
+  // Small and never released, so CUDA graphs may keep its address.
+  static constexpr int64_t kSplitCounters = 256;
+  torch::Tensor& split_counters() { return split_counters_; }
+
   void Release();
   void Resume();
 
  private:
   int64_t num_layers_, num_pages_, page_size_, kv_heads_, head_dim_;
+  torch::Tensor split_counters_;
   torch::TensorOptions options_;
   std::vector<torch::Tensor> k_;
   std::vector<torch::Tensor> v_;

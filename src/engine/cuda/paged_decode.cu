@@ -45,11 +45,10 @@ __global__ void __launch_bounds__(kWarps * 32)
                       const T* __restrict__ v_cache, T* __restrict__ out,
                       const int32_t* __restrict__ page_table, const int32_t* __restrict__ seq_lens,
                       int64_t q_row_stride, int num_heads, int num_kv_heads, int page_size,
-                      int max_pages, float scale, float* __restrict__ part) {
+                      int max_pages, float scale, float* __restrict__ part,
+                      int32_t* __restrict__ counters, bool prefetch) {
   using P = Pack<T, VEC>;
   constexpr int D = VEC * 32;
-  slime::model::cuda::GridDependencyWait();
-  slime::model::cuda::GridDependencyLaunch();
   const int kvh = blockIdx.x;
   const int b = blockIdx.y;
   const int split = blockIdx.z;
@@ -62,6 +61,29 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int start = min(seq_len, split * share);
   const int len = min(seq_len, start + share);
   const int32_t* pages = page_table + static_cast<int64_t>(b) * max_pages;
+  auto slot_base = [&](int p) {
+    const int64_t slot = static_cast<int64_t>(pages[p / page_size]) * page_size + p % page_size;
+    return (slot * num_kv_heads + kvh) * D + lane * VEC;
+  };
+
+  // The K/V of this warp's first kUnroll positions are loaded before the grid dependency wait:
+  // every position but the newest (seq_len - 1, which the kernel before this one writes) comes
+  // from an earlier forward, and the lengths and page table from copies that precede the
+  // forward's first kernel (pdl.cuh's contract). At decode lengths of a few hundred positions a
+  // split has at most that many, so the cache reads overlap the previous kernel's tail.
+  const int first = start + warp * kUnroll;
+  P kpre[kUnroll], vpre[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int p = min(first + u, len - 1);
+    if (prefetch && first < len && p < seq_len - 1) {
+      const int64_t base = slot_base(p);
+      kpre[u] = *reinterpret_cast<const P*>(k_cache + base);
+      vpre[u] = *reinterpret_cast<const P*>(v_cache + base);
+    }
+  }
+  slime::model::cuda::GridDependencyWait();
+  slime::model::cuda::GridDependencyLaunch();
 
   float qv[G][VEC];
 #pragma unroll
@@ -80,15 +102,20 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int i = 0; i < VEC; ++i) acc[g][i] = 0.f;
   }
 
-  for (int p0 = start + warp * kUnroll; p0 < len; p0 += kWarps * kUnroll) {
+  for (int p0 = first; p0 < len; p0 += kWarps * kUnroll) {
     float kv[kUnroll][VEC], vv[kUnroll][VEC];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int p = min(p0 + u, len - 1);  // clamped; masked below
-      const int64_t slot = static_cast<int64_t>(pages[p / page_size]) * page_size + p % page_size;
-      const int64_t base = (slot * num_kv_heads + kvh) * D + lane * VEC;
-      const P kp = *reinterpret_cast<const P*>(k_cache + base);
-      const P vp = *reinterpret_cast<const P*>(v_cache + base);
+      P kp, vp;
+      if (prefetch && p0 == first && p < seq_len - 1) {
+        kp = kpre[u];
+        vp = vpre[u];
+      } else {
+        const int64_t base = slot_base(p);
+        kp = *reinterpret_cast<const P*>(k_cache + base);
+        vp = *reinterpret_cast<const P*>(v_cache + base);
+      }
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         kv[u][i] = ToFloat(kp.v[i]);
@@ -167,6 +194,36 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
+  if (splits == 1 || counters == nullptr) return;
+  // The last block of this (sequence, KV head) to arrive merges every split's partials (the
+  // classic threadfence-reduction pattern: publish, fence, count; the last reader fences again
+  // and reads through L2).
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  int32_t* counter = counters + static_cast<int64_t>(b) * num_kv_heads + kvh;
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int g = idx / D;
+    const int d = idx % D;
+    const int64_t head = static_cast<int64_t>(b) * num_heads + kvh * G + g;
+    const float* hp = part + head * splits * (D + 2);
+    float mx = -FLT_MAX;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(hp + s * (D + 2) + D));
+    float num = 0.f, den = 0.f;
+    for (int s = 0; s < splits; ++s) {
+      const float* ps = hp + s * (D + 2);
+      const float ls = __ldcg(ps + D + 1);
+      const float f = ls > 0.f ? __expf(__ldcg(ps + D) - mx) : 0.f;
+      num += f * __ldcg(ps + d);
+      den += f * ls;
+    }
+    FromFloat(den > 0.f ? num / den : 0.f, out + head * D + d);
+  }
+  if (threadIdx.x == 0) *counter = 0;
 }
 
 // Merges the splits' partials of one (sequence, head): one thread per element of the head.
@@ -192,6 +249,9 @@ __global__ void CombineSplitsKernel(const float* __restrict__ part, T* __restric
 template <typename T, int VEC>
 int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
   const int splits = a.num_splits > 1 && a.partials != nullptr ? a.num_splits : 1;
+  static const bool merge_in_kernel = slime::model::cuda::DecodeFusionEnabled("attn_merge");
+  int32_t* counters = splits > 1 && merge_in_kernel ? a.split_counters : nullptr;
+  static const bool prefetch = slime::model::cuda::DecodeFusionEnabled("attn_prefetch");
   const dim3 grid(a.num_kv_heads, a.batch, splits);
   const dim3 block(kWarps * 32);
   const T* q = static_cast<const T*>(a.q);
@@ -203,7 +263,8 @@ int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
 #define SLIME_LAUNCH(G)                                                                         \
   slime::model::cuda::LaunchKernel(PagedDecodeKernel<T, VEC, G>, grid, block, 0, stream, q, k, v, \
                                    o, a.page_table, a.seq_lens, q_stride, a.num_heads,            \
-                                   a.num_kv_heads, a.page_size, a.max_pages, a.scale, a.partials)
+                                   a.num_kv_heads, a.page_size, a.max_pages, a.scale, a.partials,    \
+                                   counters, prefetch)
   switch (a.num_heads / a.num_kv_heads) {
     case 1:
       SLIME_LAUNCH(1);
@@ -221,7 +282,7 @@ int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
       return static_cast<int>(cudaErrorInvalidValue);
   }
 #undef SLIME_LAUNCH
-  if (splits > 1) {
+  if (splits > 1 && counters == nullptr) {
     slime::model::cuda::LaunchKernel(CombineSplitsKernel<T>, dim3(a.batch * a.num_heads),
                                      dim3(a.head_dim), 0, stream, a.partials, o, a.head_dim,
                                      splits);

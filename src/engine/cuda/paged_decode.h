@@ -42,6 +42,10 @@ struct PagedDecodeArgs {
   // partials (float, PagedDecodePartialFloats) are merged by a second kernel. 1 = no split.
   int num_splits = 1;
   float* partials = nullptr;
+  // Optional [batch * num_kv_heads] int32 counters, zero on entry and left zero: with them the
+  // last block of each (sequence, KV head) to finish merges the splits' partials itself (one
+  // kernel instead of two; off with SLIME_DECODE_UNFUSE=attn_merge). Null: a merge kernel.
+  int32_t* split_counters = nullptr;
 };
 
 // The split count the engine uses for a decode batch (fixed per batch size, so CUDA graphs

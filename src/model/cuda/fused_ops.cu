@@ -4,10 +4,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "dtype.cuh"
 #include "fused_ops.h"
@@ -107,11 +109,13 @@ __global__ void AddRmsNormKernel(T* __restrict__ res, const T* __restrict__ delt
   }
 }
 
-// One block per token, one warp per head. Lane l holds elements [l*VEC, (l+1)*VEC) of the head;
-// the rotate-half partner of element i (i +- d/2) sits in lane l ^ 16 at the same offset.
-constexpr int kQkvWarps = 8;
+// One block per token, one warp per head (up to kQkvMaxWarps; more heads loop). Lane l holds
+// elements [l*VEC, (l+1)*VEC) of the head; the rotate-half partner of element i (i +- d/2) sits
+// in lane l ^ 16 at the same offset. At batch 1 the kernel is pure latency: with a warp per head
+// every head is done in one pass instead of four.
+constexpr int kQkvMaxWarps = 32;
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kQkvWarps * 32)
+__global__ void __launch_bounds__(kQkvMaxWarps * 32)
     QkNormRopeKernel(T* __restrict__ qkv, int64_t row_stride, int heads, int kv_heads,
                      const T* __restrict__ q_norm, const T* __restrict__ k_norm, float eps,
                      const T* __restrict__ cos_t, const T* __restrict__ sin_t,
@@ -132,7 +136,8 @@ __global__ void __launch_bounds__(kQkvWarps * 32)
     s[j] = F(sin_t[t * D + lane * VEC + j]);
   }
   const int total = heads + 2 * kv_heads;
-  for (int h = warp; h < total; h += kQkvWarps) {
+  const int warps = blockDim.x / 32;
+  for (int h = warp; h < total; h += warps) {
     T* hp = row + static_cast<int64_t>(h) * D + lane * VEC;
     if (h >= heads + kv_heads) {  // v: copied, not transformed
       if (k_cache != nullptr) {
@@ -254,6 +259,85 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
   }
 }
 
+// The gate|up projection and SiLU·up in one kernel: w [2n, k] is the stacked gate (rows [0, n))
+// and up (rows [n, 2n)) weight; the warp of output feature j streams gate row j and up row j and
+// writes y[m][j] = SiluMul(T(x·gate_j), T(x·up_j)) with the roundings of the two-kernel path
+// (small-m GEMM, then SiluMulPacked), so the result is bit-identical to it.
+template <typename T, int M>
+__global__ void __launch_bounds__(kGemmWarps * 32)
+    SmallGemmSiluKernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int n,
+                        int k) {
+  constexpr int V = 16 / sizeof(T);
+  constexpr int kHalf = kPrefetch / 2;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kGemmWarps + warp;
+  const bool active = row < n;
+  const T* wg = w + static_cast<int64_t>(active ? row : 0) * k;
+  const T* wu = wg + static_cast<int64_t>(n) * k;
+  Vec16<T> pg[kHalf], pu[kHalf];
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const int base = (i * 32 + lane) * V;
+    if (active && base < k) {
+      pg[i] = *reinterpret_cast<const Vec16<T>*>(wg + base);
+      pu[i] = *reinterpret_cast<const Vec16<T>*>(wu + base);
+    }
+  }
+  GridDependencyWait();
+  GridDependencyLaunch();
+  if (!active) return;
+  float ag[M], au[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) ag[m] = au[m] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const int base = (i * 32 + lane) * V;
+    if (base < k) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const Vec16<T> xv =
+            *reinterpret_cast<const Vec16<T>*>(x + static_cast<int64_t>(m) * k + base);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          ag[m] += F(pg[i].v[j]) * F(xv.v[j]);
+          au[m] += F(pu[i].v[j]) * F(xv.v[j]);
+        }
+      }
+    }
+  }
+#pragma unroll 2
+  for (int base = (kHalf * 32 + lane) * V; base < k; base += 32 * V) {
+    const Vec16<T> gv = *reinterpret_cast<const Vec16<T>*>(wg + base);
+    const Vec16<T> uv = *reinterpret_cast<const Vec16<T>*>(wu + base);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const Vec16<T> xv = *reinterpret_cast<const Vec16<T>*>(x + static_cast<int64_t>(m) * k + base);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        ag[m] += F(gv.v[j]) * F(xv.v[j]);
+        au[m] += F(uv.v[j]) * F(xv.v[j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      ag[m] += __shfl_xor_sync(0xffffffffu, ag[m], o);
+      au[m] += __shfl_xor_sync(0xffffffffu, au[m], o);
+    }
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float gv = F(To<T>(ag[m]));
+      const float sv = gv / (1.0f + expf(-gv));
+      y[static_cast<int64_t>(m) * n + row] = To<T>(R<T>(sv) * F(To<T>(au[m])));
+    }
+  }
+}
+
 // AddRmsNorm with one 16-byte vector per thread held in registers (n / V threads, a multiple of
 // 32, at most 1024): one read of residual, delta and w, one write of residual and y.
 template <typename T>
@@ -352,7 +436,9 @@ template <typename T>
 struct QkNormRopeLauncher {
   template <int VEC>
   static void Go(const QkNormRopeArgs& a, cudaStream_t s) {
-    LaunchKernel(QkNormRopeKernel<T, VEC>, static_cast<unsigned>(a.tokens), kQkvWarps * 32, 0, s,
+    static const bool wide = DecodeFusionEnabled("qk_wide");
+    const int warps = std::min(a.heads + 2 * a.kv_heads, wide ? kQkvMaxWarps : 8);
+    LaunchKernel(QkNormRopeKernel<T, VEC>, static_cast<unsigned>(a.tokens), warps * 32, 0, s,
                  static_cast<T*>(a.qkv), a.row_stride, a.heads, a.kv_heads,
                  static_cast<const T*>(a.q_norm), static_cast<const T*>(a.k_norm), a.eps,
                  static_cast<const T*>(a.cos), static_cast<const T*>(a.sin),
@@ -416,6 +502,38 @@ struct SmallGemmLauncher {
   }
 };
 
+template <typename T>
+struct SmallGemmSiluLauncher {
+  template <int M>
+  static void Go(const T* x, const T* w, T* y, int n, int k, cudaStream_t s) {
+    const unsigned blocks = static_cast<unsigned>((n + kGemmWarps - 1) / kGemmWarps);
+    LaunchKernel(SmallGemmSiluKernel<T, M>, blocks, kGemmWarps * 32, 0, s, x, w, y, n, k);
+  }
+  static int Run(const void* xv, const void* wv, void* yv, int64_t m, int64_t n, int64_t k,
+                 cudaStream_t s) {
+    constexpr int V = 16 / static_cast<int>(sizeof(T));
+    if (m < 1 || m > 8 || k % V != 0 || n <= 0 ||
+        (reinterpret_cast<uintptr_t>(xv) | reinterpret_cast<uintptr_t>(wv)) % 16 != 0) {
+      return static_cast<int>(cudaErrorInvalidValue);
+    }
+    const T* x = static_cast<const T*>(xv);
+    const T* w = static_cast<const T*>(wv);
+    T* y = static_cast<T*>(yv);
+    const int ni = static_cast<int>(n), ki = static_cast<int>(k);
+    switch (m) {
+      case 1: Go<1>(x, w, y, ni, ki, s); break;
+      case 2: Go<2>(x, w, y, ni, ki, s); break;
+      case 3: Go<3>(x, w, y, ni, ki, s); break;
+      case 4: Go<4>(x, w, y, ni, ki, s); break;
+      case 5: Go<5>(x, w, y, ni, ki, s); break;
+      case 6: Go<6>(x, w, y, ni, ki, s); break;
+      case 7: Go<7>(x, w, y, ni, ki, s); break;
+      default: Go<8>(x, w, y, ni, ki, s); break;
+    }
+    return static_cast<int>(cudaGetLastError());
+  }
+};
+
 // -1: not decided yet; 0/1: off/on (the environment and the device decide on first use).
 std::atomic<int> g_pdl{-1};
 
@@ -434,6 +552,14 @@ bool ProgrammaticLaunchEnabled() {
     g_pdl.store(v, std::memory_order_relaxed);
   }
   return v == 1;
+}
+
+bool DecodeFusionEnabled(const char* name) {
+  static const std::string off = [] {
+    const char* env = std::getenv("SLIME_DECODE_UNFUSE");
+    return "," + std::string(env != nullptr ? env : "") + ",";
+  }();
+  return off.find("," + std::string(name) + ",") == std::string::npos;
 }
 
 // true restores the default (device and environment decide), false turns it off.
@@ -472,6 +598,12 @@ int LaunchSmallGemm(const void* x, const void* w, const void* bias, void* y, int
                     int64_t k, DType dtype, void* stream) {
   return Dispatch<SmallGemmLauncher>(dtype, x, w, bias, y, m, n, k,
                                      static_cast<cudaStream_t>(stream));
+}
+
+int LaunchSmallGemmSiluMul(const void* x, const void* gate_up, void* y, int64_t m, int64_t n,
+                           int64_t k, DType dtype, void* stream) {
+  return Dispatch<SmallGemmSiluLauncher>(dtype, x, gate_up, y, m, n, k,
+                                         static_cast<cudaStream_t>(stream));
 }
 
 bool QkNormRopeSupported(int d) { return d == 32 || d == 64 || d == 128 || d == 256; }

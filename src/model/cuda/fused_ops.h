@@ -62,6 +62,12 @@ bool SmallGemmSupported(int64_t m, int64_t k, DType dtype);
 int LaunchSmallGemm(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
                     int64_t k, DType dtype, void* stream);
 
+// y [m, n] = SiluMul(x W_gate^T, x W_up^T) for small m, where gate_up [2n, k] stacks W_gate
+// (rows [0, n)) over W_up (rows [n, 2n)): the gate/up GEMM and LaunchSiluMulPacked in one kernel,
+// bit-identical to the two (each warp streams gate row j and up row j).
+int LaunchSmallGemmSiluMul(const void* x, const void* gate_up, void* y, int64_t m, int64_t n,
+                           int64_t k, DType dtype, void* stream);
+
 // gu [rows, 2n] = gate | up (the fused gate/up projection) -> y [rows, n] = SiluMul(gate, up).
 int LaunchSiluMulPacked(const void* gu, void* y, int64_t rows, int64_t n, DType dtype,
                         void* stream);
@@ -72,6 +78,14 @@ int LaunchSiluMulPacked(const void* gu, void* y, int64_t rows, int64_t n, DType 
 // restores that default. Set before any CUDA graph capture.
 bool ProgrammaticLaunchEnabled();
 void SetProgrammaticLaunch(bool enabled);
+
+// Decode-step fusions that can be switched off one by one for A/B measurements: `name` is
+// "silu_gemm" (SiLU·up inside the gate/up small-m GEMM), "qk_wide" (q/k norm + RoPE with a warp
+// per head instead of 8 warps looping over the heads), "attn_prefetch" (the paged decode kernel
+// loads cached K/V before its grid dependency wait) or "attn_merge" (its split-K partials merged
+// by the last block of each KV head instead of a second kernel). All are on unless SLIME_DECODE_UNFUSE in the environment lists the name
+// (comma-separated, read once per process).
+bool DecodeFusionEnabled(const char* name);
 
 }  // namespace slime::model::cuda
 
