@@ -257,6 +257,97 @@ std::optional<model::AttentionBackend::KvWriteTarget> PagedAttention::DirectKvWr
   return KvWriteTarget{cache_->keys(layer), cache_->values(layer), slots};
 }
 
+#ifdef SLIME_ENGINE_PAGED_KERNEL
+// The paged decode kernel over the decode rows `qd` ([Bd, heads, D] with packed heads, any row
+// stride; with `raw`, the raw q|k|v rows [Bd, (heads + 2 kv_heads) D]). Returns [Bd, heads, D].
+torch::Tensor PagedAttention::DecodeKernel(int layer, const torch::Tensor& qd, const RawQkv* raw) {
+  const PagedLayout& lay = *layout_;
+  torch::Tensor& kp = cache_->keys(layer);
+  torch::Tensor& vp = cache_->values(layer);
+  const int64_t head_dim = kp.size(2);
+  const int64_t heads = raw != nullptr ? raw->heads : qd.size(1);
+  torch::Tensor od = torch::empty({qd.size(0), heads, head_dim}, qd.options());
+  cuda::PagedDecodeArgs a;
+  a.q = qd.data_ptr();
+  a.q_row_stride = qd.stride(0);
+  a.k_cache = kp.data_ptr();
+  a.v_cache = vp.data_ptr();
+  a.out = od.data_ptr();
+  a.page_table = lay.decode_page_table.data_ptr<int32_t>();
+  a.seq_lens = lay.decode_seq_lens.data_ptr<int32_t>();
+  a.batch = static_cast<int>(qd.size(0));
+  a.num_heads = static_cast<int>(heads);
+  a.num_kv_heads = static_cast<int>(kp.size(1));
+  a.head_dim = static_cast<int>(head_dim);
+  a.page_size = static_cast<int>(cache_->page_size());
+  a.max_pages = static_cast<int>(lay.decode_page_table.size(1));
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  a.num_splits = cuda::PagedDecodeSplits(a.batch, a.num_kv_heads);
+  torch::Tensor partials;
+  if (a.num_splits > 1) {
+    partials = torch::empty({cuda::PagedDecodePartialFloats(a.batch, a.num_heads, a.head_dim,
+                                                            a.num_splits)},
+                            qd.options().dtype(torch::kFloat32));
+    a.partials = partials.data_ptr<float>();
+    torch::Tensor& counters = cache_->split_counters();
+    if (counters.is_cuda() &&
+        static_cast<int64_t>(a.batch) * a.num_kv_heads <= counters.numel()) {
+      a.split_counters = counters.data_ptr<int32_t>();
+    }
+  }
+  a.dtype = qd.scalar_type() == torch::kBFloat16 ? cuda::DType::kBFloat16
+            : qd.scalar_type() == torch::kHalf   ? cuda::DType::kFloat16
+                                                 : cuda::DType::kFloat32;
+  if (raw != nullptr) {
+    a.raw_qkv = true;
+    a.q_norm = raw->q_norm.defined() ? raw->q_norm.data_ptr() : nullptr;
+    a.k_norm = raw->k_norm.defined() ? raw->k_norm.data_ptr() : nullptr;
+    a.norm_eps = static_cast<float>(raw->eps);
+    a.cos = raw->cos.data_ptr();
+    a.sin = raw->sin.data_ptr();
+    a.write_slots = layout_->write_slots.data_ptr<int64_t>();
+  }
+  const int err = cuda::LaunchPagedDecode(a, at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == 0, "paged decode kernel failed with CUDA error ", err);
+  return od;
+}
+
+std::optional<torch::Tensor> PagedAttention::AttendRawQkv(int layer, const RawQkv& raw) {
+  const PagedLayout& lay = *layout_;
+  const torch::Tensor& qkv = raw.qkv;
+  const torch::Tensor& kp = cache_->keys(layer);
+  const int64_t d = kp.size(2);
+  const bool only_decodes = lay.prefills.empty() && !lay.prefill_batched &&
+                            lay.decode_rows.defined() && lay.decode_rows_are_prefix &&
+                            lay.decode_rows.size(0) == lay.num_tokens;
+  auto packed = [&](const torch::Tensor& t, int64_t rows) {
+    return t.defined() && t.is_cuda() && t.is_contiguous() && t.scalar_type() == kp.scalar_type() &&
+           t.numel() == rows * d;  // [rows, D] or [rows, 1, D]
+  };
+  auto norm_ok = [&](const torch::Tensor& w) {
+    return !w.defined() || (w.is_contiguous() && w.scalar_type() == kp.scalar_type() &&
+                            w.numel() == d);
+  };
+  const torch::Tensor& slots = lay.write_slots;
+  if (!cuda::PagedDecodeRawQkvEnabled() || !lay.decode_kernel || !only_decodes ||
+      !qkv.is_cuda() || qkv.dim() != 2 || qkv.stride(1) != 1 ||
+      qkv.scalar_type() != kp.scalar_type() || raw.kv_heads != kp.size(1) ||
+      qkv.size(1) < (raw.heads + 2 * raw.kv_heads) * d ||
+      !cuda::PagedDecodeSupported(static_cast<int>(d), static_cast<int>(raw.heads),
+                                  static_cast<int>(raw.kv_heads)) ||
+      !packed(raw.cos, qkv.size(0)) || !packed(raw.sin, qkv.size(0)) || !norm_ok(raw.q_norm) ||
+      !norm_ok(raw.k_norm) || !slots.defined() || slots.scalar_type() != torch::kLong ||
+      !slots.is_contiguous() || slots.size(0) != qkv.size(0)) {
+    return std::nullopt;
+  }
+  return DecodeKernel(layer, qkv, &raw);
+}
+#else
+std::optional<torch::Tensor> PagedAttention::AttendRawQkv(int /*layer*/, const RawQkv& /*raw*/) {
+  return std::nullopt;
+}
+#endif
+
 torch::Tensor PagedAttention::Attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                      const torch::Tensor& v) {
   torch::Tensor& kp = cache_->keys(layer);
@@ -278,40 +369,7 @@ torch::Tensor PagedAttention::Attend(int layer, const torch::Tensor& q, const to
     // each row's heads are packed.
     torch::Tensor qd = only_decodes ? q : q.index_select(0, lay.decode_rows);
     if (qd.stride(2) != 1 || qd.stride(1) != qd.size(2)) qd = qd.contiguous();
-    torch::Tensor od = torch::empty({qd.size(0), qd.size(1), qd.size(2)}, qd.options());
-    cuda::PagedDecodeArgs a;
-    a.q = qd.data_ptr();
-    a.q_row_stride = qd.stride(0);
-    a.k_cache = kp.data_ptr();
-    a.v_cache = vp.data_ptr();
-    a.out = od.data_ptr();
-    a.page_table = lay.decode_page_table.data_ptr<int32_t>();
-    a.seq_lens = lay.decode_seq_lens.data_ptr<int32_t>();
-    a.batch = static_cast<int>(qd.size(0));
-    a.num_heads = static_cast<int>(qd.size(1));
-    a.num_kv_heads = static_cast<int>(kp.size(1));
-    a.head_dim = static_cast<int>(qd.size(2));
-    a.page_size = static_cast<int>(cache_->page_size());
-    a.max_pages = static_cast<int>(lay.decode_page_table.size(1));
-    a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(qd.size(2))));
-    a.num_splits = cuda::PagedDecodeSplits(a.batch, a.num_kv_heads);
-    torch::Tensor partials;
-    if (a.num_splits > 1) {
-      partials = torch::empty({cuda::PagedDecodePartialFloats(a.batch, a.num_heads, a.head_dim,
-                                                              a.num_splits)},
-                              qd.options().dtype(torch::kFloat32));
-      a.partials = partials.data_ptr<float>();
-      torch::Tensor& counters = cache_->split_counters();
-      if (counters.is_cuda() &&
-          static_cast<int64_t>(a.batch) * a.num_kv_heads <= counters.numel()) {
-        a.split_counters = counters.data_ptr<int32_t>();
-      }
-    }
-    a.dtype = qd.scalar_type() == torch::kBFloat16 ? cuda::DType::kBFloat16
-              : qd.scalar_type() == torch::kHalf   ? cuda::DType::kFloat16
-                                                   : cuda::DType::kFloat32;
-    const int err = cuda::LaunchPagedDecode(a, at::cuda::getCurrentCUDAStream().stream());
-    TORCH_CHECK(err == 0, "paged decode kernel failed with CUDA error ", err);
+    torch::Tensor od = DecodeKernel(layer, qd, nullptr);
     if (only_decodes) return od;
     out = torch::empty_like(q);
     out.index_copy_(0, lay.decode_rows, od);

@@ -361,13 +361,55 @@ void DecoderModel::UnfuseProjections() {
   }
 }
 
+#ifdef SLIME_MODEL_FUSED_KERNELS
+// q/k norm + RoPE on the fused q|k|v rows in place (and the K/V store where the backend lets the
+// kernel write its cache), then the backend's attention. Returns [T, heads, D].
+torch::Tensor DecoderModel::QkNormRopeAttend(int l, const torch::Tensor& qkv,
+                                             const LayerWeights& w, const torch::Tensor& cos,
+                                             const torch::Tensor& sin,
+                                             AttentionBackend& attention) {
+  const int64_t t = qkv.size(0);
+  const int64_t d = config_.head_dim;
+  const int64_t heads = local_heads(), kv_heads = local_kv_heads();
+  const double eps = config_.rms_norm_eps;
+  const cuda::DType dt = FusedType(qkv);
+  std::optional<AttentionBackend::KvWriteTarget> kv = attention.DirectKvWrite(l);
+  cuda::QkNormRopeArgs a;
+  a.qkv = qkv.data_ptr();
+  a.tokens = t;
+  a.row_stride = qkv.size(1);
+  a.heads = static_cast<int>(heads);
+  a.kv_heads = static_cast<int>(kv_heads);
+  a.d = static_cast<int>(d);
+  a.q_norm = config_.qk_norm ? w.q_norm.data_ptr() : nullptr;
+  a.k_norm = config_.qk_norm ? w.k_norm.data_ptr() : nullptr;
+  a.eps = static_cast<float>(eps);
+  a.cos = cos.data_ptr();
+  a.sin = sin.data_ptr();
+  if (kv) {
+    a.k_cache = kv->k_cache.data_ptr();
+    a.v_cache = kv->v_cache.data_ptr();
+    a.slots = kv->slots.data_ptr<int64_t>();
+  }
+  a.dtype = dt;
+  const int err = cuda::LaunchQkNormRope(a, Stream());
+  TORCH_CHECK(err == 0, "fused q/k norm + RoPE failed with CUDA error ", err);
+  torch::Tensor q = qkv.narrow(1, 0, heads * d).view({t, heads, d});
+  torch::Tensor k, v;
+  if (!kv) {
+    k = qkv.narrow(1, heads * d, kv_heads * d).view({t, kv_heads, d});
+    v = qkv.narrow(1, (heads + kv_heads) * d, kv_heads * d).view({t, kv_heads, d});
+  }
+  return attention.Attend(l, q, k, v);  // [T, heads, D]
+}
+#endif
+
 torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch::Tensor& cos,
                                          const torch::Tensor& sin, AttentionBackend& attention) {
 #ifdef SLIME_MODEL_FUSED_KERNELS
   const double eps = config_.rms_norm_eps;
   const int64_t t = x_in.size(0);
   const int64_t n = config_.hidden_size;
-  const int64_t d = config_.head_dim;
   const int64_t heads = local_heads(), kv_heads = local_kv_heads();
   TensorParallelGroup& tp = *tp_;
   const cuda::DType dt = FusedType(x_in);
@@ -406,34 +448,25 @@ torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch:
     const LayerWeights& w = weights_.layers[l];
     if (l > 0) h = add_norm(w.input_norm);
     torch::Tensor qkv = linear(h, w.qkv_proj, w.qkv_bias, false);
-    std::optional<AttentionBackend::KvWriteTarget> kv = attention.DirectKvWrite(l);
-    cuda::QkNormRopeArgs a;
-    a.qkv = qkv.data_ptr();
-    a.tokens = t;
-    a.row_stride = qkv.size(1);
-    a.heads = static_cast<int>(heads);
-    a.kv_heads = static_cast<int>(kv_heads);
-    a.d = static_cast<int>(d);
-    a.q_norm = config_.qk_norm ? w.q_norm.data_ptr() : nullptr;
-    a.k_norm = config_.qk_norm ? w.k_norm.data_ptr() : nullptr;
-    a.eps = static_cast<float>(eps);
-    a.cos = cos.data_ptr();
-    a.sin = sin.data_ptr();
-    if (kv) {
-      a.k_cache = kv->k_cache.data_ptr();
-      a.v_cache = kv->v_cache.data_ptr();
-      a.slots = kv->slots.data_ptr<int64_t>();
+    // Decode steps of the paged engine: q/k norm + RoPE and the K/V store inside the attention
+    // kernel; otherwise our q/k norm + RoPE kernel, then the backend's Attend.
+    AttentionBackend::RawQkv raw;
+    raw.qkv = qkv;
+    if (config_.qk_norm) {
+      raw.q_norm = w.q_norm;
+      raw.k_norm = w.k_norm;
     }
-    a.dtype = dt;
-    const int err = cuda::LaunchQkNormRope(a, Stream());
-    TORCH_CHECK(err == 0, "fused q/k norm + RoPE failed with CUDA error ", err);
-    torch::Tensor q = qkv.narrow(1, 0, heads * d).view({t, heads, d});
-    torch::Tensor k, v;
-    if (!kv) {
-      k = qkv.narrow(1, heads * d, kv_heads * d).view({t, kv_heads, d});
-      v = qkv.narrow(1, (heads + kv_heads) * d, kv_heads * d).view({t, kv_heads, d});
+    raw.cos = cos;
+    raw.sin = sin;
+    raw.eps = eps;
+    raw.heads = heads;
+    raw.kv_heads = kv_heads;
+    torch::Tensor o;
+    if (std::optional<torch::Tensor> fused = attention.AttendRawQkv(l, raw)) {
+      o = *std::move(fused);
+    } else {
+      o = QkNormRopeAttend(l, qkv, w, cos, sin, attention);
     }
-    torch::Tensor o = attention.Attend(l, q, k, v);  // [T, heads, D]
     delta = linear(o.reshape({t, -1}), w.o_proj, w.o_bias, true);
     h = add_norm(w.post_attention_norm);
     const int64_t inter = w.gate_up_proj.size(0) / 2;

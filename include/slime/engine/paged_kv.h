@@ -122,9 +122,11 @@ class PagedAttention final : public model::AttentionBackend {
   // k/v undefined: the caller already stored them at the layout's write slots (DirectKvWrite).
   torch::Tensor Attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                        const torch::Tensor& v) override;
+  std::optional<torch::Tensor> AttendRawQkv(int layer, const RawQkv& raw) override;
   std::optional<KvWriteTarget> DirectKvWrite(int layer) override;
 
  private:
+  torch::Tensor DecodeKernel(int layer, const torch::Tensor& qd, const RawQkv* raw);
   PagedKvCache* cache_;        // not owned
   const PagedLayout* layout_;  // not owned
   model::AttentionImpl impl_;

@@ -57,6 +57,22 @@ class AttentionBackend {
     torch::Tensor k_cache, v_cache, slots;
   };
   virtual std::optional<KvWriteTarget> DirectKvWrite(int layer) { return std::nullopt; }
+
+  // Decode steps on CUDA: attention straight from the raw rows of the fused q|k|v projection
+  // [T, (heads + 2 kv_heads) head_dim], with the per-head RMSNorm (q_norm / k_norm, undefined
+  // when the model has none) and RoPE (cos / sin [T, head_dim]) applied inside the attention
+  // kernel, which also stores the new token's K/V in the cache — one kernel instead of the
+  // q/k norm + RoPE kernel and the attention kernel. Returns [T, heads, head_dim], or nullopt
+  // when this backend or this forward cannot (the caller then transforms q/k itself and calls
+  // Attend). The qkv rows are left as they were.
+  struct RawQkv {
+    torch::Tensor qkv, q_norm, k_norm, cos, sin;
+    double eps = 1e-6;
+    int64_t heads = 0, kv_heads = 0;
+  };
+  virtual std::optional<torch::Tensor> AttendRawQkv(int layer, const RawQkv& raw) {
+    return std::nullopt;
+  }
 };
 
 // Packed variable-length sequences. cu_seqlens [B+1]: cu[0] = 0, non-decreasing, cu[B] = T.

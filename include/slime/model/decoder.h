@@ -111,6 +111,10 @@ class DecoderModel {
   // The fused inference forward (FuseProjections done, CUDA, InferenceMode); -> [T, hidden].
   torch::Tensor FusedForward(const torch::Tensor& x, const torch::Tensor& cos,
                              const torch::Tensor& sin, AttentionBackend& attention);
+  // FusedForward's attention when the backend has no raw-q|k|v kernel (CUDA builds only).
+  torch::Tensor QkNormRopeAttend(int l, const torch::Tensor& qkv, const LayerWeights& w,
+                                 const torch::Tensor& cos, const torch::Tensor& sin,
+                                 AttentionBackend& attention);
   torch::Tensor Layer(int index, const torch::Tensor& x, const torch::Tensor& cos,
                       const torch::Tensor& sin, AttentionBackend& attention);
   Status CheckIds(const torch::Tensor& ids) const;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cfloat>
 
+#include "dtype.cuh"
 #include "pdl.cuh"
 
 namespace slime::engine::cuda {
@@ -39,14 +40,57 @@ struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
 };
 
-template <typename T, int VEC, int G>
+// RAW: q points at raw q|k|v projection rows (PagedDecodeArgs::raw_qkv).
+struct RawQkvParams {
+  const void* q_norm;
+  const void* k_norm;
+  float eps;
+  const void* cos;
+  const void* sin;
+  const int64_t* write_slots;
+};
+
+// One head of a raw projection row, per lane VEC elements: RMSNorm by `norm` (null: none) and
+// RoPE with this lane's cos/sin, rounded exactly as QkNormRopeKernel (model/cuda/fused_ops.cu)
+// rounds them. The division is __fdiv_rn so --use_fast_math does not change it.
+template <typename T, int VEC>
+__device__ __forceinline__ void NormRopeHead(const T* __restrict__ head, const float* nw, bool norm,
+                                             float eps, const float* c, const float* s, int lane,
+                                             T* out) {
+  using slime::model::cuda::F;
+  using slime::model::cuda::R;
+  using slime::model::cuda::To;
+  constexpr int D = VEC * 32;
+  const Pack<T, VEC> hp = *reinterpret_cast<const Pack<T, VEC>*>(head + lane * VEC);
+  float x[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) x[j] = F(hp.v[j]);
+  if (norm) {
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) ss += x[j] * x[j];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = rsqrtf(__fdiv_rn(ss, static_cast<float>(D)) + eps);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) x[j] = R<T>(nw[j] * R<T>(x[j] * r));
+  }
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float partner = __shfl_xor_sync(0xffffffffu, x[j], 16);
+    const float rot = lane < 16 ? -partner : partner;
+    out[j] = To<T>(R<T>(x[j] * c[j]) + R<T>(rot * s[j]));
+  }
+}
+
+template <typename T, int VEC, int G, bool RAW>
 __global__ void __launch_bounds__(kWarps * 32)
-    PagedDecodeKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
-                      const T* __restrict__ v_cache, T* __restrict__ out,
+    PagedDecodeKernel(const T* __restrict__ q, T* __restrict__ k_cache,
+                      T* __restrict__ v_cache, T* __restrict__ out,
                       const int32_t* __restrict__ page_table, const int32_t* __restrict__ seq_lens,
                       int64_t q_row_stride, int num_heads, int num_kv_heads, int page_size,
                       int max_pages, float scale, float* __restrict__ part,
-                      int32_t* __restrict__ counters, bool prefetch) {
+                      int32_t* __restrict__ counters, bool prefetch, RawQkvParams raw) {
   using P = Pack<T, VEC>;
   constexpr int D = VEC * 32;
   const int kvh = blockIdx.x;
@@ -82,16 +126,62 @@ __global__ void __launch_bounds__(kWarps * 32)
       vpre[u] = *reinterpret_cast<const P*>(v_cache + base);
     }
   }
+  // Raw rows: the norm weights and this row's cos/sin come from before the forward.
+  float qn[VEC], kn[VEC], cs[VEC], sn[VEC];
+  if constexpr (RAW) {
+    const T* qnw = static_cast<const T*>(raw.q_norm);
+    const T* knw = static_cast<const T*>(raw.k_norm);
+    const T* ct = static_cast<const T*>(raw.cos) + static_cast<int64_t>(b) * D + lane * VEC;
+    const T* st = static_cast<const T*>(raw.sin) + static_cast<int64_t>(b) * D + lane * VEC;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      qn[i] = qnw != nullptr ? ToFloat(qnw[lane * VEC + i]) : 1.f;
+      kn[i] = knw != nullptr ? ToFloat(knw[lane * VEC + i]) : 1.f;
+      cs[i] = ToFloat(ct[i]);
+      sn[i] = ToFloat(st[i]);
+    }
+  }
   slime::model::cuda::GridDependencyWait();
   slime::model::cuda::GridDependencyLaunch();
 
   float qv[G][VEC];
+  const T* row = q + static_cast<int64_t>(b) * q_row_stride;
+  if constexpr (RAW) {
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    const P qp = *reinterpret_cast<const P*>(q + static_cast<int64_t>(b) * q_row_stride +
-                                             static_cast<int64_t>(kvh * G + g) * D + lane * VEC);
+    for (int g = 0; g < G; ++g) {
+      T o[VEC];
+      NormRopeHead<T, VEC>(row + static_cast<int64_t>(kvh * G + g) * D, qn, raw.q_norm != nullptr,
+                           raw.eps, cs, sn, lane, o);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) qv[g][i] = ToFloat(qp.v[i]) * scale;
+      for (int i = 0; i < VEC; ++i) qv[g][i] = ToFloat(o[i]) * scale;
+    }
+    // The block holding the newest position stores its K/V (warp 0: k, warp 1: v) before any
+    // warp of the block reads it (block-uniform condition; __syncthreads makes the global
+    // writes visible to the block).
+    if (start <= seq_len - 1 && seq_len - 1 < len) {
+      const int64_t base = (raw.write_slots[b] * num_kv_heads + kvh) * D + lane * VEC;
+      if (warp == 0) {
+        T o[VEC];
+        NormRopeHead<T, VEC>(row + static_cast<int64_t>(num_heads + kvh) * D, kn,
+                             raw.k_norm != nullptr, raw.eps, cs, sn, lane, o);
+        P kp;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) kp.v[i] = o[i];
+        *reinterpret_cast<P*>(k_cache + base) = kp;
+      } else if (warp == 1) {
+        *reinterpret_cast<P*>(v_cache + base) = *reinterpret_cast<const P*>(
+            row + static_cast<int64_t>(num_heads + num_kv_heads + kvh) * D + lane * VEC);
+      }
+      __syncthreads();
+    }
+  } else {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const P qp = *reinterpret_cast<const P*>(row + static_cast<int64_t>(kvh * G + g) * D +
+                                               lane * VEC);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) qv[g][i] = ToFloat(qp.v[i]) * scale;
+    }
   }
   float m[G], l[G], acc[G][VEC];
 #pragma unroll
@@ -255,16 +345,23 @@ int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
   const dim3 grid(a.num_kv_heads, a.batch, splits);
   const dim3 block(kWarps * 32);
   const T* q = static_cast<const T*>(a.q);
-  const T* k = static_cast<const T*>(a.k_cache);
-  const T* v = static_cast<const T*>(a.v_cache);
+  T* k = static_cast<T*>(const_cast<void*>(a.k_cache));
+  T* v = static_cast<T*>(const_cast<void*>(a.v_cache));
+  const RawQkvParams raw{a.q_norm, a.k_norm, a.norm_eps, a.cos, a.sin, a.write_slots};
   T* o = static_cast<T*>(a.out);
   const int64_t q_stride =
       a.q_row_stride > 0 ? a.q_row_stride : static_cast<int64_t>(a.num_heads) * a.head_dim;
-#define SLIME_LAUNCH(G)                                                                         \
-  slime::model::cuda::LaunchKernel(PagedDecodeKernel<T, VEC, G>, grid, block, 0, stream, q, k, v, \
-                                   o, a.page_table, a.seq_lens, q_stride, a.num_heads,            \
-                                   a.num_kv_heads, a.page_size, a.max_pages, a.scale, a.partials,    \
-                                   counters, prefetch)
+#define SLIME_LAUNCH_RAW(G, RAW)                                                              \
+  slime::model::cuda::LaunchKernel(PagedDecodeKernel<T, VEC, G, RAW>, grid, block, 0, stream, q, \
+                                   k, v, o, a.page_table, a.seq_lens, q_stride, a.num_heads,     \
+                                   a.num_kv_heads, a.page_size, a.max_pages, a.scale, a.partials, \
+                                   counters, prefetch, raw)
+#define SLIME_LAUNCH(G)          \
+  if (a.raw_qkv) {               \
+    SLIME_LAUNCH_RAW(G, true);   \
+  } else {                       \
+    SLIME_LAUNCH_RAW(G, false);  \
+  }
   switch (a.num_heads / a.num_kv_heads) {
     case 1:
       SLIME_LAUNCH(1);
@@ -282,6 +379,7 @@ int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
       return static_cast<int>(cudaErrorInvalidValue);
   }
 #undef SLIME_LAUNCH
+#undef SLIME_LAUNCH_RAW
   if (splits > 1 && counters == nullptr) {
     slime::model::cuda::LaunchKernel(CombineSplitsKernel<T>, dim3(a.batch * a.num_heads),
                                      dim3(a.head_dim), 0, stream, a.partials, o, a.head_dim,
@@ -312,6 +410,11 @@ int PagedDecodeSplits(int batch, int num_kv_heads) {
   return std::min(16, (256 + blocks - 1) / blocks);
 }
 
+bool PagedDecodeRawQkvEnabled() {
+  static const bool enabled = slime::model::cuda::DecodeFusionEnabled("attn_qkv");
+  return enabled;
+}
+
 bool PagedDecodeSupported(int head_dim, int num_heads, int num_kv_heads) {
   const bool dim_ok = head_dim == 32 || head_dim == 64 || head_dim == 128;
   const int group = num_kv_heads > 0 ? num_heads / num_kv_heads : 0;
@@ -322,6 +425,9 @@ bool PagedDecodeSupported(int head_dim, int num_heads, int num_kv_heads) {
 int LaunchPagedDecode(const PagedDecodeArgs& a, void* stream) {
   if (a.batch == 0) return 0;
   if (!PagedDecodeSupported(a.head_dim, a.num_heads, a.num_kv_heads)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  if (a.raw_qkv && (a.cos == nullptr || a.sin == nullptr || a.write_slots == nullptr)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   cudaStream_t s = static_cast<cudaStream_t>(stream);

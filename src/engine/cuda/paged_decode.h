@@ -46,6 +46,19 @@ struct PagedDecodeArgs {
   // last block of each (sequence, KV head) to finish merges the splits' partials itself (one
   // kernel instead of two; off with SLIME_DECODE_UNFUSE=attn_merge). Null: a merge kernel.
   int32_t* split_counters = nullptr;
+  // Raw q|k|v rows (model::AttentionBackend::AttendRawQkv): `q` points at the rows of the fused
+  // projection (q heads, then the k heads at num_heads * head_dim, then the v heads). The kernel
+  // applies the per-head RMSNorm (q_norm / k_norm [head_dim], null: none; eps norm_eps) and RoPE
+  // (cos / sin [batch, head_dim]) itself, rounding as the q/k norm + RoPE kernel does, and the
+  // block holding each sequence's newest position stores that token's K/V at write_slots[b]
+  // before reading it. The qkv rows are not modified.
+  bool raw_qkv = false;
+  const void* q_norm = nullptr;
+  const void* k_norm = nullptr;
+  float norm_eps = 1e-6f;
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  const int64_t* write_slots = nullptr;
 };
 
 // The split count the engine uses for a decode batch (fixed per batch size, so CUDA graphs
@@ -54,6 +67,9 @@ int PagedDecodeSplits(int batch, int num_kv_heads);
 inline int64_t PagedDecodePartialFloats(int batch, int num_heads, int head_dim, int splits) {
   return static_cast<int64_t>(batch) * num_heads * splits * (head_dim + 2);
 }
+
+// Whether AttendRawQkv may use the raw-q|k|v mode (off with SLIME_DECODE_UNFUSE=attn_qkv).
+bool PagedDecodeRawQkvEnabled();
 
 // True when the kernel handles this shape.
 bool PagedDecodeSupported(int head_dim, int num_heads, int num_kv_heads);

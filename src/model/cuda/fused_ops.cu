@@ -340,16 +340,23 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
 
 // AddRmsNorm with one 16-byte vector per thread held in registers (n / V threads, a multiple of
 // 32, at most 1024): one read of residual, delta and w, one write of residual and y.
+// With `prefetch`, the residual and the weight are read before the grid dependency wait: in the
+// decoder the residual was last written by the previous AddRmsNorm, three or more kernels back
+// (complete once the kernel before this one has passed its own wait; pdl.cuh), and only `delta`
+// comes from the kernel right before.
 template <typename T>
 __global__ void AddRmsNormVecKernel(T* __restrict__ res, const T* __restrict__ delta,
-                                    const T* __restrict__ w, T* __restrict__ y, int n, float eps) {
-  GridDependencyWait();
-  GridDependencyLaunch();
+                                    const T* __restrict__ w, T* __restrict__ y, int n, float eps,
+                                    bool prefetch) {
   constexpr int V = 16 / sizeof(T);
   const int64_t off = static_cast<int64_t>(blockIdx.x) * n + threadIdx.x * V;
-  Vec16<T> rv = *reinterpret_cast<const Vec16<T>*>(res + off);
-  const Vec16<T> dv = *reinterpret_cast<const Vec16<T>*>(delta + off);
   const Vec16<T> wv = *reinterpret_cast<const Vec16<T>*>(w + threadIdx.x * V);
+  Vec16<T> rv;
+  if (prefetch) rv = *reinterpret_cast<const Vec16<T>*>(res + off);
+  GridDependencyWait();
+  GridDependencyLaunch();
+  if (!prefetch) rv = *reinterpret_cast<const Vec16<T>*>(res + off);
+  const Vec16<T> dv = *reinterpret_cast<const Vec16<T>*>(delta + off);
   float v[V];
   float ss = 0.f;
 #pragma unroll
@@ -420,9 +427,10 @@ struct AddRmsNormLauncher {
     const bool aligned = (reinterpret_cast<uintptr_t>(res) | reinterpret_cast<uintptr_t>(delta) |
                           reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(y)) % 16 == 0;
     if (aligned && n % V == 0 && threads % 32 == 0 && threads <= 1024) {
+      static const bool prefetch = DecodeFusionEnabled("norm_prefetch");
       LaunchKernel(AddRmsNormVecKernel<T>, static_cast<unsigned>(rows), threads, 0, s,
                    static_cast<T*>(res), static_cast<const T*>(delta), static_cast<const T*>(w),
-                   static_cast<T*>(y), n, eps);
+                   static_cast<T*>(y), n, eps, prefetch);
       return static_cast<int>(cudaGetLastError());
     }
     LaunchKernel(AddRmsNormKernel<T>, static_cast<unsigned>(rows), kNormThreads, 0, s,

@@ -28,6 +28,8 @@ int LaunchRope(const void* x, const void* cos, const void* sin, void* y, int64_t
 int LaunchSiluMul(const void* g, const void* u, void* y, int64_t n, DType dtype, void* stream);
 
 // residual [rows, n] in place (+= delta [rows, n]); y [rows, n] = RmsNorm(residual) with w [n].
+// With programmatic launch, `residual` may be read before the kernel waits for the previous
+// kernel of the stream: only `delta` may come from that kernel (the decoder's layout).
 int LaunchAddRmsNorm(void* residual, const void* delta, const void* w, void* y, int64_t rows,
                      int n, float eps, DType dtype, void* stream);
 
@@ -82,8 +84,11 @@ void SetProgrammaticLaunch(bool enabled);
 // Decode-step fusions that can be switched off one by one for A/B measurements: `name` is
 // "silu_gemm" (SiLU·up inside the gate/up small-m GEMM), "qk_wide" (q/k norm + RoPE with a warp
 // per head instead of 8 warps looping over the heads), "attn_prefetch" (the paged decode kernel
-// loads cached K/V before its grid dependency wait) or "attn_merge" (its split-K partials merged
-// by the last block of each KV head instead of a second kernel). All are on unless SLIME_DECODE_UNFUSE in the environment lists the name
+// loads cached K/V before its grid dependency wait), "attn_merge" (its split-K partials merged
+// by the last block of each KV head instead of a second kernel) or "attn_qkv" (the paged decode
+// kernel applies q/k norm + RoPE to the raw projection rows and stores the new K/V itself) or
+// "norm_prefetch" (add + RMSNorm reads the residual before its grid dependency wait; see
+// LaunchAddRmsNorm). All are on unless SLIME_DECODE_UNFUSE in the environment lists the name
 // (comma-separated, read once per process).
 bool DecodeFusionEnabled(const char* name);
 
