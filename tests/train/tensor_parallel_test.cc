@@ -224,11 +224,20 @@ TEST(TensorParallelLayersTest, VocabParallelLogProbsAndEntropyMatchOneRank) {
 
 // ---- the trainer
 
-// The tiny Qwen3 of the trainer tests with a vocabulary that splits over 2 ranks (104).
-std::string MakeTpModelDir(const TempDir& dir, uint64_t seed) {
-  std::string json = model::testing::TinyQwen3ConfigJson();
-  const std::string from = "\"vocab_size\": 101";
-  json.replace(json.find(from), from.size(), "\"vocab_size\": 104");
+void Replace(std::string& json, const std::string& from, const std::string& to) {
+  const size_t at = json.find(from);
+  ASSERT_NE(at, std::string::npos) << from;
+  json.replace(at, from.size(), to);
+}
+
+// The tiny Qwen3 of the trainer tests (q/k norms) with a vocabulary that splits over 2 ranks
+// (104); or the tiny Llama 3 (q/k/v and o biases: column- and row-parallel), with tied
+// embeddings (one vocab-parallel table for the embedding and the LM head).
+std::string MakeTpModelDir(const TempDir& dir, uint64_t seed, bool llama = false) {
+  std::string json = llama ? model::testing::TinyLlama3ConfigJson()
+                           : model::testing::TinyQwen3ConfigJson();
+  Replace(json, llama ? "\"vocab_size\": 89" : "\"vocab_size\": 101", "\"vocab_size\": 104");
+  if (llama) Replace(json, "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true");
   const std::string path = dir.Join("m");
   auto config = model::ParseModelConfigJson(json, "tiny");
   EXPECT_TRUE(config.ok()) << config.status();
@@ -344,9 +353,9 @@ std::vector<model::ParamSpec> Specs(const std::string& model_dir) {
 
 // Compares a TP × DP run with the TP=1 one: metrics per step, gathered weights, replicated
 // parameters equal on the TP ranks.
-void ExpectMatchesOneRank(int tp, int dp) {
+void ExpectMatchesOneRank(int tp, int dp, bool llama = false) {
   TempDir dir;
-  const std::string model_dir = MakeTpModelDir(dir, 14);
+  const std::string model_dir = MakeTpModelDir(dir, 14, llama);
   const config::Config c = TpConfig();
   const RolloutBatch batch = MakeBatch(8, 15);
   constexpr int kRollouts = 2;
@@ -396,6 +405,10 @@ void ExpectMatchesOneRank(int tp, int dp) {
 }
 
 TEST(TensorParallelTrainerTest, TwoTensorParallelRanksMatchOneRank) { ExpectMatchesOneRank(2, 1); }
+
+TEST(TensorParallelTrainerTest, TwoTensorParallelRanksMatchOneRankWithBiasesAndTiedEmbeddings) {
+  ExpectMatchesOneRank(2, 1, /*llama=*/true);
+}
 
 TEST(TensorParallelTrainerTest, TwoByTwoTensorAndDataParallelMatchesOneRank) {
   ExpectMatchesOneRank(2, 2);
