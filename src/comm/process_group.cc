@@ -5,6 +5,7 @@
 // c10d::Work with wait(timeout). Options structs: Gloo's create(timeout) exists in both; NCCL's
 // create() takes no timeout, which is a field of the base options in both.
 #include "slime/comm/process_group.h"
+#include "slime/comm/tensor_parallel_group.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -12,6 +13,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 
@@ -249,41 +251,132 @@ std::string ProcessGroup::Recent() const {
   return fmt::format("; this rank's last collectives: {}", fmt::join(ordered, ", "));
 }
 
-Status ProcessGroup::AllReduceSum(torch::Tensor& tensor, const std::string& name,
-                                  double timeout_s) {
+Status ProcessGroup::RunCollective(const std::string& op, const std::string& name,
+                                   const torch::Tensor& tensor, double timeout_s,
+                                   const std::function<void(std::chrono::milliseconds)>& fn) {
   SLIME_RETURN_IF_ERROR(CheckUsable());
-  if (!tensor.defined()) return absl::InvalidArgumentError("all-reduce of an undefined tensor");
-  const torch::Device dev = device();
+  if (!tensor.defined()) return absl::InvalidArgumentError(fmt::format("{} of an undefined tensor", op));
   const double limit = timeout_s > 0 ? timeout_s : options_.timeout_s;
   const std::string label = name.empty() ? std::string("tensor") : "'" + name + "'";
-  const uint64_t seq = Record(fmt::format("all-reduce {} [{}] {}", label,
+  const uint64_t seq = Record(fmt::format("{} {} [{}] {}", op, label,
                                           fmt::join(tensor.sizes().vec(), ","),
                                           c10::toString(tensor.scalar_type())));
   const auto start = std::chrono::steady_clock::now();
-  Status s = Guard(fmt::format("all-reduce on {}", Describe()), absl::StatusCode::kInternal, [&] {
-    const bool half = tensor.scalar_type() == torch::kBFloat16 || tensor.scalar_type() == torch::kHalf;
-    const bool copy = !tensor.is_contiguous() || tensor.device() != dev || (backend_ == "gloo" && half);
-    at::Tensor work = copy ? tensor.to(dev, backend_ == "gloo" && half ? torch::kFloat32
-                                                                      : tensor.scalar_type())
-                                 .contiguous()
-                           : tensor;
-    std::vector<at::Tensor> one{work};
-    c10d::AllreduceOptions ao;
-    ao.timeout = Millis(limit);
-    state_->backend->allreduce(one, ao)->wait(Millis(limit));
-    if (copy) tensor.copy_(work);
-  });
+  Status s = Guard(fmt::format("{} on {}", op, Describe()), absl::StatusCode::kInternal,
+                   [&] { fn(Millis(limit)); });
   if (s.ok()) return s;
   broken_ = true;
   const bool timed_out = LooksLikeTimeout(s) ||
                          std::chrono::steady_clock::now() - start >= Millis(limit);
   return Status(timed_out ? absl::StatusCode::kDeadlineExceeded : s.code(),
-                fmt::format("all-reduce #{} of {} {} after {:.1f} s: {}{}{}", seq, label,
+                fmt::format("{} #{} of {} {} after {:.1f} s: {}{}{}", op, seq, label,
                             timed_out ? "timed out" : "failed", limit, std::string(s.message()),
                             timed_out ? " (a peer did not take part: does every rank run the "
                                         "same collectives in the same order?)"
                                       : "",
                             Recent()));
+}
+
+namespace {
+// Gloo has no bfloat16 / float16 reduction kernels: such tensors are reduced in float32.
+bool GlooReducesInFloat(const std::string& backend, const torch::Tensor& t) {
+  return backend == "gloo" &&
+         (t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf);
+}
+}  // namespace
+
+Status ProcessGroup::AllReduceSum(torch::Tensor& tensor, const std::string& name,
+                                  double timeout_s) {
+  const torch::Device dev = device();
+  return RunCollective("all-reduce", name, tensor, timeout_s, [&](std::chrono::milliseconds limit) {
+    const bool widen = GlooReducesInFloat(backend_, tensor);
+    const bool copy = !tensor.is_contiguous() || tensor.device() != dev || widen;
+    at::Tensor work =
+        copy ? tensor.to(dev, widen ? torch::kFloat32 : tensor.scalar_type()).contiguous() : tensor;
+    if (work.dim() == 0) work = work.view({1});  // a 0-dim scalar (e.g. a norm): same storage
+    std::vector<at::Tensor> one{work};
+    c10d::AllreduceOptions ao;
+    ao.timeout = limit;
+    state_->backend->allreduce(one, ao)->wait(limit);
+    if (copy) tensor.copy_(work.view(tensor.sizes()));
+  });
+}
+
+StatusOr<torch::Tensor> ProcessGroup::AllGather(const torch::Tensor& tensor, int64_t dim,
+                                                const std::string& name, double timeout_s) {
+  if (!tensor.defined()) return absl::InvalidArgumentError("all-gather of an undefined tensor");
+  const int64_t rank_dims = std::max<int64_t>(tensor.dim(), 1);
+  if (dim < -rank_dims || dim >= rank_dims) {
+    return absl::InvalidArgumentError(fmt::format(
+        "all-gather of '{}': dim {} is outside a {}-D tensor", name, dim, tensor.dim()));
+  }
+  if (dim < 0) dim += rank_dims;
+  const torch::Device dev = device();
+  torch::Tensor result;
+  Status s = RunCollective("all-gather", name, tensor, timeout_s,
+                           [&](std::chrono::milliseconds limit) {
+    // c10d gathers flat buffers; Gloo moves raw bytes so every dtype works (as Broadcast).
+    at::Tensor in = tensor.to(dev).contiguous();
+    const bool bytes = backend_ == "gloo" && in.numel() > 0;
+    at::Tensor flat = bytes ? in.reshape({-1}).view(torch::kUInt8) : in.reshape({-1});
+    std::vector<at::Tensor> inputs{flat};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < options_.world_size; ++r) outputs[0].push_back(torch::empty_like(flat));
+    c10d::AllgatherOptions ao;
+    ao.timeout = limit;
+    state_->backend->allgather(outputs, inputs, ao)->wait(limit);
+    std::vector<at::Tensor> parts;
+    for (at::Tensor& o : outputs[0]) {
+      at::Tensor typed = bytes ? o.view(in.scalar_type()) : o;
+      parts.push_back(typed.view(in.sizes()));
+    }
+    result = in.dim() == 0 ? torch::stack(parts) : torch::cat(parts, dim);
+    if (result.device() != tensor.device()) result = result.to(tensor.device());
+  });
+  if (!s.ok()) return s;
+  return result;
+}
+
+StatusOr<torch::Tensor> ProcessGroup::ReduceScatterSum(const torch::Tensor& tensor,
+                                                       const std::string& name, double timeout_s) {
+  if (!tensor.defined() || tensor.dim() < 1) {
+    return absl::InvalidArgumentError(fmt::format(
+        "reduce-scatter of '{}' needs a tensor of at least one dimension", name));
+  }
+  const int64_t world = options_.world_size;
+  if (tensor.size(0) % world != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "reduce-scatter of '{}': dim 0 has {} rows, not divisible by the group's {} ranks", name,
+        tensor.size(0), world));
+  }
+  const int64_t rows = tensor.size(0) / world;
+  const torch::Device dev = device();
+  torch::Tensor result;
+  Status s = RunCollective("reduce-scatter", name, tensor, timeout_s,
+                           [&](std::chrono::milliseconds limit) {
+    const bool widen = GlooReducesInFloat(backend_, tensor);
+    at::Tensor in = tensor.to(dev, widen ? torch::kFloat32 : tensor.scalar_type()).contiguous();
+    if (backend_ == "gloo") {
+      // LibTorch 1.13's Gloo backend has no reduce_scatter: all-reduce a copy, keep our rows.
+      if (in.data_ptr() == tensor.data_ptr()) in = in.clone();
+      std::vector<at::Tensor> one{in};
+      c10d::AllreduceOptions ao;
+      ao.timeout = limit;
+      state_->backend->allreduce(one, ao)->wait(limit);
+      result = in.narrow(0, options_.rank * rows, rows).clone();
+    } else {
+      std::vector<std::vector<at::Tensor>> inputs(1);
+      for (int64_t r = 0; r < world; ++r) inputs[0].push_back(in.narrow(0, r * rows, rows));
+      std::vector<at::Tensor> outputs{torch::empty_like(inputs[0][0])};
+      c10d::ReduceScatterOptions ro;
+      ro.timeout = limit;
+      state_->backend->reduce_scatter(outputs, inputs, ro)->wait(limit);
+      result = outputs[0];
+    }
+    result = result.to(tensor.device(), tensor.scalar_type());
+  });
+  if (!s.ok()) return s;
+  return result;
 }
 
 Status ProcessGroup::Broadcast(std::vector<torch::Tensor>& tensors, int root,
@@ -349,6 +442,23 @@ Status ProcessGroup::Broadcast(std::vector<torch::Tensor>& tensors, int root,
 Status ProcessGroup::Barrier(double timeout_s) {
   std::vector<torch::Tensor> one{torch::zeros({1}, torch::TensorOptions().device(device()))};
   return Broadcast(one, 0, {"barrier"}, timeout_s);
+}
+
+}  // namespace slime::comm
+
+// ---- ProcessGroupTensorParallel (include/slime/comm/tensor_parallel_group.h)
+
+namespace slime::comm {
+
+void ProcessGroupTensorParallel::AllReduceSum(at::Tensor& tensor) {
+  Status s = group_->AllReduceSum(tensor, "tensor-parallel");
+  if (!s.ok()) throw std::runtime_error(std::string(s.message()));
+}
+
+at::Tensor ProcessGroupTensorParallel::AllGather(const at::Tensor& tensor, int64_t dim) {
+  StatusOr<torch::Tensor> out = group_->AllGather(tensor, dim, "tensor-parallel");
+  if (!out.ok()) throw std::runtime_error(std::string(out.status().message()));
+  return *std::move(out);
 }
 
 }  // namespace slime::comm

@@ -205,14 +205,18 @@ torch::Tensor DecoderModel::Layer(int index, const torch::Tensor& x, const torch
   TensorParallelGroup& tp = *tp_;
 
   // Attention block.
-  torch::Tensor h = RmsNorm(x, w.input_norm, eps);  // [T, hidden]
-  torch::Tensor q = ColumnParallelLinear(h, w.q_proj, w.q_bias, tp, false).view({t, -1, d});
-  torch::Tensor k = ColumnParallelLinear(h, w.k_proj, w.k_bias, tp, false).view({t, -1, d});
-  torch::Tensor v = ColumnParallelLinear(h, w.v_proj, w.v_bias, tp, false).view({t, -1, d});
+  // h enters the TP region once for q/k/v (one all-reduce of its gradient in training).
+  torch::Tensor h = CopyToTensorParallelRegion(RmsNorm(x, w.input_norm, eps), tp);  // [T, hidden]
+  torch::Tensor q = ColumnParallelLinear(h, w.q_proj, w.q_bias, tp, false, true).view({t, -1, d});
+  torch::Tensor k = ColumnParallelLinear(h, w.k_proj, w.k_bias, tp, false, true).view({t, -1, d});
+  torch::Tensor v = ColumnParallelLinear(h, w.v_proj, w.v_bias, tp, false, true).view({t, -1, d});
   // q [T, heads/P, D], k/v [T, kv_heads/P, D]
   if (config_.qk_norm) {
-    q = RmsNorm(q, w.q_norm, eps);
-    k = RmsNorm(k, w.k_norm, eps);
+    // q_norm / k_norm are replicated, but each rank applies them to its own heads only: their
+    // gradient is a partial sum over heads, so the weights enter the TP region (all-reduce of
+    // the gradient) like a column-parallel input.
+    q = RmsNorm(q, CopyToTensorParallelRegion(w.q_norm, tp), eps);
+    k = RmsNorm(k, CopyToTensorParallelRegion(w.k_norm, tp), eps);
   }
   q = ApplyRope(q, cos, sin);
   k = ApplyRope(k, cos, sin);
@@ -220,9 +224,9 @@ torch::Tensor DecoderModel::Layer(int index, const torch::Tensor& x, const torch
   torch::Tensor out = x + RowParallelLinear(a.reshape({t, -1}), w.o_proj, w.o_bias, tp);
 
   // MLP block.
-  h = RmsNorm(out, w.post_attention_norm, eps);
-  torch::Tensor gate = ColumnParallelLinear(h, w.gate_proj, {}, tp, false);     // [T, I/P]
-  torch::Tensor up = ColumnParallelLinear(h, w.up_proj, {}, tp, false);         // [T, I/P]
+  h = CopyToTensorParallelRegion(RmsNorm(out, w.post_attention_norm, eps), tp);
+  torch::Tensor gate = ColumnParallelLinear(h, w.gate_proj, {}, tp, false, true);  // [T, I/P]
+  torch::Tensor up = ColumnParallelLinear(h, w.up_proj, {}, tp, false, true);      // [T, I/P]
   return out + RowParallelLinear(SiluMul(gate, up), w.down_proj, {}, tp);  // [T, hidden]
 }
 

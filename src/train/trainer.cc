@@ -13,6 +13,7 @@
 
 #include "slime/model/config.h"
 #include "slime/model/decoder.h"
+#include "slime/model/tensor_parallel.h"
 #include "slime/model/weights.h"
 #include "slime/train/logprobs.h"
 #include "slime/train/losses.h"
@@ -193,10 +194,27 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   SLIME_ASSIGN_OR_RETURN(PolicyLossOptions policy, PolicyLossOptions::FromConfig(config.algorithm));
   SLIME_RETURN_IF_ERROR(ParseKlType(config.algorithm.kl_loss_type).status());
 
+  // Tensor parallelism: this rank loads its shard; the group goes to the model (its parallel
+  // layers and the vocab-parallel log-probs) and to the optimizer's gradient norm.
+  if (options.tp_group == nullptr) options.tp_group = model::MakeSingleRankGroup();
+  const std::shared_ptr<model::TensorParallelGroup> tp = options.tp_group;
+  const int tp_size = tp->size();
+  const int tp_rank = tp->rank();
+  if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size) {
+    return absl::InvalidArgumentError(fmt::format(
+        "trainer: the tensor-parallel group says rank {} of {}", tp_rank, tp_size));
+  }
+  if (tp_size > 1 && estimator == AdvantageEstimator::kPpo && !sft) {
+    return absl::UnimplementedError(fmt::format(
+        "trainer: advantage_estimator ppo with tensor parallelism (tp size {}) is not supported "
+        "yet (the critic is single-rank); use a tensor-parallel size of 1",
+        tp_size));
+  }
+
   const torch::ScalarType dtype =
       options.dtype.value_or(options.device.is_cuda() ? torch::kBFloat16 : torch::kFloat32);
   SLIME_ASSIGN_OR_RETURN(std::unique_ptr<model::DecoderModel> model,
-                         model::DecoderModel::Load(options.model_dir, dtype, options.device));
+                         model::DecoderModel::Load(options.model_dir, dtype, options.device, tp));
 
   BatchingOptions batching = MakeBatchingOptions(config.train, model->config(), options.dp_size);
   SLIME_RETURN_IF_ERROR(ValidateBatchingOptions(batching));
@@ -215,9 +233,22 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
     return absl::OkStatus();
   });
   SLIME_RETURN_IF_ERROR(status);
+  // The gradient norm: sharded parameters' squares summed over the TP group, replicated ones
+  // (identical on every TP rank) counted on TP rank 0 only (AdamWOptions::tp_rank). The DP
+  // all-reduce of the gradients runs before the optimizer step, so the norm is the global one.
+  AdamWOptions adam = AdamWOptions::FromTrainConfig(config.train);
+  adam.tp_rank = tp_rank;
+  if (tp_size > 1) {
+    adam.reduce_squared_grad_norm = [tp](torch::Tensor& squared_norm) -> Status {
+      return GuardTorch("trainer: all-reduce the squared gradient norm over the TP group",
+                        [&]() -> Status {
+                          tp->AllReduceSum(squared_norm);
+                          return absl::OkStatus();
+                        });
+    };
+  }
   SLIME_ASSIGN_OR_RETURN(std::unique_ptr<AdamW> optimizer,
-                         AdamW::ForModel(model->weights(), model->config(),
-                                         AdamWOptions::FromTrainConfig(config.train)));
+                         AdamW::ForModel(model->weights(), model->config(), std::move(adam)));
 
   impl->estimator = estimator;
   impl->policy = policy;
@@ -253,7 +284,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
     } else {
       SLIME_ASSIGN_OR_RETURN(
           impl->copies[kRef], GuardTorch("trainer: load the reference weights", [&]() {
-            return LoadWeightCopy("reference", *dir, ckpt_step, impl->names, impl->params, dtype);
+            return LoadWeightCopy("reference", *dir, ckpt_step, impl->names, impl->params, dtype,
+                                  tp_rank, tp_size);
           }));
     }
   }
@@ -265,7 +297,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
     SLIME_ASSIGN_OR_RETURN(impl->copies[kTeacher],
                            GuardTorch("trainer: load the teacher weights", [&]() {
                              return LoadWeightCopy("teacher", *config.algorithm.opd_teacher_load,
-                                                   ckpt_step, impl->names, impl->params, dtype);
+                                                   ckpt_step, impl->names, impl->params, dtype,
+                                                   tp_rank, tp_size);
                            }));
   }
   if (!sft && config.algorithm.keep_old_actor) {
@@ -294,10 +327,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
 
   std::vector<std::string> tags;
   for (const auto& [tag, tensors] : impl->copies) tags.push_back(tag);
-  spdlog::info("trainer: {} on {} ({}), loss {}, estimator {}, CPU copies [{}], dp rank {}/{}",
-               options.model_dir, model->device().str(), c10::toString(dtype),
-               config.algorithm.loss_type, AdvantageEstimatorName(estimator), fmt::join(tags, ", "),
-               options.dp_rank, options.dp_size);
+  spdlog::info(
+      "trainer: {} on {} ({}), loss {}, estimator {}, CPU copies [{}], dp rank {}/{}, tp rank {}/{}",
+      options.model_dir, model->device().str(), c10::toString(dtype), config.algorithm.loss_type,
+      AdvantageEstimatorName(estimator), fmt::join(tags, ", "), options.dp_rank, options.dp_size,
+      tp_rank, tp_size);
   std::unique_ptr<Trainer> trainer(new Trainer(std::move(options), std::move(model),
                                                std::move(optimizer), LrScheduler(schedule)));
   trainer->impl_ = std::move(impl);

@@ -58,11 +58,13 @@ void CopyInto(const std::vector<torch::Tensor>& dst, const std::vector<torch::Te
 
 // Reads the weights of `dir` (a trainer checkpoint — <save> or iteration dir — or an HF
 // directory) into CPU tensors in the order of `names`, checking every shape against `like`.
+// With tp_size > 1 each tensor is this rank's shard (tensor_parallel.h layout) of the full one.
 StatusOr<std::vector<torch::Tensor>> LoadWeightCopy(const std::string& what, const std::string& dir,
                                                     std::optional<int64_t> ckpt_step,
                                                     const std::vector<std::string>& names,
                                                     const std::vector<torch::Tensor>& like,
-                                                    torch::ScalarType dtype);
+                                                    torch::ScalarType dtype, int tp_rank = 0,
+                                                    int tp_size = 1);
 
 // The LR schedule of a run (lr_schedule.h, in samples) with peak `lr` and floor `min_lr`, the
 // rest from config.train; its length is `train_iters`, else slime's TrainIters from data.* and

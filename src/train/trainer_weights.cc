@@ -15,6 +15,7 @@
 #include "slime/model/checkpoint.h"
 #include "slime/model/config.h"
 #include "slime/model/decoder.h"
+#include "slime/model/tensor_parallel.h"
 #include "slime/model/weights.h"
 #include "slime/train/checkpoint.h"
 #include "slime/train/optimizer.h"
@@ -56,7 +57,8 @@ StatusOr<std::vector<torch::Tensor>> LoadWeightCopy(const std::string& what, con
                                                     std::optional<int64_t> ckpt_step,
                                                     const std::vector<std::string>& names,
                                                     const std::vector<torch::Tensor>& like,
-                                                    torch::ScalarType dtype) {
+                                                    torch::ScalarType dtype, int tp_rank,
+                                                    int tp_size) {
   std::string resolved = dir;
   auto checkpoint_dir = ResolveCheckpointDir(dir, ckpt_step);
   if (checkpoint_dir.ok()) {
@@ -81,6 +83,8 @@ StatusOr<std::vector<torch::Tensor>> LoadWeightCopy(const std::string& what, con
   model::WeightOptions wo;
   wo.dtype = dtype;
   wo.device = torch::kCPU;
+  wo.tp_rank = tp_rank;
+  wo.tp_size = tp_size;
   auto weights = model::LoadWeights(*reader, *config, wo);
   if (!weights.ok()) {
     return absl::Status(
@@ -261,6 +265,64 @@ std::string CriticCheckpointDir(const std::string& actor_dir) {
   return (dir / kCriticSubdir).string();
 }
 
+// ---- Checkpoints at tensor-parallel size > 1 (trainer.h, "Tensor parallelism"): the files
+// always hold full tensors (the TP=1 layout), so a checkpoint loads at any TP size.
+
+// The split dim of every parameter by HF name (-1: replicated).
+std::map<std::string, int64_t> ShardDims(const model::ModelConfig& config) {
+  std::map<std::string, int64_t> out;
+  for (const model::ParamSpec& spec : model::ParameterSpecs(config)) {
+    out[spec.hf_name] = static_cast<int64_t>(spec.shard);
+  }
+  return out;
+}
+
+// The parameter an optimizer-state tensor belongs to ("<name>.exp_avg" -> "<name>").
+std::string StateParam(const std::string& name) {
+  for (const char* suffix : {".master", ".exp_avg_sq", ".exp_avg"}) {
+    const std::string s(suffix);
+    if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) {
+      return name.substr(0, name.size() - s.size());
+    }
+  }
+  return name;
+}
+
+// The full tensor of a shard (all TP ranks call this in the same order), on the CPU.
+torch::Tensor Gather(const torch::Tensor& shard, int64_t dim, model::TensorParallelGroup& tp) {
+  torch::NoGradGuard no_grad;
+  if (dim < 0) return shard.detach().to(torch::kCPU).clone();
+  return tp.AllGather(shard.detach().contiguous(), dim).to(torch::kCPU);
+}
+
+// This rank's slice of a full tensor.
+torch::Tensor Slice(const torch::Tensor& full, int64_t dim, const model::TensorParallelGroup& tp) {
+  if (dim < 0) return full;
+  const int64_t n = full.size(dim) / tp.size();
+  return full.narrow(dim, tp.rank() * n, n);
+}
+
+// Full-size CPU weights of `config` (uninitialised; a checkpoint load fills them).
+model::ModelWeights FullSizeBuffers(const model::ModelConfig& config, torch::ScalarType dtype) {
+  model::ModelWeights w;
+  w.layers.resize(config.num_hidden_layers);
+  for (const model::ParamSpec& spec : model::ParameterSpecs(config)) {
+    model::ParamSlot(w, spec) = torch::zeros(spec.shape, torch::TensorOptions().dtype(dtype));
+  }
+  if (config.tie_word_embeddings) w.lm_head = w.embed_tokens;
+  return w;
+}
+
+// An optimizer over full-size weights with the trainer's options (single-rank).
+StatusOr<std::unique_ptr<AdamW>> FullSizeOptimizer(const model::ModelWeights& full,
+                                                   const model::ModelConfig& config,
+                                                   const AdamW& like) {
+  AdamWOptions o = like.options();
+  o.tp_rank = 0;
+  o.reduce_squared_grad_norm = nullptr;
+  return AdamW::ForModel(full, config, std::move(o));
+}
+
 }  // namespace
 
 StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout_id,
@@ -279,7 +341,65 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
   progress.rollout_id = rollout_id;
   progress.lr_scheduler_json = LrStateToJson(lr_scheduler_.State()).dump();
   progress.data_source_json = extra_state_json;
-  return SaveTrainerCheckpoint(o, model_->weights(), model_->config(), optimizer_.get(), progress);
+  model::TensorParallelGroup& tp = model_->tp_group();
+  if (tp.size() == 1) {
+    return SaveTrainerCheckpoint(o, model_->weights(), model_->config(), optimizer_.get(),
+                                 progress);
+  }
+  // TP > 1: every rank gathers the full weights (and optimizer state) to the CPU; TP rank 0
+  // writes them as a TP=1 checkpoint; one all-reduce tells every rank whether that worked.
+  const model::ModelConfig& config = model_->config();
+  const std::map<std::string, int64_t> dims = ShardDims(config);
+  model::ModelWeights full;
+  OptimizerState full_state;
+  Status gathered = GuardTorch("trainer: gather the tensor-parallel shards to save", [&]() -> Status {
+    full.layers.resize(config.num_hidden_layers);
+    for (const model::ParamSpec& spec : model::ParameterSpecs(config)) {
+      model::ParamSlot(full, spec) =
+          Gather(model::ParamSlot(model_->weights(), spec), static_cast<int64_t>(spec.shard), tp);
+    }
+    if (config.tie_word_embeddings) full.lm_head = full.embed_tokens;
+    if (o.save_optimizer) {
+      OptimizerState state = optimizer_->ExportState();
+      full_state.step = state.step;
+      for (const model::NamedTensor& nt : state.tensors) {
+        auto it = dims.find(StateParam(nt.name));
+        full_state.tensors.push_back(
+            {nt.name, Gather(nt.tensor, it == dims.end() ? -1 : it->second, tp)});
+      }
+    }
+    return absl::OkStatus();
+  });
+  SLIME_RETURN_IF_ERROR(gathered);
+  StatusOr<std::string> dir =
+      (std::filesystem::path(save_dir) / IterationDirName(rollout_id)).string();
+  if (tp.rank() == 0) {
+    std::unique_ptr<AdamW> full_optimizer;
+    if (o.save_optimizer) {
+      auto created = FullSizeOptimizer(full, config, *optimizer_);
+      if (created.ok()) full_optimizer = std::move(*created);
+      Status imported = created.ok() ? full_optimizer->ImportState(full_state) : created.status();
+      if (!imported.ok()) dir = imported;
+    }
+    if (dir.ok()) dir = SaveTrainerCheckpoint(o, full, config, full_optimizer.get(), progress);
+  }
+  double written = tp.rank() == 0 && dir.ok() ? 1.0 : 0.0;
+  Status told = GuardTorch("trainer: share the checkpoint outcome over the TP group", [&]() -> Status {
+    torch::Tensor flag = torch::full({1}, tp.rank() == 0 ? written : 0.0, torch::kFloat64)
+                             .to(model_->device());
+    tp.AllReduceSum(flag);
+    written = flag.item<double>();
+    return absl::OkStatus();
+  });
+  SLIME_RETURN_IF_ERROR(told);
+  if (!dir.ok()) return dir;
+  if (written != 1.0) {
+    return absl::InternalError(fmt::format(
+        "trainer: tensor-parallel rank 0 failed to save the checkpoint of iteration {} under {} "
+        "(its log has the error)",
+        rollout_id, save_dir));
+  }
+  return dir;
 }
 
 StatusOr<LoadedTrainerState> Trainer::Load(const std::string& load_dir,
@@ -307,9 +427,49 @@ StatusOr<LoadedTrainerState> Trainer::Load(const std::string& load_dir,
   o.load_dir = load_dir;
   o.ckpt_step = ckpt_step;
   o.load_optimizer = !options_.config.checkpoint.no_load_optim;
-  SLIME_ASSIGN_OR_RETURN(
-      LoadedCheckpoint loaded,
-      LoadTrainerCheckpoint(o, model_->mutable_weights(), model_->config(), optimizer_.get()));
+  model::TensorParallelGroup& tp = model_->tp_group();
+  StatusOr<LoadedCheckpoint> load_result = absl::InternalError("unset");
+  if (tp.size() == 1) {
+    load_result =
+        LoadTrainerCheckpoint(o, model_->mutable_weights(), model_->config(), optimizer_.get());
+  } else {
+    // TP > 1: the checkpoint holds full tensors; load them into full-size CPU temporaries (and
+    // a full-size optimizer), then copy this rank's slices in. No collective: every rank reads.
+    const model::ModelConfig& config = model_->config();
+    std::unique_ptr<AdamW> full_optimizer;
+    model::ModelWeights full;
+    Status made = GuardTorch("trainer: full-size buffers for a tensor-parallel load", [&]() -> Status {
+      full = FullSizeBuffers(config, model_->dtype());
+      return absl::OkStatus();
+    });
+    SLIME_RETURN_IF_ERROR(made);
+    SLIME_ASSIGN_OR_RETURN(full_optimizer, FullSizeOptimizer(full, config, *optimizer_));
+    load_result = LoadTrainerCheckpoint(o, full, config, full_optimizer.get());
+    if (load_result.ok()) {
+      const std::map<std::string, int64_t> dims = ShardDims(config);
+      Status sliced = GuardTorch("trainer: slice the checkpoint for this TP rank", [&]() -> Status {
+        torch::NoGradGuard no_grad;
+        for (const model::ParamSpec& spec : model::ParameterSpecs(config)) {
+          model::ParamSlot(model_->mutable_weights(), spec)
+              .copy_(Slice(model::ParamSlot(full, spec), static_cast<int64_t>(spec.shard), tp));
+        }
+        if (load_result->optimizer_loaded) {
+          OptimizerState state = full_optimizer->ExportState();
+          for (model::NamedTensor& nt : state.tensors) {
+            auto it = dims.find(StateParam(nt.name));
+            nt.tensor = Slice(nt.tensor, it == dims.end() ? -1 : it->second, tp)
+                            .contiguous()
+                            .to(model_->device());
+          }
+          return optimizer_->ImportState(state);
+        }
+        optimizer_->ReloadMastersFromParams();
+        return absl::OkStatus();
+      });
+      SLIME_RETURN_IF_ERROR(sliced);
+    }
+  }
+  SLIME_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, std::move(load_result));
   impl_->actor_backup_current = false;
   step_ = loaded.progress.step;
 

@@ -166,6 +166,14 @@ StatusOr<nlohmann::json> TrainerWorker::Init() {
   } else if (config.train.use_checkpoint_opt_param_scheduler) {
     to.lr_state_mismatch = train::LrStateMismatch::kUseCheckpoint;
   }
+  if (config.train.tensor_model_parallel_size > 1) {
+    // The Trainer supports TP (TrainerOptions::tp_group), but the workers do not form TP groups
+    // yet: every worker trains a full replica as a data-parallel rank.
+    spdlog::warn(
+        "trainer rank {}: train.tensor_model_parallel_size = {} is not wired into the trainer "
+        "workers yet; this worker trains a full replica as data-parallel rank {} of {}",
+        o.rank, config.train.tensor_model_parallel_size, o.rank, o.world_size);
+  }
   to.dp_size = o.world_size;
   to.dp_rank = o.rank;
   if (o.world_size > 1) {

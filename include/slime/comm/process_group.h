@@ -23,6 +23,9 @@
 // own plus the group_name prefix; interop with a Python torch.distributed peer additionally
 // depends on that torch version's key conventions (see docs/architecture.md, weight plane).
 //
+// Tensor parallelism: comm/tensor_parallel_group.h adapts a ProcessGroup to the model's
+// TensorParallelGroup interface (the model does not depend on comm).
+//
 // Thread-safety: collectives on one group must be issued in the same order on every rank, by one
 // thread at a time (the engine thread, or the sender). broken()/rank()/... may be read anywhere.
 #ifndef SLIME_COMM_PROCESS_GROUP_H_
@@ -31,7 +34,9 @@
 #include <torch/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,6 +83,20 @@ class ProcessGroup {
   // is not contiguous or not on the backend's device goes through a temporary copy; Gloo sums
   // bfloat16 / float16 in float32. `name` labels errors.
   Status AllReduceSum(torch::Tensor& tensor, const std::string& name = "", double timeout_s = 0);
+  // Concatenation of every rank's `tensor` along `dim`, in rank order (one c10d all-gather).
+  // Every rank must pass the same shape and dtype; the result has the input's dtype and
+  // device, with size(dim) multiplied by world_size. Any dtype: Gloo moves the raw bytes.
+  // `dim` may be negative (counted from the end).
+  StatusOr<torch::Tensor> AllGather(const torch::Tensor& tensor, int64_t dim,
+                                    const std::string& name = "", double timeout_s = 0);
+  // Sums `tensor` element-wise over every rank and returns this rank's chunk of the sum along
+  // dim 0: rows [rank·N/W, (rank+1)·N/W) of the [N, ...] sum (N must divide by world_size;
+  // InvalidArgument otherwise). NCCL: one c10d reduce_scatter. Gloo has no reduce_scatter in
+  // LibTorch 1.13, so there it is an all-reduce of a copy and a slice (same result, W times the
+  // traffic; fine for the CPU test path). Gloo sums bfloat16 / float16 in float32. The result
+  // has the input's dtype and device.
+  StatusOr<torch::Tensor> ReduceScatterSum(const torch::Tensor& tensor,
+                                           const std::string& name = "", double timeout_s = 0);
   // All ranks meet (a one-element broadcast from rank 0).
   Status Barrier(double timeout_s = 0);
 
@@ -96,6 +115,12 @@ class ProcessGroup {
   explicit ProcessGroup(ProcessGroupOptions options);
   std::string Describe() const;
   Status CheckUsable() const;
+  // The watchdog / flight-recorder frame of a single-tensor collective: CheckUsable, Record
+  // ("<op> <label> [shape] dtype"), runs `fn(limit)` guarded, and on failure marks the group
+  // broken and returns "<op> #seq of <label> timed out|failed after ... s: ...<Recent()>".
+  Status RunCollective(const std::string& op, const std::string& name, const torch::Tensor& tensor,
+                       double timeout_s,
+                       const std::function<void(std::chrono::milliseconds limit)>& fn);
   // Numbers a collective and remembers it; Recent() lists the last kRecent.
   uint64_t Record(const std::string& what);
   std::string Recent() const;

@@ -2,19 +2,34 @@
 // Megatron-style parallel layers built on it.
 //
 // TensorParallelGroup is a tiny torch-free interface (rank, size, all-reduce, all-gather); the
-// model only ever sees it. SingleRankGroup (size 1, identity) is what runs today; the
-// parallelism issue adds a c10d-backed implementation and, for training, the autograd-aware
-// variants of the collectives (identity forward / all-reduce backward for the column input,
-// all-reduce forward / identity backward for the row output).
+// model only ever sees it. SingleRankGroup (size 1, identity) is the default;
+// comm::ProcessGroupTensorParallel (comm/tensor_parallel_group.h) runs the collectives on a
+// c10d Gloo / NCCL group.
+//
+// Autograd (Megatron's mappings, torch::autograd::Function). When a graph is recorded (grad
+// mode on and the input requires grad) the collectives are differentiable:
+//   copy-to-region     identity forward, all-reduce of the gradient backward — the replicated
+//                      input of column-parallel layers (each rank's W_r only sees its part of
+//                      ∂L/∂x; the sum over ranks is the full gradient, identical on every rank)
+//   reduce-from-region all-reduce forward, identity backward — the row-parallel output and the
+//                      vocab-parallel embedding (every rank already holds the full ∂L/∂y)
+//   gather-from-region all-gather along the last dim forward, this rank's slice backward —
+//                      gather_output
+// so a TP=P model computes the TP=1 function and its gradients: sharded parameters get their
+// slice of the full gradient, replicated parameters (norms, row-parallel biases) the full
+// gradient on every rank. Without a graph (inference) the plain collectives run, in place
+// where the tensor is fresh. Every rank must run the same ops in the same order (forward and
+// backward), as with any collective.
 //
 // Layouts (Megatron / HF tp_plan "colwise"/"rowwise"), for a TP group of size P, rank r:
 //   column-parallel: W_r [out/P, in]  = rows    [r*out/P, (r+1)*out/P) of W; b_r likewise.
 //   row-parallel:    W_r [out, in/P]  = columns [r*in/P, (r+1)*in/P)  of W; b full, added once.
 //   vocab-parallel:  E_r [V/P, hidden] = rows  [r*V/P, (r+1)*V/P) of the embedding / LM head.
 //
-// Thread-safety: a group is used by the one thread that owns the model replica. Collective
-// failures throw (c10::Error or std::runtime_error); the model's public entry points catch them
-// and return a Status.
+// Thread-safety: a group is used by the one thread that owns the model replica (and the
+// autograd backward it runs). Collective failures throw (c10::Error or std::runtime_error); the
+// model's public entry points catch them and return a Status (a failure inside backward()
+// throws from backward(), which the trainer catches).
 #ifndef SLIME_MODEL_TENSOR_PARALLEL_H_
 #define SLIME_MODEL_TENSOR_PARALLEL_H_
 
@@ -49,12 +64,20 @@ class SingleRankGroup final : public TensorParallelGroup {
 
 std::shared_ptr<TensorParallelGroup> MakeSingleRankGroup();
 
+// The mappings above (identities for a group of size 1). Each returns a new autograd node
+// only when a graph is recorded.
+at::Tensor CopyToTensorParallelRegion(const at::Tensor& x, TensorParallelGroup& group);
+at::Tensor ReduceFromTensorParallelRegion(const at::Tensor& x, TensorParallelGroup& group);
+at::Tensor GatherFromTensorParallelRegion(const at::Tensor& x, TensorParallelGroup& group);
+
 // y = x W^T + b for a column-parallel weight: x [..., in], W_r [out/P, in], b_r [out/P] or
 // undefined. Returns this rank's columns of y [..., out/P], or all of y [..., out] when
-// `gather_output`.
+// `gather_output`. x goes through copy-to-region first, unless `input_in_region` says the
+// caller already did that (several layers sharing one input, e.g. q/k/v: one all-reduce of
+// the input gradient instead of one per layer; doing it twice would multiply it by P).
 at::Tensor ColumnParallelLinear(const at::Tensor& x, const at::Tensor& weight,
                                 const at::Tensor& bias, TensorParallelGroup& group,
-                                bool gather_output);
+                                bool gather_output, bool input_in_region = false);
 
 // y = sum_r x_r W_r^T + b for a row-parallel weight: x_r [..., in/P] (this rank's part of the
 // input, e.g. a column-parallel output), W_r [out, in/P], b [out] or undefined. Returns y

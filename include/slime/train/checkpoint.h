@@ -34,7 +34,9 @@
 // sizes. Each error names the file and what is wrong; on error nothing was changed. Weights are
 // read into CPU temporaries first and copied in place into the model's tensors afterwards.
 //
-// Only tensor-parallel size 1 is supported for now (model::SaveWeights writes full tensors).
+// The files hold full (TP=1) tensors: `weights` here must be a TP=1 model's. A tensor-parallel
+// Trainer gathers its shards before saving and slices after loading (trainer.h, "Tensor
+// parallelism"), so a checkpoint loads at any TP size.
 // Thread-safety: none; call from the trainer's thread while no forward/backward runs.
 #ifndef SLIME_TRAIN_CHECKPOINT_H_
 #define SLIME_TRAIN_CHECKPOINT_H_

@@ -10,7 +10,7 @@
 // Tokenizer files (tokenizer.json, tokenizer_config.json, special_tokens_map.json,
 // generation_config.json) are copied from `tokenizer`, else from the checkpoint directory when it
 // has them; without any, the output has weights only and a warning says so.
-// Only tensor-parallel size 1 checkpoints (what checkpoint.h writes today).
+// Checkpoints always hold full tensors (a TP > 1 Trainer gathers before saving: trainer.h).
 #ifndef SLIME_TRAIN_HF_EXPORT_H_
 #define SLIME_TRAIN_HF_EXPORT_H_
 

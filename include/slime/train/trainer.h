@@ -49,13 +49,33 @@
 // schedule; options.dp_all_reduce sums whitening statistics, metrics and gradients over the
 // group (losses.h's denominators already count all ranks, so a SUM gives slime's objective).
 //
+// Tensor parallelism (Megatron-style, model/tensor_parallel.h). With options.tp_group of size
+// P every TP rank holds its shard of the sharded parameters (column / row / vocab-parallel) and
+// a full copy of the replicated ones (norms, row-parallel biases), receives the same batch and
+// runs the same micro-batches as its TP peers; the parallel layers' differentiable
+// collectives make the forward, the loss, the metrics and the replicated parameters'
+// gradients identical on the TP ranks, and each shard's gradient the slice of the TP=1
+// gradient. The gradient norm sums the shards' squares over the TP group and counts the
+// replicated parameters once. With TP × DP, the DP group (dp_all_reduce) is the ranks with
+// the same TP rank; DP ranks are numbered 0..dp_size-1 within it.
+// Checkpoints are layout-independent: the files always hold full tensors (checkpoint.h's TP=1
+// layout, also an HF directory). At TP > 1, Save is a collective of the TP group — every rank
+// all-gathers the shards of the weights and of the AdamW state to the CPU, TP rank 0 writes
+// them, and an all-reduce tells every rank the outcome — and Load reads the full tensors into
+// CPU temporaries on every rank and copies its slices in. Chosen over saving shards with their
+// layout because the result is what the engine, HF export and a TP=1 trainer read as is, with
+// no conversion step; the price is a full CPU copy of the model and its optimizer state on each
+// TP rank while saving / loading, and the gather traffic. Not yet at TP > 1: the PPO critic
+// (Create fails with Unimplemented). The fused CUDA log-prob kernels are single-rank only (the
+// vocab-parallel path is the eager one).
+//
 // PPO. With advantage_estimator "ppo" the trainer owns a Critic (critic.h): the same decoder
 // with a hidden → 1 value head, its own optimizer and LR schedule. Save writes it under
 // <save>/critic/ (same iteration) before the actor; Load reads it back from there.
 //
 // What is not here yet: custom loss / advantage / TIS functions, routing replay (no MoE model),
 // padding micro-batches to TP × data_pad_size_multiplier (micro-batches are packed unpadded;
-// there is no tensor parallelism in training yet), and tensor / pipeline / context parallelism.
+// nothing here needs the padding), sequence parallelism, and pipeline / context parallelism.
 //
 // Thread-safety: a Trainer belongs to one thread (the replica's training thread); no method may
 // run concurrently with another. Errors (bad batch, bad config, LibTorch failures) come back as
@@ -83,6 +103,7 @@
 
 namespace slime::model {
 class DecoderModel;
+class TensorParallelGroup;
 }  // namespace slime::model
 
 namespace slime::train {
@@ -174,6 +195,12 @@ struct TrainerOptions {
   int dp_size = 1;
   int dp_rank = 0;
   AllReduceSumFn dp_all_reduce;
+  // Tensor parallelism (header comment, "Tensor parallelism"): this trainer is TP rank
+  // tp_group->rank() of tp_group->size(). The model loads that rank's shard; the group runs the
+  // parallel layers' collectives and the gradient-norm reduction, so it must outlive the
+  // trainer. Unset: one rank (model::SingleRankGroup). The DP group above is then the ranks
+  // with the same TP rank.
+  std::shared_ptr<model::TensorParallelGroup> tp_group;
 };
 
 class Trainer {
@@ -221,6 +248,7 @@ class Trainer {
   // old_actor ← actor. No-op without keep_old_actor.
   Status OnWeightsSynced();
 
+  // At TP > 1 Save and Load must run on every rank of the TP group (see "Tensor parallelism").
   // Saves a checkpoint (checkpoint.h) at iteration `rollout_id` under `save_dir`: model,
   // optimizer (unless checkpoint.no_save_optim), RNG, the step counter, the LR scheduler state
   // and `extra_state_json` (a JSON object, e.g. the data source's state); keeps the newest

@@ -1,0 +1,163 @@
+// c10d collectives between threads of this process (Gloo over TCPStore on 127.0.0.1):
+// AllGather and ReduceScatterSum against the single-process result, their argument errors and
+// the flight recorder on a missed one; and ProcessGroupTensorParallel, the model's TP group on
+// c10d. (Broadcast and AllReduceSum are covered in weight_sync_test.cc.)
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <functional>
+#include <future>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "slime/comm/process_group.h"
+#include "slime/comm/tensor_parallel_group.h"
+
+namespace slime::comm {
+namespace {
+
+// Runs `body(rank, group)` on `world` threads, each with its rank of one fresh Gloo group; returns
+// the ranks' statuses.
+std::vector<Status> OnRanks(int world, const std::string& name,
+                            const std::function<Status(int, ProcessGroup&)>& body,
+                            double timeout_s = 30) {
+  ProcessGroupOptions o;
+  o.world_size = world;
+  o.backend = "gloo";
+  o.group_name = name;
+  o.timeout_s = timeout_s;
+  auto root = ProcessGroup::Open(o);
+  if (!root.ok()) return std::vector<Status>(world, root.status());
+  const int port = (*root)->port();
+  std::vector<std::future<Status>> futures;
+  for (int r = 0; r < world; ++r) {
+    futures.push_back(std::async(std::launch::async, [&, r]() -> Status {
+      std::unique_ptr<ProcessGroup> own;
+      if (r == 0) {
+        SLIME_RETURN_IF_ERROR((*root)->Join());
+      } else {
+        ProcessGroupOptions p = o;
+        p.rank = r;
+        p.master_port = port;
+        SLIME_ASSIGN_OR_RETURN(own, ProcessGroup::Create(p));
+      }
+      return body(r, r == 0 ? **root : *own);
+    }));
+  }
+  std::vector<Status> out;
+  for (auto& f : futures) out.push_back(f.get());
+  return out;
+}
+
+void ExpectAllOk(const std::vector<Status>& statuses) {
+  for (size_t r = 0; r < statuses.size(); ++r) EXPECT_TRUE(statuses[r].ok()) << r << ": " << statuses[r];
+}
+
+// Rank r's input: distinct values per rank and position.
+torch::Tensor Input(int rank, std::vector<int64_t> shape, torch::ScalarType dtype) {
+  const int64_t n = torch::empty(shape).numel();
+  return (torch::arange(n, torch::kFloat32).view(shape) * 0.5 + 100 * rank).to(dtype);
+}
+
+TEST(CollectivesTest, AllGatherConcatenatesInRankOrderAlongAnyDim) {
+  constexpr int kWorld = 3;
+  ExpectAllOk(OnRanks(kWorld, "gather", [](int rank, ProcessGroup& pg) -> Status {
+    for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kInt64}) {
+      for (int64_t dim : {0, 1, -1}) {
+        const torch::Tensor mine = Input(rank, {2, 3}, dtype);
+        SLIME_ASSIGN_OR_RETURN(torch::Tensor got, pg.AllGather(mine, dim, "x"));
+        std::vector<torch::Tensor> all;
+        for (int r = 0; r < kWorld; ++r) all.push_back(Input(r, {2, 3}, dtype));
+        const torch::Tensor want = torch::cat(all, dim);
+        EXPECT_EQ(got.scalar_type(), dtype);
+        EXPECT_TRUE(torch::equal(got, want)) << "dtype " << dtype << " dim " << dim;
+      }
+    }
+    // A non-contiguous input is gathered by value.
+    const torch::Tensor t = Input(rank, {3, 2}, torch::kFloat32).t();
+    SLIME_ASSIGN_OR_RETURN(torch::Tensor got, pg.AllGather(t, 1));
+    EXPECT_TRUE(torch::equal(got.narrow(1, 3 * rank, 3), t));
+    // Bad dims are refused before anything is sent (so the group stays in step).
+    StatusOr<torch::Tensor> bad = pg.AllGather(t, 2, "x");
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+    EXPECT_NE(std::string(bad.status().message()).find("dim 2"), std::string::npos);
+    EXPECT_FALSE(pg.broken());
+    return absl::OkStatus();
+  }));
+}
+
+TEST(CollectivesTest, ReduceScatterSumKeepsEachRanksChunkOfTheSum) {
+  constexpr int kWorld = 2;
+  ExpectAllOk(OnRanks(kWorld, "rs", [](int rank, ProcessGroup& pg) -> Status {
+    for (torch::ScalarType dtype : {torch::kFloat32, torch::kFloat64, torch::kBFloat16}) {
+      const torch::Tensor mine = Input(rank, {4, 3}, dtype);
+      SLIME_ASSIGN_OR_RETURN(torch::Tensor got, pg.ReduceScatterSum(mine, "grads"));
+      const torch::Tensor sum =
+          Input(0, {4, 3}, torch::kFloat32) + Input(1, {4, 3}, torch::kFloat32);
+      EXPECT_EQ(got.scalar_type(), dtype);
+      EXPECT_EQ(got.sizes(), (std::vector<int64_t>{2, 3}));
+      EXPECT_TRUE(torch::allclose(got.to(torch::kFloat32), sum.narrow(0, 2 * rank, 2)))
+          << "dtype " << dtype;
+      // The input is not modified.
+      EXPECT_TRUE(torch::equal(mine, Input(rank, {4, 3}, dtype)));
+    }
+    StatusOr<torch::Tensor> bad = pg.ReduceScatterSum(torch::ones({3, 2}), "odd");
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+    EXPECT_NE(std::string(bad.status().message()).find("not divisible"), std::string::npos);
+    EXPECT_FALSE(pg.broken());
+    return absl::OkStatus();
+  }));
+}
+
+// A rank that skips a collective: the other times out with the sequence number, the collective
+// and its recent ones named, and its group is broken afterwards.
+TEST(CollectivesTest, AMissedAllGatherTimesOutNamingTheRecentCollectives) {
+  std::vector<Status> statuses = OnRanks(2, "missed", [](int rank, ProcessGroup& pg) -> Status {
+    torch::Tensor t = torch::ones({2});
+    SLIME_RETURN_IF_ERROR(pg.AllReduceSum(t, "warmup"));
+    SLIME_RETURN_IF_ERROR(pg.ReduceScatterSum(t, "shards").status());
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      return absl::OkStatus();
+    }
+    StatusOr<torch::Tensor> lone = pg.AllGather(t, 0, "params", 1.0);
+    EXPECT_FALSE(lone.ok());
+    const std::string m(lone.status().message());
+    EXPECT_EQ(lone.status().code(), absl::StatusCode::kDeadlineExceeded) << m;
+    EXPECT_NE(m.find("all-gather #3 of 'params'"), std::string::npos) << m;
+    EXPECT_NE(m.find("#2 reduce-scatter 'shards' [2] Float"), std::string::npos) << m;
+    EXPECT_TRUE(pg.broken());
+    EXPECT_EQ(pg.AllGather(t, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+    return absl::OkStatus();
+  });
+  ExpectAllOk(statuses);
+}
+
+TEST(CollectivesTest, TensorParallelGroupOverC10d) {
+  ExpectAllOk(OnRanks(2, "tp", [](int rank, ProcessGroup& pg) -> Status {
+    // The adapter shares the group (the test keeps ownership: no-op deleter).
+    ProcessGroupTensorParallel tp(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}));
+    EXPECT_EQ(tp.rank(), rank);
+    EXPECT_EQ(tp.size(), 2);
+    torch::Tensor scalar = torch::full({}, 1.5f + rank);  // 0-dim, as the gradient norm
+    tp.AllReduceSum(scalar);
+    EXPECT_FLOAT_EQ(scalar.item<float>(), 4.0f);
+    torch::Tensor g = tp.AllGather(torch::full({2, 1}, static_cast<float>(rank)), 1);
+    EXPECT_TRUE(torch::equal(g, torch::tensor({{0.0f, 1.0f}, {0.0f, 1.0f}})));
+    // Failures throw with the group's message (the model turns them into a Status).
+    if (rank == 0) {
+      try {
+        tp.AllGather(torch::ones({2}), 3);
+        ADD_FAILURE() << "no throw";
+      } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("dim 3"), std::string::npos) << e.what();
+      }
+    }
+    return absl::OkStatus();
+  }));
+}
+
+}  // namespace
+}  // namespace slime::comm

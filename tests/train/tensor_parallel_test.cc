@@ -1,0 +1,514 @@
+// Tensor parallelism in training, on CPU with real c10d Gloo groups between threads of this
+// process (TCPStore on 127.0.0.1):
+//   - each Megatron layer (column-parallel with and without gather_output, row-parallel,
+//     vocab-parallel embedding) at TP=2 against the unsharded op: forward and the gradients of
+//     the input, the weight shards and the biases;
+//   - the vocab-parallel response log-probs and entropy: values and gradients against TP=1;
+//   - a GRPO TrainRollout at TP=2 (and TP=2 × DP=2) against the TP=1 trainer: the same metrics
+//     (loss, pg_loss, entropy_loss, kl_loss, grad_norm, ...) and, gathering the shards, the same
+//     updated weights within float32 tolerance; replicated parameters identical on TP ranks;
+//   - checkpoints moving between TP sizes (TP=1 -> TP=2 -> TP=1, weights and AdamW state) and
+//     the HF export of a checkpoint saved at TP=2.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "slime/comm/process_group.h"
+#include "slime/comm/tensor_parallel_group.h"
+#include "slime/model/tensor_parallel.h"
+#include "slime/model/weights.h"
+#include "slime/train/hf_export.h"
+#include "slime/train/logprobs.h"
+#include "slime/train/trainer.h"
+#include "trainer_test_util.h"
+
+namespace slime::train {
+namespace {
+
+using model::testing::TempDir;
+using test_util::BaseConfig;
+using test_util::MakeBatch;
+using test_util::Train;
+
+// ---- groups
+
+// Gloo groups between threads: groups[k] lists global ranks; returns, per global rank, its
+// ProcessGroup of each group it is in (in the order of `groups`).
+std::vector<std::vector<std::shared_ptr<comm::ProcessGroup>>> MakeGroups(
+    int world, const std::vector<std::vector<int>>& groups, const std::string& name) {
+  std::vector<std::vector<std::shared_ptr<comm::ProcessGroup>>> out(world);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::vector<int>& members = groups[g];
+    comm::ProcessGroupOptions o;
+    o.world_size = static_cast<int>(members.size());
+    o.backend = "gloo";
+    o.group_name = name + std::to_string(g);
+    o.timeout_s = 60;
+    auto root = comm::ProcessGroup::Open(o);
+    EXPECT_TRUE(root.ok()) << root.status();
+    if (!root.ok()) return {};
+    std::shared_ptr<comm::ProcessGroup> root_pg = std::move(*root);
+    std::vector<std::future<std::shared_ptr<comm::ProcessGroup>>> joins;
+    for (size_t r = 0; r < members.size(); ++r) {
+      joins.push_back(std::async(std::launch::async, [&, r]() -> std::shared_ptr<comm::ProcessGroup> {
+        if (r == 0) {
+          Status s = root_pg->Join();
+          EXPECT_TRUE(s.ok()) << s;
+          return root_pg;
+        }
+        comm::ProcessGroupOptions p = o;
+        p.rank = static_cast<int>(r);
+        p.master_port = root_pg->port();
+        auto pg = comm::ProcessGroup::Create(p);
+        EXPECT_TRUE(pg.ok()) << pg.status();
+        return pg.ok() ? std::shared_ptr<comm::ProcessGroup>(std::move(*pg)) : nullptr;
+      }));
+    }
+    for (size_t r = 0; r < members.size(); ++r) out[members[r]].push_back(joins[r].get());
+  }
+  return out;
+}
+
+// Runs body(rank, tp_group) on `tp` threads sharing one TP group.
+void OnTpRanks(int tp, const std::function<void(int, model::TensorParallelGroup&)>& body) {
+  std::vector<int> all;
+  for (int r = 0; r < tp; ++r) all.push_back(r);
+  auto groups = MakeGroups(tp, {all}, "tp-layers");
+  ASSERT_EQ(groups.size(), static_cast<size_t>(tp));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r) {
+    threads.emplace_back([&, r] {
+      comm::ProcessGroupTensorParallel group(groups[r][0]);
+      body(r, group);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+torch::Tensor Shard(const torch::Tensor& full, int64_t dim, int rank, int size) {
+  const int64_t n = full.size(dim) / size;
+  return full.narrow(dim, rank * n, n).detach().clone();
+}
+
+void ExpectClose(const torch::Tensor& got, const torch::Tensor& want, const std::string& what,
+                 double tol = 1e-5) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  EXPECT_LT((got - want).abs().max().item<double>(), tol) << what;
+}
+
+// ---- layers
+
+struct Reference {
+  torch::Tensor y, grad_x, grad_w, grad_b;
+};
+
+// y = f(x, w, b), loss = Σ y·g; the gradients of x, w, b.
+Reference Unsharded(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                    const torch::Tensor& g,
+                    const std::function<torch::Tensor(torch::Tensor, torch::Tensor,
+                                                      torch::Tensor)>& f) {
+  torch::Tensor xl = x.clone().requires_grad_(), wl = w.clone().requires_grad_();
+  torch::Tensor bl = b.defined() ? b.clone().requires_grad_() : b;
+  torch::Tensor y = f(xl, wl, bl);
+  (y * g).sum().backward();
+  return {y.detach(), xl.grad(), wl.grad(), bl.defined() ? bl.grad() : torch::Tensor()};
+}
+
+TEST(TensorParallelLayersTest, ColumnParallelMatchesTheUnshardedLinear) {
+  torch::manual_seed(1);
+  const torch::Tensor x = torch::randn({5, 6}), w = torch::randn({8, 6}), b = torch::randn({8});
+  const torch::Tensor g = torch::randn({5, 8});
+  const Reference ref = Unsharded(x, w, b, g, [](auto x, auto w, auto b) {
+    return torch::linear(x, w, b);
+  });
+  for (bool gather : {false, true}) {
+    OnTpRanks(2, [&](int rank, model::TensorParallelGroup& tp) {
+      torch::Tensor xl = x.clone().requires_grad_();
+      torch::Tensor wr = Shard(w, 0, rank, 2).requires_grad_();
+      torch::Tensor br = Shard(b, 0, rank, 2).requires_grad_();
+      torch::Tensor y = model::ColumnParallelLinear(xl, wr, br, tp, gather);
+      // Each rank's loss is its columns' part (without gather) or the whole (with gather, the
+      // gather's backward keeps this rank's columns): the input gradient is the full one.
+      const std::string what = std::string(gather ? "gathered" : "local") + " rank " +
+                               std::to_string(rank);
+      if (gather) {
+        ExpectClose(y, ref.y, "y " + what);
+        (y * g).sum().backward();
+      } else {
+        ExpectClose(y, Shard(ref.y, 1, rank, 2), "y " + what);
+        (y * Shard(g, 1, rank, 2)).sum().backward();
+      }
+      ExpectClose(xl.grad(), ref.grad_x, "grad x " + what);
+      ExpectClose(wr.grad(), Shard(ref.grad_w, 0, rank, 2), "grad w " + what);
+      ExpectClose(br.grad(), Shard(ref.grad_b, 0, rank, 2), "grad b " + what);
+    });
+  }
+}
+
+TEST(TensorParallelLayersTest, RowParallelMatchesTheUnshardedLinear) {
+  torch::manual_seed(2);
+  const torch::Tensor x = torch::randn({5, 8}), w = torch::randn({6, 8}), b = torch::randn({6});
+  const torch::Tensor g = torch::randn({5, 6});
+  const Reference ref = Unsharded(x, w, b, g, [](auto x, auto w, auto b) {
+    return torch::linear(x, w, b);
+  });
+  OnTpRanks(2, [&](int rank, model::TensorParallelGroup& tp) {
+    torch::Tensor xr = Shard(x, 1, rank, 2).requires_grad_();
+    torch::Tensor wr = Shard(w, 1, rank, 2).requires_grad_();
+    torch::Tensor bl = b.clone().requires_grad_();
+    torch::Tensor y = model::RowParallelLinear(xr, wr, bl, tp);
+    ExpectClose(y, ref.y, "y");
+    (y * g).sum().backward();
+    ExpectClose(xr.grad(), Shard(ref.grad_x, 1, rank, 2), "grad x");
+    ExpectClose(wr.grad(), Shard(ref.grad_w, 1, rank, 2), "grad w");
+    ExpectClose(bl.grad(), ref.grad_b, "grad b (replicated, the full gradient)");
+  });
+}
+
+TEST(TensorParallelLayersTest, VocabParallelEmbeddingMatchesIndexSelect) {
+  torch::manual_seed(3);
+  const torch::Tensor table = torch::randn({10, 4});
+  const torch::Tensor ids = torch::tensor({0, 9, 4, 5, 4, 2}, torch::kLong);
+  const torch::Tensor g = torch::randn({6, 4});
+  torch::Tensor full = table.clone().requires_grad_();
+  const torch::Tensor want = full.index_select(0, ids);
+  (want * g).sum().backward();
+  const Reference ref{want.detach(), {}, full.grad(), {}};
+  OnTpRanks(2, [&](int rank, model::TensorParallelGroup& tp) {
+    torch::Tensor er = Shard(table, 0, rank, 2).requires_grad_();
+    torch::Tensor y = model::VocabParallelEmbedding(ids, er, tp);
+    ExpectClose(y, ref.y, "y");
+    (y * g).sum().backward();
+    ExpectClose(er.grad(), Shard(ref.grad_w, 0, rank, 2), "grad table");
+  });
+}
+
+// Log-probs and entropy over a vocab-parallel LM head: values and the gradients of hidden and
+// the head (the max / sum-exp all-reduces of inventory §3.10) against one rank.
+TEST(TensorParallelLayersTest, VocabParallelLogProbsAndEntropyMatchOneRank) {
+  torch::manual_seed(4);
+  const torch::Tensor hidden = torch::randn({7, 6}), head = torch::randn({12, 6});
+  const torch::Tensor ids = torch::tensor({3, 11, 0, 7, 5, 6, 2}, torch::kLong);
+  PackedSequences packed{{0, 4, 7}, {2, 1}, {2, 2}};
+  const torch::Tensor g_lp = torch::randn({4}), g_ent = torch::randn({4});
+  LogProbOptions o;
+  o.temperature = 0.7;
+  o.chunk_size = 3;
+  auto run = [&](const torch::Tensor& h, const torch::Tensor& w,
+                 model::TensorParallelGroup& group) {
+    auto r = ComputeResponseLogProbs(h, w, ids, packed, group, o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    ((r->log_probs * g_lp).sum() + (r->entropy * g_ent).sum()).backward();
+    return *r;
+  };
+  model::SingleRankGroup one;
+  torch::Tensor h1 = hidden.clone().requires_grad_(), w1 = head.clone().requires_grad_();
+  const ResponseLogProbs ref = run(h1, w1, one);
+  OnTpRanks(2, [&](int rank, model::TensorParallelGroup& tp) {
+    torch::Tensor h = hidden.clone().requires_grad_();
+    torch::Tensor w = Shard(head, 0, rank, 2).requires_grad_();
+    const ResponseLogProbs r = run(h, w, tp);
+    ExpectClose(r.log_probs, ref.log_probs.detach(), "log-probs");
+    ExpectClose(r.entropy, ref.entropy.detach(), "entropy");
+    ExpectClose(h.grad(), h1.grad(), "grad hidden");
+    ExpectClose(w.grad(), Shard(w1.grad(), 0, rank, 2), "grad head");
+  });
+}
+
+// ---- the trainer
+
+void Replace(std::string& json, const std::string& from, const std::string& to) {
+  const size_t at = json.find(from);
+  ASSERT_NE(at, std::string::npos) << from;
+  json.replace(at, from.size(), to);
+}
+
+// The tiny Qwen3 of the trainer tests (q/k norms) with a vocabulary that splits over 2 ranks
+// (104); or the tiny Llama 3 (q/k/v and o biases: column- and row-parallel), with tied
+// embeddings (one vocab-parallel table for the embedding and the LM head).
+std::string MakeTpModelDir(const TempDir& dir, uint64_t seed, bool llama = false) {
+  std::string json = llama ? model::testing::TinyLlama3ConfigJson()
+                           : model::testing::TinyQwen3ConfigJson();
+  Replace(json, llama ? "\"vocab_size\": 89" : "\"vocab_size\": 101", "\"vocab_size\": 104");
+  if (llama) Replace(json, "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true");
+  const std::string path = dir.Join("m");
+  auto config = model::ParseModelConfigJson(json, "tiny");
+  EXPECT_TRUE(config.ok()) << config.status();
+  auto weights = model::RandomWeights(*config, seed, {});
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  model::testing::WriteFile(path + "/config.json", json);
+  Status saved = model::SaveWeights(path, *weights, *config);
+  EXPECT_TRUE(saved.ok()) << saved;
+  return path;
+}
+
+// GRPO with a KL loss to the reference, an entropy bonus (the entropy's gradient) and clipping
+// by the global gradient norm; 8 samples, 2 optimizer steps per rollout.
+config::Config TpConfig() {
+  config::Config c = BaseConfig();
+  c.algorithm.use_kl_loss = true;
+  c.algorithm.kl_loss_coef = 0.05;
+  c.algorithm.entropy_coef = 0.01;
+  c.algorithm.normalize_advantages = true;
+  c.train.micro_batch_size = 1;
+  c.train.global_batch_size = 4;
+  c.train.clip_grad = 0.5;
+  return c;
+}
+
+struct RankResult {
+  std::vector<TrainRolloutResult> rollouts;
+  std::vector<torch::Tensor> weights;  // NamedParameters order, this rank's shards
+};
+
+// Runs body(rank, options) on a TP × DP grid of threads (global rank = dp * tp + tp_rank):
+// `options` carries the model, the config and this rank's groups — TP groups share a DP index,
+// DP groups a TP rank.
+void OnGrid(int tp, int dp, const std::string& model_dir, const config::Config& c,
+            const std::function<void(int, TrainerOptions)>& body) {
+  const int world = tp * dp;
+  std::vector<std::vector<int>> tp_groups, dp_groups;
+  for (int d = 0; d < dp; ++d) {
+    tp_groups.emplace_back();
+    for (int t = 0; t < tp; ++t) tp_groups.back().push_back(d * tp + t);
+  }
+  for (int t = 0; t < tp; ++t) {
+    dp_groups.emplace_back();
+    for (int d = 0; d < dp; ++d) dp_groups.back().push_back(d * tp + t);
+  }
+  auto tp_pgs = MakeGroups(world, tp_groups, "tp");
+  auto dp_pgs = dp > 1 ? MakeGroups(world, dp_groups, "dp") : decltype(tp_pgs)(world);
+  ASSERT_EQ(tp_pgs.size(), static_cast<size_t>(world));
+  ASSERT_EQ(dp_pgs.size(), static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      TrainerOptions o;
+      o.model_dir = model_dir;
+      o.config = c;
+      o.tp_group = std::make_shared<comm::ProcessGroupTensorParallel>(tp_pgs[rank][0]);
+      if (dp > 1) {
+        std::shared_ptr<comm::ProcessGroup> dp_pg = dp_pgs[rank][0];
+        o.dp_size = dp;
+        o.dp_rank = rank / tp;
+        o.dp_all_reduce = [dp_pg](torch::Tensor& t) { return dp_pg->AllReduceSum(t, "dp"); };
+      }
+      body(rank, std::move(o));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+// Trains `rollouts` rollouts of `batch` on a TP × DP grid.
+std::vector<RankResult> TrainGrid(int tp, int dp, const std::string& model_dir,
+                                  const config::Config& c, const RolloutBatch& batch,
+                                  int rollouts) {
+  std::vector<RankResult> out(tp * dp);
+  OnGrid(tp, dp, model_dir, c, [&](int rank, TrainerOptions o) {
+    auto trainer = Trainer::Create(std::move(o));
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    for (int r = 0; r < rollouts; ++r) {
+      auto result = (*trainer)->TrainRollout(r, batch);
+      ASSERT_TRUE(result.ok()) << "rank " << rank << ": " << result.status();
+      out[rank].rollouts.push_back(*result);
+    }
+    out[rank].weights = test_util::Weights(**trainer);
+  });
+  return out;
+}
+
+// The full tensors of per-TP-rank shards (NamedParameters order); replicated ones must be
+// identical on every rank.
+std::vector<torch::Tensor> GatherShards(const std::vector<model::ParamSpec>& specs,
+                                        const std::vector<std::vector<torch::Tensor>>& ranks) {
+  std::vector<torch::Tensor> out;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::vector<torch::Tensor> shards;
+    for (const auto& r : ranks) shards.push_back(r.at(i));
+    if (specs[i].shard == model::ShardDim::kReplicated) {
+      for (size_t t = 1; t < shards.size(); ++t) {
+        EXPECT_TRUE(torch::equal(shards[t], shards[0]))
+            << specs[i].hf_name << " differs between TP ranks 0 and " << t;
+      }
+      out.push_back(shards[0]);
+    } else {
+      out.push_back(torch::cat(shards, static_cast<int64_t>(specs[i].shard)));
+    }
+  }
+  return out;
+}
+
+std::vector<model::ParamSpec> Specs(const std::string& model_dir) {
+  auto config = model::LoadModelConfig(model_dir);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? model::ParameterSpecs(*config) : std::vector<model::ParamSpec>{};
+}
+
+// Compares a TP × DP run with the TP=1 one: metrics per step, gathered weights, replicated
+// parameters equal on the TP ranks.
+void ExpectMatchesOneRank(int tp, int dp, bool llama = false) {
+  TempDir dir;
+  const std::string model_dir = MakeTpModelDir(dir, 14, llama);
+  const config::Config c = TpConfig();
+  const RolloutBatch batch = MakeBatch(8, 15);
+  constexpr int kRollouts = 2;
+
+  auto single = test_util::MakeTrainer(model_dir, c);
+  ASSERT_NE(single, nullptr);
+  std::vector<TrainRolloutResult> want;
+  for (int r = 0; r < kRollouts; ++r) want.push_back(Train(*single, r, batch));
+  const std::vector<torch::Tensor> want_weights = test_util::Weights(*single);
+
+  const std::vector<RankResult> got = TrainGrid(tp, dp, model_dir, c, batch, kRollouts);
+  ASSERT_EQ(got.size(), static_cast<size_t>(tp * dp));
+  for (const RankResult& r : got) ASSERT_EQ(r.rollouts.size(), static_cast<size_t>(kRollouts));
+
+  // Metrics: every rank reports the step's reduced values, equal to the TP=1 run's.
+  for (int rank = 0; rank < tp * dp; ++rank) {
+    for (int r = 0; r < kRollouts; ++r) {
+      ASSERT_EQ(got[rank].rollouts[r].steps.size(), want[r].steps.size());
+      for (size_t s = 0; s < want[r].steps.size(); ++s) {
+        for (const auto& [name, value] : want[r].steps[s].values) {
+          EXPECT_NEAR(test_util::Value(got[rank].rollouts[r].steps[s], name), value,
+                      2e-5 * (1.0 + std::abs(value)))
+              << name << " at rank " << rank << " rollout " << r << " step " << s;
+        }
+      }
+    }
+  }
+  // The clipping was active (so the TP reduction of the norm mattered).
+  EXPECT_GT(test_util::Value(want[0].steps[0], "grad_norm"), c.train.clip_grad);
+
+  // Weights: shards gathered along their split dim equal the TP=1 tensors.
+  const std::vector<model::ParamSpec> specs = Specs(model_dir);
+  ASSERT_EQ(specs.size(), want_weights.size());
+  for (int d = 0; d < dp; ++d) {
+    std::vector<std::vector<torch::Tensor>> ranks;
+    for (int t = 0; t < tp; ++t) ranks.push_back(got[d * tp + t].weights);
+    const std::vector<torch::Tensor> full = GatherShards(specs, ranks);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      ExpectClose(full[i], want_weights[i], specs[i].hf_name + " at dp " + std::to_string(d),
+                  2e-5);
+    }
+  }
+  // The weights moved (the comparison is not of two untouched copies).
+  auto initial = test_util::MakeTrainer(model_dir, c);
+  ASSERT_NE(initial, nullptr);
+  EXPECT_GT((test_util::Weights(*initial)[1] - want_weights[1]).abs().max().item<double>(), 1e-4);
+}
+
+TEST(TensorParallelTrainerTest, TwoTensorParallelRanksMatchOneRank) { ExpectMatchesOneRank(2, 1); }
+
+TEST(TensorParallelTrainerTest, TwoTensorParallelRanksMatchOneRankWithBiasesAndTiedEmbeddings) {
+  ExpectMatchesOneRank(2, 1, /*llama=*/true);
+}
+
+TEST(TensorParallelTrainerTest, TwoByTwoTensorAndDataParallelMatchesOneRank) {
+  ExpectMatchesOneRank(2, 2);
+}
+
+// A checkpoint saved at TP=1 loads at TP=2 (each rank's shards are the slices) and one saved at
+// TP=2 (gathered, written by TP rank 0) loads at TP=1: the weights bit for bit, and the AdamW
+// moments too — the continuation at TP=1 from the TP=2 checkpoint tracks the run that stayed at
+// TP=1. The TP=2 checkpoint also exports to an HF directory the model loads.
+TEST(TensorParallelTrainerTest, CheckpointsMoveBetweenTensorParallelSizes) {
+  TempDir dir;
+  const std::string model_dir = MakeTpModelDir(dir, 21);
+  const config::Config c = TpConfig();
+  const RolloutBatch batch = MakeBatch(8, 22);
+  const std::string at_tp1 = dir.Join("save-tp1"), at_tp2 = dir.Join("save-tp2");
+  const std::vector<model::ParamSpec> specs = Specs(model_dir);
+
+  auto a = test_util::MakeTrainer(model_dir, c);
+  ASSERT_NE(a, nullptr);
+  Train(*a, 0, batch);
+  ASSERT_TRUE(a->Save(at_tp1, 0).ok());
+  const std::vector<torch::Tensor> a_after_0 = test_util::Weights(*a);
+
+  std::vector<std::vector<torch::Tensor>> loaded(2), trained(2);
+  OnGrid(2, 1, model_dir, c, [&](int rank, TrainerOptions o) {
+    auto t = Trainer::Create(std::move(o));
+    ASSERT_TRUE(t.ok()) << t.status();
+    auto state = (*t)->Load(at_tp1);
+    ASSERT_TRUE(state.ok()) << "rank " << rank << ": " << state.status();
+    EXPECT_EQ(state->step, 2);
+    EXPECT_TRUE(state->optimizer_loaded);
+    loaded[rank] = test_util::Weights(**t);
+    auto r = (*t)->TrainRollout(1, batch);
+    ASSERT_TRUE(r.ok()) << r.status();
+    trained[rank] = test_util::Weights(**t);
+    auto saved = (*t)->Save(at_tp2, 1);
+    ASSERT_TRUE(saved.ok()) << "rank " << rank << ": " << saved.status();
+    EXPECT_TRUE(std::filesystem::exists(*saved + "/trainer_state.json")) << *saved;
+  });
+  const std::vector<torch::Tensor> loaded_full = GatherShards(specs, loaded);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_TRUE(torch::equal(loaded_full[i], a_after_0[i])) << specs[i].hf_name;
+  }
+
+  Train(*a, 1, batch);
+  auto b = test_util::MakeTrainer(model_dir, c);
+  ASSERT_NE(b, nullptr);
+  auto state = b->Load(at_tp2);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->step, 4);
+  const std::vector<torch::Tensor> trained_full = GatherShards(specs, trained);
+  const std::vector<torch::Tensor> b_weights = test_util::Weights(*b);
+  const std::vector<torch::Tensor> a_after_1 = test_util::Weights(*a);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_TRUE(torch::equal(b_weights[i], trained_full[i])) << specs[i].hf_name;
+    ExpectClose(b_weights[i], a_after_1[i], specs[i].hf_name + " after rollout 1", 2e-5);
+  }
+  // One more rollout on both: equal only if the AdamW moments crossed the TP=2 checkpoint.
+  Train(*a, 2, batch);
+  Train(*b, 2, batch);
+  const std::vector<torch::Tensor> a2 = test_util::Weights(*a), b2 = test_util::Weights(*b);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ExpectClose(b2[i], a2[i], specs[i].hf_name + " after rollout 2", 4e-5);
+  }
+
+  HfExportOptions hf;
+  hf.from = at_tp2;
+  hf.to_hf = dir.Join("hf");
+  auto exported = ExportCheckpointToHf(hf);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  auto model = model::DecoderModel::Load(hf.to_hf, torch::kFloat32, torch::kCPU);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<model::NamedTensor> hf_weights =
+      model::NamedParameters((*model)->weights(), (*model)->config());
+  ASSERT_EQ(hf_weights.size(), specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_TRUE(torch::equal(hf_weights[i].tensor, trained_full[i])) << specs[i].hf_name;
+  }
+}
+
+TEST(TensorParallelTrainerTest, AVocabThatDoesNotSplitIsRejected) {
+  TempDir dir;
+  const std::string model_dir = test_util::MakeModelDir(dir, "odd", 3);  // vocab 101
+  auto groups = MakeGroups(2, {{0, 1}}, "odd");
+  ASSERT_EQ(groups.size(), 2u);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      TrainerOptions o;
+      o.model_dir = model_dir;
+      o.config = TpConfig();
+      o.tp_group = std::make_shared<comm::ProcessGroupTensorParallel>(groups[rank][0]);
+      auto trainer = Trainer::Create(o);
+      ASSERT_FALSE(trainer.ok());
+      EXPECT_NE(std::string(trainer.status().message()).find("101"), std::string::npos)
+          << trainer.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+}  // namespace
+}  // namespace slime::train
