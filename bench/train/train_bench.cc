@@ -7,7 +7,13 @@
 //               [--seq-len 4096] [--max-tokens-per-gpu 8192] [--samples-per-step 16]
 //               [--steps 5] [--warmup 2] [--mode rl,sft] [--seed 0]
 //               [--log-probs-chunk-size -1] [--peak-tflops 989]
-//               [--write-data FILE] [--json OUT] [--log-level warn]
+//               [--write-data FILE] [--json OUT] [--log-level warn] [--tp N]
+//
+// --tp N (default 1): Megatron-style tensor parallelism over N ranks, one thread each, on
+// devices cuda:0..N-1 (or all on the CPU with --device cpu), joined by a c10d group over a
+// TCPStore on 127.0.0.1 (NCCL on CUDA, Gloo on the CPU; comm::ProcessGroupTensorParallel). Every
+// rank trains the same samples on its shard; the table is TP rank 0's: tokens/s is the group's,
+// MFU is against N × --peak-tflops, peak memory is rank 0's device.
 //
 // Every optimizer step trains on --samples-per-step fixed-length samples of --seq-len token ids
 // (prompt 1 token, response seq_len - 1 tokens, loss mask all 1, so every position but the last
@@ -40,6 +46,7 @@
 // --peak-tflops (default 989, the H200's dense bf16 spec; printed in the header; CUDA only).
 // Peak memory = the CUDA caching allocator's peak allocated bytes over the timed steps.
 // Progress goes to stderr; stdout holds the header line and the table alone.
+#include <c10/core/DeviceGuard.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -56,8 +63,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -65,6 +74,8 @@
 
 #include "CLI/CLI.hpp"
 #include "nlohmann/json.hpp"
+#include "slime/comm/process_group.h"
+#include "slime/comm/tensor_parallel_group.h"
 #include "slime/common/logging.h"
 #include "slime/config/config.h"
 #include "slime/model/config.h"
@@ -96,6 +107,7 @@ struct Options {
   std::string write_data;
   std::string json;
   std::string log_level = "warn";
+  int tp = 1;
 };
 
 Options ParseArgs(int argc, char** argv) {
@@ -125,6 +137,8 @@ Options ParseArgs(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seed of the token ids and of torch");
   app.add_option("--log-probs-chunk-size", o.log_probs_chunk_size,
                  "train.log_probs_chunk_size: LM-head rows per log-softmax chunk (-1 = all)");
+  app.add_option("--tp", o.tp, "tensor-parallel ranks (threads; cuda:0..N-1 or the CPU)")
+      ->check(CLI::Range(1, 64));
   app.add_option("--peak-tflops", o.peak_tflops,
                  "peak dense TFLOP/s of the device for MFU (default: H200 bf16 spec)")
       ->check(CLI::PositiveNumber);
@@ -308,8 +322,8 @@ double Metric(const slime::train::TrainStepMetrics& m, const char* name) {
 
 // Warm-up then timed optimizer steps of one mode.
 Row RunMode(Trainer& trainer, const Options& o, const std::string& mode, int64_t vocab,
-            const slime::train::FlopsModel& fm, const torch::Device& device,
-            int64_t micro_batches) {
+            const slime::train::FlopsModel& fm, const torch::Device& device, int64_t micro_batches,
+            bool progress) {
   Row row;
   row.mode = mode;
   row.name = mode == "rl" ? "slime-cpp rl (GRPO TrainRollout)" : "slime-cpp sft (SftStep)";
@@ -346,12 +360,13 @@ Row RunMode(Trainer& trainer, const Options& o, const std::string& mode, int64_t
     row.last_grad_norm = Metric(metrics, "grad_norm");
     if (metrics.skipped) ++row.skipped_steps;
     if (timed) row.step_s.push_back(s);
-    fmt::print(stderr,
-               "train_bench: {} step {}{}: {:.3f} s, {:.0f} tokens/s, loss {:.4f}, "
-               "grad_norm {:.4f}{}\n",
-               mode, step, timed ? "" : " (warm-up)", s,
-               static_cast<double>(o.samples_per_step * o.seq_len) / s, row.last_loss,
-               row.last_grad_norm, metrics.skipped ? " (skipped: non-finite grad norm)" : "");
+    if (progress)
+      fmt::print(stderr,
+                 "train_bench: {} step {}{}: {:.3f} s, {:.0f} tokens/s, loss {:.4f}, "
+                 "grad_norm {:.4f}{}\n",
+                 mode, step, timed ? "" : " (warm-up)", s,
+                 static_cast<double>(o.samples_per_step * o.seq_len) / s, row.last_loss,
+                 row.last_grad_norm, metrics.skipped ? " (skipped: non-finite grad norm)" : "");
   }
   row.peak_bytes = PeakMemoryBytes(device);
   if (row.skipped_steps > 0)
@@ -473,16 +488,12 @@ int main(int argc, char** argv) {
   c.train.log_probs_chunk_size = static_cast<int>(o.log_probs_chunk_size);
   slime::train::TrainerOptions to;
   to.model_dir = o.model;
-  to.device = device;
   to.dtype = o.dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
   to.config = c;
   to.train_iters = (o.warmup + o.steps) * static_cast<int64_t>(o.modes.size());
-  torch::manual_seed(o.seed);
-  const Clock::time_point t_load = Clock::now();
-  auto trainer = Trainer::Create(to);
-  if (!trainer.ok()) Die(std::string(trainer.status().message()));
-  const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
-  fmt::print(stderr, "train_bench: trainer up in {:.1f}s\n", load_s);
+  if (o.tp > 1 && device.is_cuda() && torch::cuda::device_count() < o.tp) {
+    Die(fmt::format("--tp {}: only {} CUDA devices", o.tp, torch::cuda::device_count()));
+  }
 
   slime::train::FlopsModel fm;
   fm.num_layers = mc.num_hidden_layers;
@@ -504,12 +515,78 @@ int main(int argc, char** argv) {
   const int64_t micro_batches = schedule->steps.at(0).num_micro_batches_per_rank();
   const int64_t micro_batch_tokens = schedule->steps.at(0).ranks.at(0).at(0).tokens;
 
+  // One trainer per TP rank, each on its own thread and device; rank 0's rows are reported.
+  auto rank_device = [&](int rank) {
+    return device.is_cuda()
+               ? torch::Device(torch::kCUDA, static_cast<int8_t>(
+                                                 (device.has_index() ? device.index() : 0) + rank))
+               : device;
+  };
+  std::promise<int> port_promise;
+  std::shared_future<int> port = port_promise.get_future().share();
+  auto run_rank = [&](int rank) -> std::vector<Row> {
+    const torch::Device d = rank_device(rank);
+    c10::DeviceGuard guard(d);
+    slime::train::TrainerOptions ro = to;
+    ro.device = d;
+    if (o.tp > 1) {
+      slime::comm::ProcessGroupOptions po;
+      po.world_size = o.tp;
+      po.rank = rank;
+      po.group_name = "train_bench_tp";
+      po.backend = d.is_cuda() ? "nccl" : "gloo";
+      po.cuda_device = d.is_cuda() ? d.index() : 0;
+      po.timeout_s = 600;
+      if (rank > 0) {
+        po.master_port = port.get();
+        if (po.master_port < 0) throw std::runtime_error("rank 0 could not open the group");
+      }
+      auto opened = slime::comm::ProcessGroup::Open(po);
+      if (rank == 0) port_promise.set_value(opened.ok() ? (*opened)->port() : -1);
+      if (!opened.ok()) throw std::runtime_error(std::string(opened.status().message()));
+      std::shared_ptr<slime::comm::ProcessGroup> group = std::move(*opened);
+      if (slime::Status s = group->Join(); !s.ok())
+        throw std::runtime_error(std::string(s.message()));
+      ro.tp_group = std::make_shared<slime::comm::ProcessGroupTensorParallel>(group);
+    }
+    torch::manual_seed(o.seed);
+    const Clock::time_point t_load = Clock::now();
+    auto trainer = Trainer::Create(ro);
+    if (!trainer.ok()) throw std::runtime_error(std::string(trainer.status().message()));
+    if (rank == 0) {
+      fmt::print(stderr, "train_bench: trainer up in {:.1f}s\n",
+                 std::chrono::duration<double>(Clock::now() - t_load).count());
+    }
+    std::vector<Row> out;
+    for (const std::string& mode : o.modes) {
+      out.push_back(RunMode(**trainer, o, mode, vocab, fm, d, micro_batches, rank == 0));
+    }
+    return out;
+  };
   std::vector<Row> rows;
-  for (const std::string& mode : o.modes) {
-    rows.push_back(RunMode(**trainer, o, mode, vocab, fm, device, micro_batches));
+  if (o.tp == 1) {
+    try {
+      rows = run_rank(0);
+    } catch (const std::exception& e) {
+      Die(e.what());
+    }
+  } else {
+    std::vector<std::future<std::vector<Row>>> ranks;
+    for (int r = 0; r < o.tp; ++r) ranks.push_back(std::async(std::launch::async, run_rank, r));
+    std::string errors;
+    for (int r = 0; r < o.tp; ++r) {
+      try {
+        std::vector<Row> got = ranks[r].get();
+        if (r == 0) rows = std::move(got);
+      } catch (const std::exception& e) {
+        errors += fmt::format("{}TP rank {}: {}", errors.empty() ? "" : "; ", r, e.what());
+      }
+    }
+    if (!errors.empty()) Die(errors);
   }
-  const double peak = device.is_cuda() ? o.peak_tflops : 0.0;
-  const std::string device_desc = DeviceDescription(device);
+  const double peak = device.is_cuda() ? o.peak_tflops * o.tp : 0.0;
+  std::string device_desc = DeviceDescription(device);
+  if (o.tp > 1) device_desc = fmt::format("{} x {} (TP={})", o.tp, device_desc, o.tp);
   const double fwd_flops = slime::train::EstimateForwardFlops(fm, o.seq_len);
   fmt::print(
       "slime-cpp Trainer | {} {} layers, {:.1f}M params | device {} | dtype {} | {} timed steps "
@@ -540,7 +617,8 @@ int main(int argc, char** argv) {
                     {"steps", o.steps},
                     {"warmup", o.warmup},
                     {"seed", o.seed},
-                    {"log_probs_chunk_size", o.log_probs_chunk_size}};
+                    {"log_probs_chunk_size", o.log_probs_chunk_size},
+                    {"tp", o.tp}};
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows) j["rows"].push_back(ToJson(r, peak));
     WriteJsonFile(o.json, j);
