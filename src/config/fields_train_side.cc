@@ -241,6 +241,23 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
       .Doc(
           "Adam with moments reset every step (a sign-like update); needs "
           "checkpoint.no_save_optim.");
+  b.Add("use_distributed_optimizer", &TrainConfig::use_distributed_optimizer)
+      .Slime("--use-distributed-optimizer")
+      .Doc(
+          "ZeRO-1: each data-parallel rank keeps the float32 master weights and Adam moments of "
+          "only its 1/dp contiguous shard of the flattened trainable parameters; a step "
+          "reduce-scatters the gradients, updates the shard and all-gathers the parameters. "
+          "Checkpoints hold the full per-parameter state, loadable with any dp size and with or "
+          "without this. No effect with one data-parallel rank.");
+  b.Add("ddp_bucket_size", &TrainConfig::ddp_bucket_size)
+      .Slime("--ddp-bucket-size")
+      .Min(1)
+      .Doc(
+          "Gradient elements per data-parallel collective: gradients are flattened into "
+          "buckets of up to this many elements, one all-reduce (or, with "
+          "use_distributed_optimizer, one reduce-scatter and one parameter all-gather) per "
+          "bucket; a larger parameter goes alone. Megatron's default of 40M elements is 80 MB "
+          "of bf16.");
   b.Add("seed", &TrainConfig::seed).Slime("--seed").Doc("Trainer random seed.");
   b.Add("micro_batch_size", &TrainConfig::micro_batch_size)
       .Slime("--micro-batch-size")

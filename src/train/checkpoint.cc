@@ -439,9 +439,11 @@ Status WriteCheckpointFiles(const fs::path& dir, const SaveCheckpointOptions& op
   wo.max_shard_bytes = options.max_shard_bytes;
   SLIME_RETURN_IF_ERROR(model::SaveWeights(dir.string(), weights, config, wo));
 
-  const bool with_optimizer = options.save_optimizer && optimizer != nullptr;
+  const bool with_optimizer =
+      options.save_optimizer && (optimizer != nullptr || options.optimizer_state != nullptr);
   if (with_optimizer) {
-    const OptimizerState state = optimizer->ExportState();
+    const OptimizerState state =
+        options.optimizer_state != nullptr ? *options.optimizer_state : optimizer->ExportState();
     CpuTensors cpu;
     for (const model::NamedTensor& nt : state.tensors) {
       SLIME_RETURN_IF_ERROR(AddEntry(cpu, nt.name, nt.tensor, model::SafetensorsDType::kF32));
@@ -687,6 +689,12 @@ StatusOr<std::string> SaveTrainerCheckpoint(const SaveCheckpointOptions& options
   if (options.keep_last < 0) {
     return absl::InvalidArgumentError(
         fmt::format("checkpoint save: keep_last {} is negative (0 keeps all)", options.keep_last));
+  }
+  if (options.save_optimizer && options.optimizer_state == nullptr && optimizer != nullptr &&
+      optimizer->distributed()) {
+    return absl::InvalidArgumentError(
+        "checkpoint save: the optimizer is distributed (train.use_distributed_optimizer); pass "
+        "its GatherState() as SaveCheckpointOptions::optimizer_state");
   }
   SLIME_RETURN_IF_ERROR(model::ValidateWeights(weights, config, 0, 1));
   SLIME_ASSIGN_OR_RETURN(

@@ -134,6 +134,12 @@ StatusOr<std::unique_ptr<Critic>> Critic::Create(CriticOptions options) {
   // The decoder's LM head is not part of the critic's function: freeze it (a tied head is the
   // embedding, listed under its own name, and stays trainable).
   AdamWOptions adam = AdamWOptions::FromTrainConfig(config.train);
+  adam.distributed = adam.distributed && options.dp_size > 1;
+  adam.dp_size = options.dp_size;
+  adam.dp_rank = options.dp_rank;
+  adam.dp_all_reduce = options.dp_all_reduce;
+  adam.dp_reduce_scatter = options.dp_reduce_scatter;
+  adam.dp_all_gather = options.dp_all_gather;
   if (!adam.only_train_params_name_list.empty()) {
     adam.only_train_params_name_list.push_back("^value_head\\.weight$");
   } else {
@@ -231,7 +237,11 @@ StatusOr<CriticStepResult> Critic::TrainStep(const RolloutBatch& batch,
       return absl::OkStatus();
     }));
   }
-  if (options_.dp_size > 1) {
+  if (options_.dp_size > 1 && optimizer_->distributed()) {
+    // ZeRO-1: the optimizer reduce-scatters the gradients; only the metrics are summed here.
+    SLIME_RETURN_IF_ERROR(internal::AllReduceGradsAndMetrics(
+        options_.dp_all_reduce, {}, sums, options_.config.train.ddp_bucket_size));
+  } else if (options_.dp_size > 1) {
     std::vector<torch::Tensor> trainable;
     const std::vector<torch::Tensor> params = Parameters();
     std::vector<std::string> names;
@@ -243,8 +253,8 @@ StatusOr<CriticStepResult> Critic::TrainStep(const RolloutBatch& batch,
     for (size_t k = 0; k < params.size(); ++k) {
       if (optimizer_->IsTrainable(names[k])) trainable.push_back(params[k]);
     }
-    SLIME_RETURN_IF_ERROR(
-        internal::AllReduceGradsAndMetrics(options_.dp_all_reduce, trainable, sums));
+    SLIME_RETURN_IF_ERROR(internal::AllReduceGradsAndMetrics(
+        options_.dp_all_reduce, trainable, sums, options_.config.train.ddp_bucket_size));
   }
   CriticStepResult result;
   SLIME_RETURN_IF_ERROR(GuardTorch("critic: read metrics", [&]() -> Status {
@@ -269,7 +279,16 @@ StatusOr<CriticStepResult> Critic::TrainStep(const RolloutBatch& batch,
 // ---------------------------------------------------------------------------------
 
 StatusOr<std::string> Critic::Save(const std::string& save_dir, int64_t iteration) {
+  // Distributed optimizer: gather the shards (every rank) before rank 0 writes.
+  const bool sharded = optimizer_->distributed();
+  const bool writer = !sharded || options_.dp_rank == 0;
+  std::optional<OptimizerState> gathered;
+  if (sharded && !options_.config.checkpoint.no_save_optim) {
+    SLIME_ASSIGN_OR_RETURN(gathered, optimizer_->GatherState(writer));
+  }
+  if (!writer) return std::string();
   SaveCheckpointOptions o;
+  o.optimizer_state = gathered ? &*gathered : nullptr;
   o.save_dir = save_dir;
   o.iteration = iteration;
   o.keep_last = options_.config.checkpoint.keep_last.value_or(0);

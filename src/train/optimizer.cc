@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <map>
@@ -13,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "slime/common/check.h"
 #include "slime/config/config.h"
 #include "slime/model/config.h"
 #include "slime/model/fused_train.h"
@@ -77,10 +79,86 @@ struct AdamW::Slot {
   bool trainable = true;
   bool replicated = false;
   bool decay = true;  // weight decay applies (not a bias, not 1-D)
+  std::vector<int64_t> shape;  // the parameter's shape at Create
 
   // The float32 tensor the update is applied to.
   const torch::Tensor& Target() const { return master.defined() ? master : param; }
 };
+
+// The distributed optimizer's layout and state (optimizer.h, "Distributed optimizer"). Flat
+// index space: the trainable parameters in parameter order, N elements, padded to dp_size * S.
+struct AdamW::Shard {
+  // The part of one trainable parameter inside a flat range.
+  struct Piece {
+    size_t slot = 0;           // index into slots_
+    int64_t param_offset = 0;  // first element inside the flattened parameter
+    int64_t offset = 0;        // first element inside the range
+    int64_t length = 0;
+  };
+  torch::ScalarType dtype = torch::kFloat32;  // communication buffers and updated values
+  torch::Device device = torch::kCPU;
+  int64_t numel = 0;                  // N
+  int64_t size = 0;                   // S = ceil(N / dp_size)
+  std::vector<size_t> flat_slots;     // trainable slots in flat order
+  std::vector<int64_t> flat_offsets;  // flat offset of each, then N
+  std::vector<Piece> own;             // Pieces(dp_rank * S, S)
+  bool any_master = false;            // some trainable parameter is not float32
+  torch::Tensor master;               // [S] float32: the own range of the parameters
+  torch::Tensor exp_avg;              // [S] float32
+  torch::Tensor exp_avg_sq;           // [S] float32
+
+  // The parts of parameters inside [begin, begin + length) of the flat space, in order (the
+  // padding beyond N has none).
+  std::vector<Piece> Pieces(int64_t begin, int64_t length) const {
+    std::vector<Piece> out;
+    const int64_t end = std::min(begin + length, numel);
+    if (begin >= end) return out;
+    size_t k =
+        static_cast<size_t>(std::upper_bound(flat_offsets.begin(), flat_offsets.end(), begin) -
+                            flat_offsets.begin() - 1);
+    for (int64_t pos = begin; pos < end && k + 1 < flat_offsets.size(); ++k) {
+      const int64_t n = std::min(end, flat_offsets[k + 1]) - pos;
+      if (n <= 0) continue;
+      out.push_back(Piece{flat_slots[k], pos - flat_offsets[k], pos - begin, n});
+      pos += n;
+    }
+    return out;
+  }
+};
+
+DpReduceScatterSumFn ReduceScatterThroughAllReduce(DpAllReduceSumFn all_reduce, int dp_size,
+                                                   int dp_rank) {
+  return [all_reduce = std::move(all_reduce), dp_size, dp_rank](const torch::Tensor& input,
+                                                                torch::Tensor& output) -> Status {
+    const int64_t n = output.numel();
+    if (input.numel() != n * dp_size) {
+      return absl::InvalidArgumentError(
+          fmt::format("reduce-scatter: input of {} elements for an output of {} over {} ranks",
+                      input.numel(), n, dp_size));
+    }
+    torch::Tensor sum = input.contiguous().clone();
+    SLIME_RETURN_IF_ERROR(all_reduce(sum));
+    output.copy_(sum.narrow(0, dp_rank * n, n));
+    return absl::OkStatus();
+  };
+}
+
+DpAllGatherFn AllGatherThroughAllReduce(DpAllReduceSumFn all_reduce, int dp_size, int dp_rank) {
+  return [all_reduce = std::move(all_reduce), dp_size, dp_rank](const torch::Tensor& input,
+                                                                torch::Tensor& output) -> Status {
+    const int64_t n = input.numel();
+    if (output.numel() != n * dp_size) {
+      return absl::InvalidArgumentError(
+          fmt::format("all-gather: output of {} elements for an input of {} over {} ranks",
+                      output.numel(), n, dp_size));
+    }
+    torch::Tensor full = torch::zeros({n * dp_size}, input.options());
+    full.narrow(0, dp_rank * n, n).copy_(input.reshape({-1}));
+    SLIME_RETURN_IF_ERROR(all_reduce(full));
+    output.copy_(full);
+    return absl::OkStatus();
+  };
+}
 
 AdamWOptions AdamWOptions::FromTrainConfig(const config::TrainConfig& train) {
   AdamWOptions o;
@@ -92,6 +170,8 @@ AdamWOptions AdamWOptions::FromTrainConfig(const config::TrainConfig& train) {
   o.stateless = train.use_stateless_adam;
   o.only_train_params_name_list = train.only_train_params_name_list;
   o.freeze_params_name_list = train.freeze_params_name_list;
+  o.distributed = train.use_distributed_optimizer;
+  o.bucket_size = train.ddp_bucket_size;
   return o;
 }
 
@@ -116,6 +196,26 @@ Status AdamWOptions::Validate() const {
   }
   if (tp_rank < 0) {
     return absl::InvalidArgumentError(fmt::format("optimizer: tp_rank = {} < 0", tp_rank));
+  }
+  if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
+    return absl::InvalidArgumentError(fmt::format(
+        "optimizer: dp_rank = {} and dp_size = {}: need 0 <= dp_rank < dp_size", dp_rank, dp_size));
+  }
+  if (bucket_size < 1) {
+    return absl::InvalidArgumentError(fmt::format(
+        "optimizer: ddp_bucket_size = {} is out of range (valid: >= 1 elements)", bucket_size));
+  }
+  if (distributed && dp_size > 1) {
+    std::vector<std::string> missing;
+    if (!dp_all_reduce) missing.push_back("dp_all_reduce");
+    if (!dp_reduce_scatter) missing.push_back("dp_reduce_scatter");
+    if (!dp_all_gather) missing.push_back("dp_all_gather");
+    if (!missing.empty()) {
+      return absl::InvalidArgumentError(fmt::format(
+          "optimizer: the distributed optimizer (train.use_distributed_optimizer) over {} "
+          "data-parallel ranks needs the DP collectives; missing: {}",
+          dp_size, fmt::join(missing, ", ")));
+    }
   }
   SLIME_RETURN_IF_ERROR(
       CompileAll(only_train_params_name_list, "only_train_params_name_list").status());
@@ -181,12 +281,15 @@ StatusOr<std::unique_ptr<AdamW>> AdamW::Create(std::vector<OptimizerParam> param
       s.param = p.tensor;
       s.replicated = p.replicated;
       s.decay = !(EndsWith(p.name, ".bias") || p.tensor.dim() <= 1);
+      s.shape = p.tensor.sizes().vec();
       if (!only.empty()) {
         s.trainable = AnySearch(only, p.name);
       } else if (!freeze.empty()) {
         s.trainable = !AnySearch(freeze, p.name);
       }
-      if (s.trainable) {
+      if (s.trainable && options.distributed) {
+        ++trainable;  // state in the shard (BuildShard)
+      } else if (s.trainable) {
         ++trainable;
         const auto f32 = p.tensor.options().dtype(torch::kFloat32);
         if (p.tensor.scalar_type() != torch::kFloat32) {
@@ -206,8 +309,52 @@ StatusOr<std::unique_ptr<AdamW>> AdamW::Create(std::vector<OptimizerParam> param
           fmt::join(options.only_train_params_name_list, ", "),
           fmt::join(options.freeze_params_name_list, ", "), slots.front().name));
     }
-    return std::unique_ptr<AdamW>(new AdamW(std::move(slots), std::move(options)));
+    std::unique_ptr<AdamW> adam(new AdamW(std::move(slots), std::move(options)));
+    if (adam->options_.distributed) SLIME_RETURN_IF_ERROR(adam->BuildShard());
+    return adam;
   });
+}
+
+Status AdamW::BuildShard() {
+  auto sh = std::make_unique<Shard>();
+  bool first = true;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (!s.trainable) continue;
+    if (!s.param.is_contiguous()) {
+      return absl::InvalidArgumentError(fmt::format(
+          "optimizer: parameter \"{}\" is not contiguous (the distributed optimizer flattens "
+          "the trainable parameters)",
+          s.name));
+    }
+    if (first) {
+      sh->device = s.param.device();
+      sh->dtype = s.param.scalar_type();
+      first = false;
+    } else if (s.param.device() != sh->device) {
+      return absl::InvalidArgumentError(fmt::format(
+          "optimizer: parameter \"{}\" is on {}, the others on {} (the distributed optimizer "
+          "needs one device)",
+          s.name, s.param.device().str(), sh->device.str()));
+    } else if (s.param.scalar_type() != sh->dtype) {
+      sh->dtype = torch::kFloat32;  // mixed dtypes: communicate in float32
+    }
+    if (s.param.scalar_type() != torch::kFloat32) sh->any_master = true;
+    sh->flat_slots.push_back(i);
+    sh->flat_offsets.push_back(sh->numel);
+    sh->numel += s.param.numel();
+  }
+  sh->flat_offsets.push_back(sh->numel);
+  const int64_t dp = options_.dp_size;
+  sh->size = (sh->numel + dp - 1) / dp;
+  sh->own = sh->Pieces(options_.dp_rank * sh->size, sh->size);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(sh->device);
+  sh->master = torch::zeros({sh->size}, f32);
+  sh->exp_avg = torch::zeros({sh->size}, f32);
+  sh->exp_avg_sq = torch::zeros({sh->size}, f32);
+  shard_ = std::move(sh);
+  ReloadMastersFromParams();
+  return absl::OkStatus();
 }
 
 StatusOr<OptimizerStepResult> AdamW::Step(double lr) {
@@ -215,7 +362,8 @@ StatusOr<OptimizerStepResult> AdamW::Step(double lr) {
     return absl::InvalidArgumentError(
         fmt::format("optimizer: learning rate {} is not a finite number >= 0", lr));
   }
-  return GuardTorch("optimizer: step", [&]() { return StepImpl(lr); });
+  return GuardTorch("optimizer: step",
+                    [&]() { return options_.distributed ? StepSharded(lr) : StepImpl(lr); });
 }
 
 StatusOr<OptimizerStepResult> AdamW::StepImpl(double lr) {
@@ -233,10 +381,10 @@ StatusOr<OptimizerStepResult> AdamW::StepImpl(double lr) {
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
     if (!s.trainable) continue;
-    if (!s.exp_avg.sizes().equals(s.param.sizes())) {
+    if (!s.param.sizes().equals(s.shape)) {
       return absl::FailedPreconditionError(
           fmt::format("optimizer: parameter \"{}\" changed shape from {} to {}", s.name,
-                      ShapeString(s.exp_avg.sizes()), ShapeString(s.param.sizes())));
+                      ShapeString(s.shape), ShapeString(s.param.sizes())));
     }
     const torch::Tensor& g = s.param.grad();
     if (!g.defined()) continue;  // a zero gradient
@@ -348,6 +496,161 @@ StatusOr<OptimizerStepResult> AdamW::StepImpl(double lr) {
   return result;
 }
 
+// The distributed step (optimizer.h, "Distributed optimizer"): reduce-scatter, norm, the update
+// of the own range, all-gather.
+StatusOr<OptimizerStepResult> AdamW::StepSharded(double lr) {
+  torch::NoGradGuard no_grad;
+  OptimizerStepResult result;
+  result.lr = lr;
+  Shard& sh = *shard_;
+  const int64_t dp = options_.dp_size;
+  const int64_t size = sh.size;
+  const int64_t per_rank = std::max<int64_t>(1, options_.bucket_size / dp);  // slice per bucket
+  for (size_t i : sh.flat_slots) {
+    const Slot& s = slots_[i];
+    if (!s.param.sizes().equals(s.shape)) {
+      return absl::FailedPreconditionError(
+          fmt::format("optimizer: parameter \"{}\" changed shape from {} to {}", s.name,
+                      ShapeString(s.shape), ShapeString(s.param.sizes())));
+    }
+    const torch::Tensor& g = s.param.grad();
+    if (g.defined() && !g.sizes().equals(s.param.sizes())) {
+      return absl::FailedPreconditionError(
+          fmt::format("optimizer: gradient of \"{}\" has shape {}, the parameter {}", s.name,
+                      ShapeString(g.sizes()), ShapeString(s.param.sizes())));
+    }
+  }
+  // Flat gradient elements [begin, begin + dst.numel()) into dst (zeros where there is none).
+  auto gather_grads = [&](int64_t begin, torch::Tensor dst) {
+    const std::vector<Shard::Piece> pieces = sh.Pieces(begin, dst.numel());
+    int64_t covered = 0;
+    for (const Shard::Piece& p : pieces) {
+      if (slots_[p.slot].param.grad().defined()) covered += p.length;
+    }
+    if (covered < dst.numel()) dst.zero_();
+    for (const Shard::Piece& p : pieces) {
+      const torch::Tensor& g = slots_[p.slot].param.grad();
+      if (!g.defined()) continue;
+      dst.narrow(0, p.offset, p.length).copy_(g.reshape({-1}).narrow(0, p.param_offset, p.length));
+    }
+  };
+  // src = flat parameter elements [begin, begin + src.numel()): copied into the parameters.
+  auto scatter_params = [&](int64_t begin, const torch::Tensor& src) {
+    for (const Shard::Piece& p : sh.Pieces(begin, src.numel())) {
+      slots_[p.slot]
+          .param.view({-1})
+          .narrow(0, p.param_offset, p.length)
+          .copy_(src.narrow(0, p.offset, p.length));
+    }
+  };
+  const auto buffer = torch::TensorOptions().dtype(sh.dtype).device(sh.device);
+
+  // 1. Reduce-scatter of the gradients, bucket by bucket: grad = the own range's DP sum.
+  torch::Tensor grad = torch::empty({size}, buffer);  // [S]
+  for (int64_t k = 0; k < size; k += per_rank) {
+    const int64_t w = std::min(per_rank, size - k);
+    torch::Tensor out = grad.narrow(0, k, w);
+    if (dp == 1) {
+      gather_grads(k, out);
+      continue;
+    }
+    torch::Tensor in = torch::empty({dp * w}, buffer);  // [dp * w], rank-major
+    for (int64_t r = 0; r < dp; ++r) gather_grads(r * size + k, in.narrow(0, r * w, w));
+    SLIME_RETURN_IF_ERROR(options_.dp_reduce_scatter(in, out));
+  }
+
+  // 2. The global norm: the own range's squares, summed over DP, then over TP.
+  torch::Tensor squared_norm = torch::zeros({}, buffer.dtype(torch::kFloat32));
+  for (const Shard::Piece& p : sh.own) {
+    if (slots_[p.slot].replicated && options_.tp_rank != 0) continue;
+    const torch::Tensor g = grad.narrow(0, p.offset, p.length);
+    if (model::FusedTrainingApplies(g)) {
+      model::FusedAddSquaredNorm(g, squared_norm);
+    } else {
+      squared_norm.add_(g.to(torch::kFloat32).square().sum());
+    }
+  }
+  if (dp > 1) SLIME_RETURN_IF_ERROR(options_.dp_all_reduce(squared_norm));
+  if (options_.reduce_squared_grad_norm) {
+    SLIME_RETURN_IF_ERROR(options_.reduce_squared_grad_norm(squared_norm));
+  }
+  const double norm = std::sqrt(squared_norm.item<double>());
+  result.grad_norm = norm;
+
+  // 3. Non-finite norm (the same on every rank): skip.
+  if (!std::isfinite(norm)) {
+    ZeroGrad();
+    result.skipped = true;
+    result.step = step_;
+    return result;
+  }
+  // 4. Clipping.
+  double clip_coeff = 1.0;
+  if (options_.clip_grad > 0.0) clip_coeff = std::min(1.0, options_.clip_grad / (norm + 1e-6));
+
+  // 5. AdamW on the own range, piece by piece; `values` gets the updated parameters in the
+  // buffers' dtype (the master itself when that is float32).
+  if (options_.stateless) ResetStates();
+  ++step_;
+  const double beta1 = options_.beta1;
+  const double beta2 = options_.beta2;
+  const double step_size = lr / (1.0 - std::pow(beta1, static_cast<double>(step_)));
+  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(beta2, static_cast<double>(step_)));
+  const bool float32 = sh.dtype == torch::kFloat32;
+  torch::Tensor values = float32 ? sh.master : torch::empty({size}, buffer);  // [S]
+  for (const Shard::Piece& p : sh.own) {
+    const Slot& s = slots_[p.slot];
+    torch::Tensor master = sh.master.narrow(0, p.offset, p.length);
+    torch::Tensor m = sh.exp_avg.narrow(0, p.offset, p.length);
+    torch::Tensor v = sh.exp_avg_sq.narrow(0, p.offset, p.length);
+    torch::Tensor g = grad.narrow(0, p.offset, p.length);
+    const double decay =
+        s.decay && options_.weight_decay != 0.0 ? 1.0 - lr * options_.weight_decay : 1.0;
+    if (model::FusedTrainingApplies(g)) {
+      model::FusedAdamWStep f;
+      f.grad_scale = clip_coeff;
+      f.decay_factor = decay;
+      f.beta1 = beta1;
+      f.beta2 = beta2;
+      f.step_size = step_size;
+      f.bias_correction2_sqrt = bias_correction2_sqrt;
+      f.eps = options_.eps;
+      if (float32) {
+        torch::Tensor none;  // the float32 master is the parameter
+        model::FusedAdamW(master, g, none, m, v, f);
+      } else {
+        torch::Tensor out = values.narrow(0, p.offset, p.length);
+        model::FusedAdamW(out, g, master, m, v, f);
+      }
+      continue;
+    }
+    torch::Tensor g32 = g.to(torch::kFloat32);  // `g` itself when float32 (the buffer is ours)
+    if (clip_coeff < 1.0) g32.mul_(clip_coeff);
+    if (decay != 1.0) master.mul_(decay);
+    m.mul_(beta1).add_(g32, 1.0 - beta1);
+    v.mul_(beta2).addcmul_(g32, g32, 1.0 - beta2);
+    torch::Tensor denom = (v.sqrt() / bias_correction2_sqrt).add_(options_.eps);
+    master.addcdiv_(m, denom, -step_size);
+    if (!float32) values.narrow(0, p.offset, p.length).copy_(master);
+  }
+
+  // 6. All-gather of the updated values into every rank's parameters, in the same buckets.
+  for (int64_t k = 0; k < size; k += per_rank) {
+    const int64_t w = std::min(per_rank, size - k);
+    const torch::Tensor in = values.narrow(0, k, w);
+    if (dp == 1) {
+      scatter_params(k, in);
+      continue;
+    }
+    torch::Tensor out = torch::empty({dp * w}, buffer);  // [dp * w], rank-major
+    SLIME_RETURN_IF_ERROR(options_.dp_all_gather(in, out));
+    for (int64_t r = 0; r < dp; ++r) scatter_params(r * size + k, out.narrow(0, r * w, w));
+  }
+  ZeroGrad();
+  result.step = step_;
+  return result;
+}
+
 void AdamW::ZeroGrad() {
   for (Slot& s : slots_) {
     if (s.param.grad().defined()) s.param.mutable_grad() = torch::Tensor();
@@ -356,8 +659,12 @@ void AdamW::ZeroGrad() {
 
 void AdamW::ResetStates() {
   torch::NoGradGuard no_grad;
+  if (shard_ != nullptr) {
+    shard_->exp_avg.zero_();
+    shard_->exp_avg_sq.zero_();
+  }
   for (Slot& s : slots_) {
-    if (!s.trainable) continue;
+    if (!s.trainable || !s.exp_avg.defined()) continue;  // distributed: in the shard
     s.exp_avg.zero_();
     s.exp_avg_sq.zero_();
   }
@@ -366,12 +673,19 @@ void AdamW::ResetStates() {
 
 void AdamW::ReloadMastersFromParams() {
   torch::NoGradGuard no_grad;
+  if (shard_ != nullptr) {
+    for (const Shard::Piece& p : shard_->own) {
+      shard_->master.narrow(0, p.offset, p.length)
+          .copy_(slots_[p.slot].param.reshape({-1}).narrow(0, p.param_offset, p.length));
+    }
+  }
   for (Slot& s : slots_) {
     if (s.master.defined()) s.master.copy_(s.param);
   }
 }
 
 bool AdamW::has_master_weights() const {
+  if (shard_ != nullptr) return shard_->any_master;
   for (const Slot& s : slots_) {
     if (s.master.defined()) return true;
   }
@@ -399,6 +713,8 @@ const AdamW::Slot* AdamW::FindSlot(const std::string& name) const {
 }
 
 OptimizerState AdamW::ExportState() const {
+  SLIME_CHECK(shard_ == nullptr,
+              "AdamW::ExportState on a distributed optimizer; use GatherState (collective)");
   OptimizerState state;
   state.step = step_;
   for (const Slot& s : slots_) {
@@ -408,6 +724,70 @@ OptimizerState AdamW::ExportState() const {
     state.tensors.push_back({s.name + kExpAvgSqSuffix, s.exp_avg_sq});
   }
   return state;
+}
+
+StatusOr<OptimizerState> AdamW::GatherState(bool keep) const {
+  if (shard_ == nullptr) return ExportState();
+  return GuardTorch("optimizer: gather the state", [&]() -> StatusOr<OptimizerState> {
+    torch::NoGradGuard no_grad;
+    const Shard& sh = *shard_;
+    const int64_t dp = options_.dp_size;
+    const int64_t size = sh.size;
+    const int64_t per_rank = std::max<int64_t>(1, options_.bucket_size / dp);
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+    // A shard tensor [S] gathered into a CPU tensor [dp * S] of the whole flat space.
+    auto gather = [&](const torch::Tensor& shard) -> StatusOr<torch::Tensor> {
+      torch::Tensor full = keep ? torch::empty({dp * size}, f32) : torch::Tensor();
+      for (int64_t k = 0; k < size; k += per_rank) {
+        const int64_t w = std::min(per_rank, size - k);
+        const torch::Tensor in = shard.narrow(0, k, w);
+        torch::Tensor out = in;
+        if (dp > 1) {
+          out = torch::empty({dp * w}, f32.device(sh.device));
+          SLIME_RETURN_IF_ERROR(options_.dp_all_gather(in, out));
+        }
+        if (!keep) continue;
+        for (int64_t r = 0; r < dp; ++r) {
+          full.narrow(0, r * size + k, w).copy_(out.narrow(0, r * w, w));
+        }
+      }
+      return full;
+    };
+    torch::Tensor master;
+    if (sh.any_master) {
+      SLIME_ASSIGN_OR_RETURN(master, gather(sh.master));
+    }
+    SLIME_ASSIGN_OR_RETURN(torch::Tensor exp_avg, gather(sh.exp_avg));
+    SLIME_ASSIGN_OR_RETURN(torch::Tensor exp_avg_sq, gather(sh.exp_avg_sq));
+    OptimizerState state;
+    state.step = step_;
+    if (!keep) return state;
+    for (size_t k = 0; k < sh.flat_slots.size(); ++k) {
+      const Slot& s = slots_[sh.flat_slots[k]];
+      const int64_t offset = sh.flat_offsets[k];
+      const int64_t n = sh.flat_offsets[k + 1] - offset;
+      auto part = [&](const torch::Tensor& full) {
+        return full.narrow(0, offset, n).view(s.shape);
+      };
+      if (s.param.scalar_type() != torch::kFloat32) {
+        state.tensors.push_back({s.name + kMasterSuffix, part(master)});
+      }
+      state.tensors.push_back({s.name + kExpAvgSuffix, part(exp_avg)});
+      state.tensors.push_back({s.name + kExpAvgSqSuffix, part(exp_avg_sq)});
+    }
+    return state;
+  });
+}
+
+std::vector<torch::Tensor> AdamW::StateTensors() const {
+  if (shard_ != nullptr) return {shard_->master, shard_->exp_avg, shard_->exp_avg_sq};
+  std::vector<torch::Tensor> out;
+  for (const Slot& s : slots_) {
+    for (const torch::Tensor* t : {&s.master, &s.exp_avg, &s.exp_avg_sq}) {
+      if (t->defined()) out.push_back(*t);
+    }
+  }
+  return out;
 }
 
 Status AdamW::ValidateState(const OptimizerState& state) const {
@@ -472,6 +852,28 @@ Status AdamW::ImportState(const OptimizerState& state) {
     torch::NoGradGuard no_grad;
     std::map<std::string, const torch::Tensor*> by_name;
     for (const model::NamedTensor& nt : state.tensors) by_name[nt.name] = &nt.tensor;
+    if (shard_ != nullptr) {
+      // Full parameters from the masters; the own range of the rest.
+      for (Slot& s : slots_) {
+        auto master = by_name.find(s.name + kMasterSuffix);
+        if (s.trainable && master != by_name.end()) s.param.copy_(*master->second);
+      }
+      Shard& sh = *shard_;
+      for (const Shard::Piece& p : sh.own) {
+        const Slot& s = slots_[p.slot];
+        auto range = [&](const torch::Tensor& full) {
+          return full.reshape({-1}).narrow(0, p.param_offset, p.length);
+        };
+        sh.exp_avg.narrow(0, p.offset, p.length).copy_(range(*by_name.at(s.name + kExpAvgSuffix)));
+        sh.exp_avg_sq.narrow(0, p.offset, p.length)
+            .copy_(range(*by_name.at(s.name + kExpAvgSqSuffix)));
+        auto master = by_name.find(s.name + kMasterSuffix);
+        sh.master.narrow(0, p.offset, p.length)
+            .copy_(range(master != by_name.end() ? *master->second : s.param));
+      }
+      step_ = state.step;
+      return absl::OkStatus();
+    }
     for (Slot& s : slots_) {
       if (!s.trainable) continue;
       s.exp_avg.copy_(*by_name.at(s.name + kExpAvgSuffix));

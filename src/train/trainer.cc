@@ -187,6 +187,13 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
     return absl::InvalidArgumentError(fmt::format(
         "trainer: dp_size = {} needs dp_all_reduce (the DP group's all-reduce)", options.dp_size));
   }
+  if (config.train.use_distributed_optimizer && options.dp_size > 1 &&
+      (!options.dp_reduce_scatter || !options.dp_all_gather)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "trainer: train.use_distributed_optimizer with dp_size = {} needs dp_reduce_scatter and "
+        "dp_all_gather (the DP group's collectives)",
+        options.dp_size));
+  }
   SLIME_RETURN_IF_ERROR(CheckSupported(config));
   SLIME_ASSIGN_OR_RETURN(AdvantageEstimator estimator,
                          ParseAdvantageEstimator(config.algorithm.advantage_estimator));
@@ -234,8 +241,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   });
   SLIME_RETURN_IF_ERROR(status);
   // The gradient norm: sharded parameters' squares summed over the TP group, replicated ones
-  // (identical on every TP rank) counted on TP rank 0 only (AdamWOptions::tp_rank). The DP
-  // all-reduce of the gradients runs before the optimizer step, so the norm is the global one.
+  // (identical on every TP rank) counted on TP rank 0 only (AdamWOptions::tp_rank); with the
+  // distributed optimizer each DP rank sums its shard and the DP all-reduce runs first.
   AdamWOptions adam = AdamWOptions::FromTrainConfig(config.train);
   adam.tp_rank = tp_rank;
   if (tp_size > 1) {
@@ -247,6 +254,17 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
                         });
     };
   }
+  if (adam.distributed && options.dp_size == 1) {
+    spdlog::info(
+        "trainer: train.use_distributed_optimizer with one data-parallel rank: nothing to shard, "
+        "the plain optimizer is used");
+    adam.distributed = false;
+  }
+  adam.dp_size = options.dp_size;
+  adam.dp_rank = options.dp_rank;
+  adam.dp_all_reduce = options.dp_all_reduce;
+  adam.dp_reduce_scatter = options.dp_reduce_scatter;
+  adam.dp_all_gather = options.dp_all_gather;
   SLIME_ASSIGN_OR_RETURN(std::unique_ptr<AdamW> optimizer,
                          AdamW::ForModel(model->weights(), model->config(), std::move(adam)));
 
@@ -322,16 +340,19 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
     co.dp_size = options.dp_size;
     co.dp_rank = options.dp_rank;
     co.dp_all_reduce = options.dp_all_reduce;
+    co.dp_reduce_scatter = options.dp_reduce_scatter;
+    co.dp_all_gather = options.dp_all_gather;
     SLIME_ASSIGN_OR_RETURN(impl->critic, Critic::Create(std::move(co)));
   }
 
   std::vector<std::string> tags;
   for (const auto& [tag, tensors] : impl->copies) tags.push_back(tag);
   spdlog::info(
-      "trainer: {} on {} ({}), loss {}, estimator {}, CPU copies [{}], dp rank {}/{}, tp rank {}/{}",
+      "trainer: {} on {} ({}), loss {}, estimator {}, CPU copies [{}], dp rank {}/{}{}, tp rank "
+      "{}/{}",
       options.model_dir, model->device().str(), c10::toString(dtype), config.algorithm.loss_type,
       AdvantageEstimatorName(estimator), fmt::join(tags, ", "), options.dp_rank, options.dp_size,
-      tp_rank, tp_size);
+      optimizer->distributed() ? " (distributed optimizer)" : "", tp_rank, tp_size);
   std::unique_ptr<Trainer> trainer(new Trainer(std::move(options), std::move(model),
                                                std::move(optimizer), LrScheduler(schedule)));
   trainer->impl_ = std::move(impl);

@@ -99,10 +99,13 @@ void Accumulate(const std::map<std::string, torch::Tensor>& metrics,
                 std::map<std::string, torch::Tensor>& sums);
 
 // Data parallelism: sums the gradients of `trainable` (a zero gradient where undefined) and
-// the metric sums over the DP group through `all_reduce` (gradients in buckets of up to 64 MiB).
+// the metric sums over the DP group through `all_reduce`. Gradients go in buckets: consecutive
+// parameters of one dtype and device, up to `bucket_size` elements in all (a larger one alone),
+// flattened into one tensor, one all-reduce each, copied back. The metrics (float64 0-dim
+// tensors, name order) go in one more all-reduce. An empty `trainable` sums only the metrics.
 Status AllReduceGradsAndMetrics(const AllReduceSumFn& all_reduce,
                                 const std::vector<torch::Tensor>& trainable,
-                                std::map<std::string, torch::Tensor>& sums);
+                                std::map<std::string, torch::Tensor>& sums, int64_t bucket_size);
 
 // A float32 tensor of `values` on `device`.
 torch::Tensor FloatTensor(const std::vector<float>& values, torch::Device device);

@@ -93,32 +93,27 @@ void Accumulate(const std::map<std::string, torch::Tensor>& metrics,
 
 Status AllReduceGradsAndMetrics(const AllReduceSumFn& all_reduce,
                                 const std::vector<torch::Tensor>& trainable,
-                                std::map<std::string, torch::Tensor>& sums) {
+                                std::map<std::string, torch::Tensor>& sums, int64_t bucket_size) {
   return GuardTorch("trainer: DP all-reduce", [&]() -> Status {
     torch::NoGradGuard no_grad;
-    // Gradients go in buckets of up to kGradBucketBytes (consecutive parameters of one dtype
-    // and device, flattened into one tensor): a few large all-reduces instead of one per
-    // parameter.
-    constexpr int64_t kGradBucketBytes = int64_t{64} << 20;
     std::vector<torch::Tensor> grads;
     for (torch::Tensor p : trainable) {
       if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
       grads.push_back(p.grad());
     }
-    auto nbytes = [](const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); };
     for (size_t i = 0; i < grads.size();) {
       size_t j = i + 1;
-      int64_t bytes = nbytes(grads[i]);
+      int64_t numel = grads[i].numel();
       while (j < grads.size() && grads[j].scalar_type() == grads[i].scalar_type() &&
-             grads[j].device() == grads[i].device() && bytes + nbytes(grads[j]) <= kGradBucketBytes) {
-        bytes += nbytes(grads[j++]);
+             grads[j].device() == grads[i].device() && numel + grads[j].numel() <= bucket_size) {
+        numel += grads[j++].numel();
       }
       if (j == i + 1) {
         SLIME_RETURN_IF_ERROR(all_reduce(grads[i]));
       } else {
         std::vector<torch::Tensor> flat;
         for (size_t k = i; k < j; ++k) flat.push_back(grads[k].reshape({-1}));
-        torch::Tensor bucket = torch::cat(flat);
+        torch::Tensor bucket = torch::cat(flat);  // [numel]
         SLIME_RETURN_IF_ERROR(all_reduce(bucket));
         int64_t offset = 0;
         for (size_t k = i; k < j; ++k) {
@@ -336,16 +331,20 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
     SLIME_RETURN_IF_ERROR(backward);
   }
 
-  // DP: sum the gradients and the metrics over the group.
-  if (options_.dp_size > 1) {
+  // DP: sum the gradients and the metrics over the group (ZeRO-1: only the metrics; AdamW
+  // reduce-scatters the gradients).
+  if (options_.dp_size > 1 && optimizer_->distributed()) {
+    SLIME_RETURN_IF_ERROR(internal::AllReduceGradsAndMetrics(
+        options_.dp_all_reduce, {}, sums, options_.config.train.ddp_bucket_size));
+  } else if (options_.dp_size > 1) {
     std::vector<torch::Tensor> trainable;
     for (const std::string& name : optimizer_->TrainableNames()) {
       const auto k =
           std::find(impl_->names.begin(), impl_->names.end(), name) - impl_->names.begin();
       trainable.push_back(impl_->params[k]);
     }
-    SLIME_RETURN_IF_ERROR(
-        internal::AllReduceGradsAndMetrics(options_.dp_all_reduce, trainable, sums));
+    SLIME_RETURN_IF_ERROR(internal::AllReduceGradsAndMetrics(
+        options_.dp_all_reduce, trainable, sums, options_.config.train.ddp_bucket_size));
   }
 
   Status read = GuardTorch("trainer: read metrics", [&]() -> Status {

@@ -327,11 +327,22 @@ StatusOr<std::unique_ptr<AdamW>> FullSizeOptimizer(const model::ModelWeights& fu
 
 StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout_id,
                                     const std::string& extra_state_json) {
+  // Distributed optimizer: every rank gathers the shards (the actor's here, the critic's in its
+  // Save) before any rank writes, so a failed write cannot leave a peer waiting in a
+  // collective; DP rank 0 writes.
+  const bool sharded = optimizer_->distributed();
+  const bool writer = !sharded || options_.dp_rank == 0;
+  std::optional<OptimizerState> gathered;
+  if (sharded && !options_.config.checkpoint.no_save_optim) {
+    SLIME_ASSIGN_OR_RETURN(gathered, optimizer_->GatherState(writer));
+  }
   // The critic first: the actor's tracker is the commit point of the pair.
   if (impl_->critic != nullptr) {
     SLIME_RETURN_IF_ERROR(impl_->critic->Save(CriticCheckpointDir(save_dir), rollout_id).status());
   }
+  if (!writer) return std::string();
   SaveCheckpointOptions o;
+  o.optimizer_state = gathered ? &*gathered : nullptr;
   o.save_dir = save_dir;
   o.iteration = rollout_id;
   o.keep_last = options_.config.checkpoint.keep_last.value_or(0);

@@ -108,9 +108,7 @@ struct TrainerWorker::Impl {
       out.push_back(p.tensor);
       if (p.tensor.grad().defined()) out.push_back(p.tensor.grad());
     }
-    for (const model::NamedTensor& t : trainer->optimizer().ExportState().tensors) {
-      out.push_back(t.tensor);
-    }
+    for (const torch::Tensor& t : trainer->optimizer().StateTensors()) out.push_back(t);
     return out;
   }
   // Everything back on the device before work that touches it (a no-op when it is there).
@@ -182,6 +180,14 @@ StatusOr<nlohmann::json> TrainerWorker::Init() {
       SLIME_RETURN_IF_ERROR(impl->CheckDp());
       return impl->dp_group->AllReduceSum(t, "trainer data-parallel sum");
     };
+    // ZeRO-1 (train.use_distributed_optimizer): the reduce-scatter and all-gather are made of
+    // the group's all-reduce for now (about twice their traffic); switch to
+    // ProcessGroup::ReduceScatterSum / AllGather once comm has them.
+    if (config.train.use_distributed_optimizer) {
+      to.dp_reduce_scatter =
+          train::ReduceScatterThroughAllReduce(to.dp_all_reduce, o.world_size, o.rank);
+      to.dp_all_gather = train::AllGatherThroughAllReduce(to.dp_all_reduce, o.world_size, o.rank);
+    }
   }
   const auto start = std::chrono::steady_clock::now();
   SLIME_ASSIGN_OR_RETURN(impl_->trainer, train::Trainer::Create(std::move(to)));
@@ -295,12 +301,19 @@ StatusOr<nlohmann::json> TrainerWorker::Save(int64_t rollout_id, const nlohmann:
   const std::optional<std::string>& save = impl_->options.config.checkpoint.save;
   if (!save) return absl::FailedPreconditionError("trainer: save called without checkpoint.save");
   // Data parallel without sharded state: every rank holds the same weights and optimizer
-  // state, so rank 0 writes the checkpoint alone.
-  if (impl_->options.rank != 0) return nlohmann::json{{"dir", ""}, {"seconds", 0.0}, {"written", false}};
+  // state, so rank 0 writes the checkpoint alone. With the distributed optimizer (ZeRO-1) the
+  // save is collective: every rank gathers the shards, rank 0 writes (Trainer::Save).
+  const bool sharded = std::as_const(*impl_->trainer).optimizer().distributed();
+  if (impl_->options.rank != 0 && !sharded) {
+    return nlohmann::json{{"dir", ""}, {"seconds", 0.0}, {"written", false}};
+  }
   SLIME_RETURN_IF_ERROR(impl_->EnsureResident());
   const auto start = std::chrono::steady_clock::now();
   SLIME_ASSIGN_OR_RETURN(std::string dir,
                          impl_->trainer->Save(*save, rollout_id, extra_state.dump()));
+  if (dir.empty()) {  // a ZeRO-1 rank other than 0: it took part, rank 0 wrote
+    return nlohmann::json{{"dir", ""}, {"seconds", SecondsSince(start)}, {"written", false}};
+  }
   return nlohmann::json{{"dir", dir}, {"seconds", SecondsSince(start)}};
 }
 

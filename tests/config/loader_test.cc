@@ -62,6 +62,8 @@ TEST(ConfigDefaults, MatchSlimeDefaults) {
   EXPECT_EQ(c.train.micro_batch_size, 1);
   EXPECT_EQ(c.train.log_probs_chunk_size, -1);
   EXPECT_EQ(c.train.data_pad_size_multiplier, 128);
+  EXPECT_FALSE(c.train.use_distributed_optimizer);
+  EXPECT_EQ(c.train.ddp_bucket_size, 40'000'000);
   EXPECT_EQ(c.train.mtp_loss_scaling_factor, 0.2);
   EXPECT_EQ(c.train.lr_decay_style, "linear");
   EXPECT_EQ(c.train.adam_beta2, 0.999);
@@ -272,6 +274,8 @@ TEST(ConfigErrors, RangeErrorsNameTheAllowedRange) {
       FailsWith(with("data.n_samples_per_prompt=0"), {"data.n_samples_per_prompt = 0", ">= 1"}));
   EXPECT_TRUE(
       FailsWith(with("rollout.stop_token_ids=[5, -2]"), {"rollout.stop_token_ids[1] = -2"}));
+  EXPECT_TRUE(FailsWith(with("train.ddp_bucket_size=0"),
+                        {"train.ddp_bucket_size = 0 is out of range; allowed: >= 1"}));
 }
 
 TEST(ConfigErrors, EnumErrorsListAllowedValues) {

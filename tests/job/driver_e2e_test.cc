@@ -663,8 +663,10 @@ TEST_F(DriverE2eTest, DrivesAnExternalEngineGivenByAddress) {
 
 // Data parallelism across trainer processes: two rollouts generated once, then trained from the
 // saved samples (debug.load_debug_rollout_data) by one trainer and by two trainer processes
-// whose gradients are all-reduced over Gloo. Same losses and gradient norms per step (so the same
-// updated weights: step 2's loss is computed on them), and one checkpoint written, by rank 0.
+// whose gradients are all-reduced over Gloo, and by two with train.use_distributed_optimizer
+// (ZeRO-1: gradients reduce-scattered, parameters all-gathered, the save collective). Same losses
+// and gradient norms per step (so the same updated weights: step 2's loss is computed on them),
+// and one checkpoint written, by rank 0.
 // (Also a train-only run with a fresh checkpoint.save directory, which used to fail creating
 // <save>/rollout/.)
 TEST_F(DriverE2eTest, TwoDataParallelTrainersMatchOneTrainer) {
@@ -675,28 +677,35 @@ TEST_F(DriverE2eTest, TwoDataParallelTrainersMatchOneTrainer) {
     Child gen({"--config", config.string()}, dir_);
     ASSERT_EQ(gen.Wait(std::chrono::seconds(400)), 0) << gen.out() << gen.err();
   }
-  std::map<int, std::map<int64_t, Json>> steps;  // dp -> step -> train/* values
-  for (int dp : {1, 2}) {
-    const fs::path run = dir_ / ("dp" + std::to_string(dp));
+  // Runs: 1 = one trainer, 2 = two trainers, 3 = two trainers with the distributed optimizer
+  // (ZeRO-1: the worker's reduce-scatter / all-gather seams and the collective save).
+  std::map<int, std::map<int64_t, Json>> steps;  // run -> step -> train/* values
+  for (int variant : {1, 2, 3}) {
+    const int dp = variant == 1 ? 1 : 2;
+    const fs::path run = dir_ / ("dp" + std::to_string(variant));
     fs::create_directories(run);
-    Child train({"--config", config.string(), "--set", "debug.save_debug_rollout_data=null",
-                 "--set", "debug.load_debug_rollout_data=" + rollouts,
-                 "--set", "cluster.actor_num_gpus_per_node=" + std::to_string(dp),
-                 "--set", "cluster.rollout_num_gpus=0", "--set", "eval.interval=null",
-                 // An entropy bonus: a gradient even where a group's rewards are all equal.
-                 "--set", "algorithm.entropy_coef=0.01",
-                 "--set", "cluster.run_dir=" + (run / "run").string(),
-                 "--set", "checkpoint.save=" + (run / "ckpt").string(),
-                 "--set", "checkpoint.load=" + (run / "ckpt").string()},
-                run);
+    Child train(
+        {"--config", config.string(), "--set", "debug.save_debug_rollout_data=null", "--set",
+         "debug.load_debug_rollout_data=" + rollouts, "--set",
+         std::string("train.use_distributed_optimizer=") + (variant == 3 ? "true" : "false"),
+         "--set", "cluster.actor_num_gpus_per_node=" + std::to_string(dp), "--set",
+         "cluster.rollout_num_gpus=0", "--set", "eval.interval=null",
+         // An entropy bonus: a gradient even where a group's rewards are all equal.
+         "--set", "algorithm.entropy_coef=0.01", "--set",
+         "cluster.run_dir=" + (run / "run").string(), "--set",
+         "checkpoint.save=" + (run / "ckpt").string(), "--set",
+         "checkpoint.load=" + (run / "ckpt").string()},
+        run);
     std::optional<int> code = train.Wait(std::chrono::seconds(300));
     ASSERT_EQ(code, 0) << "dp " << dp << "\nstdout:\n" << train.out() << "\nstderr:\n"
                        << ReadLogs(run / "run", train);
     if (dp == 2) {
       const std::string logs = ReadLogs(run / "run", train);
       EXPECT_NE(logs.find("data-parallel group of 2 formed"), std::string::npos) << logs;
+      EXPECT_EQ(logs.find("(distributed optimizer)") != std::string::npos, variant == 3) << logs;
     }
-    EXPECT_TRUE(fs::exists(run / "ckpt" / "latest_checkpointed_iteration.txt")) << "dp " << dp;
+    EXPECT_TRUE(fs::exists(run / "ckpt" / "latest_checkpointed_iteration.txt"))
+        << "run " << variant;
     for (const Json& r : ReadJsonl(run / "run" / "metrics.jsonl")) {
       // Per optimizer step (the rollout's summary line repeats the last step's values).
       if (!r.contains("train/grad_norm") || !r.contains("step") || !r["step"].is_number()) continue;
@@ -704,21 +713,24 @@ TEST_F(DriverE2eTest, TwoDataParallelTrainersMatchOneTrainer) {
       for (const auto& [k, v] : r.items()) {
         if (k.rfind("train/", 0) == 0 && v.is_number()) values[k] = v;
       }
-      steps[dp][r.value("step", int64_t{-1})] = values;
+      steps[variant][r.value("step", int64_t{-1})] = values;
     }
   }
   ASSERT_EQ(steps[1].size(), 2u) << "one optimizer step per rollout";
-  ASSERT_EQ(steps[2].size(), steps[1].size());
-  for (const auto& [step, one] : steps[1]) {
-    ASSERT_TRUE(steps[2].count(step)) << "step " << step;
-    const Json& two = steps[2][step];
-    for (const std::string key : {"train/grad_norm", "train/loss", "train/pg_loss"}) {
-      if (!one.contains(key)) continue;
-      ASSERT_TRUE(two.contains(key)) << key << " at step " << step << ": " << two.dump();
-      const double a = one[key].get<double>(), b = two[key].get<double>();
-      EXPECT_NEAR(a, b, 1e-5 + 1e-4 * std::abs(a)) << key << " at step " << step;
+  for (int variant : {2, 3}) {
+    ASSERT_EQ(steps[variant].size(), steps[1].size()) << "run " << variant;
+    for (const auto& [step, one] : steps[1]) {
+      ASSERT_TRUE(steps[variant].count(step)) << "run " << variant << " step " << step;
+      const Json& two = steps[variant][step];
+      for (const std::string key : {"train/grad_norm", "train/loss", "train/pg_loss"}) {
+        if (!one.contains(key)) continue;
+        ASSERT_TRUE(two.contains(key)) << key << " at step " << step << ": " << two.dump();
+        const double a = one[key].get<double>(), b = two[key].get<double>();
+        EXPECT_NEAR(a, b, 1e-5 + 1e-4 * std::abs(a))
+            << key << " at step " << step << ", run " << variant;
+      }
+      EXPECT_GT(one["train/grad_norm"].get<double>(), 0.0) << "step " << step;
     }
-    EXPECT_GT(one["train/grad_norm"].get<double>(), 0.0) << "step " << step;
   }
 }
 

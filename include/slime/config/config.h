@@ -232,6 +232,8 @@ struct TrainConfig {
   bool use_checkpoint_opt_param_scheduler = false;  // resume: keep the checkpoint's
   bool reset_optimizer_states = false;
   bool use_stateless_adam = false;
+  bool use_distributed_optimizer = false;  // ZeRO-1 over the data-parallel ranks
+  int64_t ddp_bucket_size = 40'000'000;    // gradient elements per DP collective
   int seed = 1234;
   int micro_batch_size = 1;
   std::optional<int> global_batch_size;  // resolved: always set

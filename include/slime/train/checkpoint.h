@@ -7,9 +7,11 @@
 //     model.safetensors           HF names and the model's dtype (or model-0000i-of-0000N +
 //                                 model.safetensors.index.json): the directory is an HF model
 //                                 directory the engine and transformers load as it is
-//     optimizer.safetensors       AdamW::ExportState() (float32
-//     "<name>.master|exp_avg|exp_avg_sq"),
-//                                 metadata {"step": N}; absent with save_optimizer = false
+//     optimizer.safetensors       AdamW::ExportState() / GatherState() (float32
+//                                 "<name>.master|exp_avg|exp_avg_sq", full per-parameter
+//                                 tensors whatever the data-parallel layout, so a ZeRO-1 run's
+//                                 state loads with any dp size, sharded or not), metadata
+//                                 {"step": N}; absent with save_optimizer = false
 //     rng_state.safetensors       uint8 generator states: "cpu", and "cuda:<i>" per visible GPU;
 //                                 absent with save_rng = false
 //     extra_weights.safetensors   float32 tensors beyond the decoder's (the critic's
@@ -57,6 +59,7 @@ struct ModelConfig;
 namespace slime::train {
 
 class AdamW;
+struct OptimizerState;
 
 inline constexpr int kCheckpointFormatVersion = 1;
 inline constexpr char kCheckpointTrackerFile[] = "latest_checkpointed_iteration.txt";
@@ -83,6 +86,9 @@ struct SaveCheckpointOptions {
   int keep_last = 0;           // keep the newest keep_last iterations (the one just saved always
                                // survives, older ones go first); 0 keeps all
   bool save_optimizer = true;  // false = checkpoint.no_save_optim
+  // The optimizer state to write instead of optimizer->ExportState(): a distributed optimizer's
+  // GatherState() (its ExportState is not available). Not owned; must outlive the call.
+  const OptimizerState* optimizer_state = nullptr;
   bool save_rng = true;
   int64_t max_shard_bytes = int64_t{4} << 30;  // model weights per safetensors file
   // Trained tensors that are not decoder parameters (the critic's value head), written as
@@ -91,9 +97,11 @@ struct SaveCheckpointOptions {
 };
 
 // Saves a checkpoint as described above; returns the iteration directory. `optimizer` may be null
-// (no optimizer state then). Errors: bad options (empty save_dir, negative iteration or
-// keep_last), progress JSON that is not an object, invalid weights, TP size > 1, I/O errors
-// (naming the path). On error the previous checkpoints and the tracker are as they were.
+// (no optimizer state then, unless options.optimizer_state is given); a distributed optimizer
+// needs options.optimizer_state. Errors: bad options (empty save_dir, negative iteration or
+// keep_last, a distributed optimizer without optimizer_state), progress JSON that is not an
+// object, invalid weights, TP size > 1, I/O errors (naming the path). On error the previous
+// checkpoints and the tracker are as they were.
 StatusOr<std::string> SaveTrainerCheckpoint(const SaveCheckpointOptions& options,
                                             const model::ModelWeights& weights,
                                             const model::ModelConfig& config,

@@ -26,6 +26,9 @@
 // tracker and iter_* directories, same iteration numbers), the value head in
 // extra_weights.safetensors, no RNG state (the actor's checkpoint has it).
 //
+// Data parallelism as the actor's (trainer.h): gradients all-reduced in ddp_bucket_size buckets,
+// or with train.use_distributed_optimizer (dp_size > 1) its AdamW is sharded (ZeRO-1).
+//
 // Thread-safety: one thread (the replica's training thread), like the Trainer. Errors come back
 // as Status; nothing throws out of this class.
 #ifndef SLIME_TRAIN_CRITIC_H_
@@ -72,9 +75,11 @@ struct CriticOptions {
   config::Config config;
   std::optional<int64_t> train_iters;  // as TrainerOptions::train_iters
   LrStateMismatch lr_state_mismatch = LrStateMismatch::kError;
-  int dp_size = 1;  // as TrainerOptions
+  int dp_size = 1;  // as TrainerOptions (with train.use_distributed_optimizer, ZeRO-1 too)
   int dp_rank = 0;
   AllReduceSumFn dp_all_reduce;
+  std::function<Status(const torch::Tensor& input, torch::Tensor& output)> dp_reduce_scatter;
+  std::function<Status(const torch::Tensor& input, torch::Tensor& output)> dp_all_gather;
 };
 
 // One micro-batch of a critic step: the batch indices packed in order, and the actor's reducer
@@ -117,7 +122,9 @@ class Critic {
                                        int64_t num_samples);
 
   // Saves at iteration `iteration` under `save_dir` (checkpoint.h; keep_last and no_save_optim
-  // from the config, no RNG state). Returns the iteration directory.
+  // from the config, no RNG state). Returns the iteration directory. With the distributed
+  // optimizer over dp_size > 1 ranks it is collective like Trainer::Save (the state is gathered
+  // before anything is written; DP rank 0 writes, the others return "").
   StatusOr<std::string> Save(const std::string& save_dir, int64_t iteration);
   // Loads a critic checkpoint (a <save> dir with ckpt_step or its tracker, or an iteration dir):
   // decoder, value head, optimizer (unless no_load_optim), step counter and LR scheduler. On

@@ -35,6 +35,38 @@
 //   "<hf name>.master" (only for parameters that have a separate master), "<hf name>.exp_avg",
 //   "<hf name>.exp_avg_sq", and the step.
 //
+// Distributed optimizer (ZeRO-1, Megatron's use_distributed_optimizer; options.distributed).
+// The trainable parameters, in parameter order, are flattened into one index space of N
+// elements, padded to P = dp_size * S (S = ceil(N / dp_size)); DP rank r owns the contiguous
+// range [r*S, (r+1)*S) and keeps the float32 master, exp_avg and exp_avg_sq of that range only
+// (three [S] float32 tensors; nothing per parameter), so the optimizer state per rank is 1/dp_size
+// of the plain optimizer's. Frozen parameters are outside the index space. A step:
+//   1. reduce-scatter of the gradients (sum): rank r receives the DP sum of the gradient
+//      elements of its range. The gradients go in buckets: bucket k holds the k-th slice of
+//      b = max(1, bucket_size / dp_size) elements of every rank's range (rank-major, so one
+//      reduce-scatter gives each rank its own slice). A missing gradient is zeros; padding too.
+//   2. norm: each rank sums the squares of its range (replicated parameters only on tp_rank 0),
+//      dp_all_reduce sums that over the DP group, then reduce_squared_grad_norm (TP) as above.
+//      Every rank sees the same norm, so every rank skips (3) or clips (4) alike.
+//   5. the AdamW update of (5) above, on the own range, piece by piece (a piece = the part of one
+//      parameter inside the range; weight decay is per parameter); the updated values in the
+//      buffers' dtype (the parameters' dtype, or float32 when the trainable parameters mix
+//      dtypes; round to nearest).
+//   6. all-gather of the updated values in the same buckets, copied into every rank's model
+//      parameters; then the gradients are dropped.
+// The update of each element is the plain optimizer's, so with the same summed gradients the
+// weights equal a plain optimizer's run on one rank with the whole batch (up to the order of the
+// floating-point sums over ranks). Checkpoints stay layout-independent: GatherState() all-gathers
+// the three ranges into the per-parameter tensors ExportState() gives without sharding, and
+// ImportState() of that form keeps each rank's range, so a state saved at any dp_size, sharded
+// or not, loads at any other. With dp_size 1 the sharded path runs without collectives (one
+// shard holds everything). Requirements: trainable parameters contiguous and on one device.
+// Transient memory per step: the own range's gradient [S] and one bucket's input or output
+// [dp_size * b], in the buffers' dtype (bf16 on GPU: the reduction runs in bf16, as the plain
+// path's all-reduce). On CUDA the fused kernels (model/fused_train.h) run per piece.
+// Overlap with backward is not done: the collectives run after the last micro-batch (see
+// trainer.h, "Data parallelism").
+//
 // Ownership: the optimizer holds the model's tensor handles (shared storage). The model must keep
 // those tensor objects: update them in place (copy_) when loading or swapping weights, never
 // reassign them; after an in-place change call ReloadMastersFromParams(). Thread-safety: one
@@ -64,6 +96,25 @@ struct ModelConfig;
 
 namespace slime::train {
 
+// Data-parallel collectives of the distributed optimizer. Every DP rank calls them in the same
+// order with 1-D contiguous tensors of one dtype on the parameters' device; `output` may be a
+// view into a larger buffer and must be written in place.
+//   reduce_scatter(input [dp_size * n], output [n]):
+//       output = the sum over ranks of input[dp_rank * n, (dp_rank + 1) * n)
+//   all_gather(input [n], output [dp_size * n]): output[r * n, (r + 1) * n) = rank r's input
+using DpReduceScatterSumFn =
+    std::function<Status(const torch::Tensor& input, torch::Tensor& output)>;
+using DpAllGatherFn = std::function<Status(const torch::Tensor& input, torch::Tensor& output)>;
+// Sums a tensor over the DP group in place (the same type as advantages.h's AllReduceSumFn).
+using DpAllReduceSumFn = std::function<Status(torch::Tensor&)>;
+
+// The two collectives above made of an all-reduce (each rank contributes its part in a zero
+// buffer of the full size and keeps its slice of the sum): about twice the traffic of the real
+// collectives, for groups that offer only an all-reduce. `all_reduce` must outlive them.
+DpReduceScatterSumFn ReduceScatterThroughAllReduce(DpAllReduceSumFn all_reduce, int dp_size,
+                                                   int dp_rank);
+DpAllGatherFn AllGatherThroughAllReduce(DpAllReduceSumFn all_reduce, int dp_size, int dp_rank);
+
 struct AdamWOptions {
   double beta1 = 0.9;
   double beta2 = 0.999;
@@ -86,10 +137,23 @@ struct AdamWOptions {
   int tp_rank = 0;
   std::function<Status(torch::Tensor& squared_norm)> reduce_squared_grad_norm;
 
-  // lr is per step and not part of the options. tp_rank and the reducer are left at their
-  // defaults (the caller knows its rank and group).
+  // Distributed optimizer (header comment). The three collectives run over the DP group of
+  // dp_size ranks; they are required when distributed and dp_size > 1. bucket_size: elements
+  // per reduce-scatter / all-gather summed over the ranks (train.ddp_bucket_size).
+  bool distributed = false;
+  int dp_size = 1;
+  int dp_rank = 0;
+  int64_t bucket_size = 40'000'000;
+  DpAllReduceSumFn dp_all_reduce;
+  DpReduceScatterSumFn dp_reduce_scatter;
+  DpAllGatherFn dp_all_gather;
+
+  // lr is per step and not part of the options. distributed and bucket_size come from
+  // train.use_distributed_optimizer and train.ddp_bucket_size; tp_rank, the DP rank and size and
+  // the collectives are left at their defaults (the caller knows its rank and groups).
   static AdamWOptions FromTrainConfig(const config::TrainConfig& train);
-  // Ranges (0 <= beta < 1, eps > 0, weight_decay >= 0, clip_grad >= 0) and the regex lists.
+  // Ranges (0 <= beta < 1, eps > 0, weight_decay >= 0, clip_grad >= 0, 0 <= dp_rank < dp_size,
+  // bucket_size >= 1), the regex lists, and the collectives a distributed optimizer needs.
   Status Validate() const;
 };
 
@@ -154,26 +218,45 @@ class AdamW {
   std::vector<std::string> TrainableNames() const;
   bool IsTrainable(const std::string& name) const;
 
-  // Named float32 tensors and the step (see the header comment).
+  // True when the state is sharded over the DP ranks (options.distributed).
+  bool distributed() const { return options_.distributed; }
+
+  // Named float32 tensors and the step (see the header comment); they share storage with the
+  // optimizer. Not for a distributed optimizer (SLIME_CHECK): use GatherState().
   OptimizerState ExportState() const;
+  // The same per-parameter form for any optimizer. Distributed: collective — every DP rank calls
+  // it, in the same order; the tensors are new CPU tensors, gathered in buckets (with keep =
+  // false this rank takes part and gets only the step). Otherwise ExportState(). Errors: a
+  // collective's failure.
+  StatusOr<OptimizerState> GatherState(bool keep = true) const;
+  // Every state tensor this rank holds (masters and moments; the three shard tensors when
+  // distributed), e.g. to offload them.
+  std::vector<torch::Tensor> StateTensors() const;
   // Checks that `state` fits these parameters: every trainable parameter's exp_avg and
   // exp_avg_sq present, float32, of the parameter's shape; ".master" tensors (optional) too; no
   // tensor for an unknown or frozen parameter; step >= 0. Errors name the tensor.
   Status ValidateState(const OptimizerState& state) const;
   // ValidateState, then copies the state in. A master in `state` also overwrites the model
   // parameter (converted), and for a float32 parameter it is the parameter. A parameter with a
-  // separate master but none in `state` gets master = float32(param).
+  // separate master but none in `state` gets master = float32(param). Distributed: `state` is
+  // the full per-parameter form (as GatherState gives, or a plain optimizer's); every rank
+  // writes the full parameters and keeps its range of the rest. Not collective.
   Status ImportState(const OptimizerState& state);
 
  private:
   struct Slot;
+  struct Shard;
   AdamW(std::vector<Slot> slots, AdamWOptions options);
   StatusOr<OptimizerStepResult> StepImpl(double lr);
+  StatusOr<OptimizerStepResult> StepSharded(double lr);
+  // Distributed: the shard layout and state (called once by Create).
+  Status BuildShard();
   const Slot* FindSlot(const std::string& name) const;
 
   std::vector<Slot> slots_;  // one per parameter, in parameter order
   AdamWOptions options_;
   int64_t step_ = 0;
+  std::unique_ptr<Shard> shard_;  // distributed only
 };
 
 }  // namespace slime::train

@@ -44,10 +44,20 @@
 // Step 4 runs on every exit path, errors included, and restores the actor bit for bit; the
 // optimizer's float32 masters are never touched.
 //
-// Data parallelism (seam; size 1 today). Every DP rank receives the same RolloutBatch (the
-// whole rollout) and trains only its micro-batches of each step, picked by the deterministic
-// schedule; options.dp_all_reduce sums whitening statistics, metrics and gradients over the
-// group (losses.h's denominators already count all ranks, so a SUM gives slime's objective).
+// Data parallelism. Every DP rank receives the same RolloutBatch (the whole rollout) and trains
+// only its micro-batches of each step, picked by the deterministic schedule; options.dp_all_reduce
+// sums whitening statistics, metrics and gradients over the group (losses.h's denominators
+// already count all ranks, so a SUM gives slime's objective). Gradients go in buckets of up to
+// train.ddp_bucket_size elements (consecutive trainable parameters of one dtype and device
+// flattened into one tensor, one all-reduce each, copied back; a larger parameter alone). With
+// train.use_distributed_optimizer (ZeRO-1, optimizer.h) the gradients are not all-reduced here:
+// AdamW reduce-scatters them, updates its 1/dp shard of the float32 masters and Adam moments and
+// all-gathers the parameters (the same buckets), so every rank ends the step with the same
+// weights; only the metrics are all-reduced here. With dp_size 1 the setting is ignored (logged).
+// No overlap of the gradient collectives with backward: LibTorch 1.13 (the CPU build) has no
+// post-accumulate-grad hooks, the DP seam is synchronous (a Status-returning std::function; the
+// c10d group waits with a watchdog deadline), and a step accumulates gradients over several
+// micro-batch backward passes, so only the last one could overlap; the collectives run after it.
 //
 // Tensor parallelism (Megatron-style, model/tensor_parallel.h). With options.tp_group of size
 // P every TP rank holds its shard of the sharded parameters (column / row / vocab-parallel) and
@@ -191,10 +201,14 @@ struct TrainerOptions {
   LrStateMismatch lr_state_mismatch = LrStateMismatch::kError;
   // Data-parallel seam. dp_all_reduce sums a tensor element-wise over the DP group, in place
   // (gradients on the model's device, small float64 tensors for statistics and metrics);
-  // required when dp_size > 1.
+  // required when dp_size > 1. dp_reduce_scatter and dp_all_gather (optimizer.h's
+  // DpReduceScatterSumFn / DpAllGatherFn, 1-D tensors on the model's device) are required when
+  // dp_size > 1 and train.use_distributed_optimizer is set.
   int dp_size = 1;
   int dp_rank = 0;
   AllReduceSumFn dp_all_reduce;
+  std::function<Status(const torch::Tensor& input, torch::Tensor& output)> dp_reduce_scatter;
+  std::function<Status(const torch::Tensor& input, torch::Tensor& output)> dp_all_gather;
   // Tensor parallelism (header comment, "Tensor parallelism"): this trainer is TP rank
   // tp_group->rank() of tp_group->size(). The model loads that rank's shard; the group runs the
   // parallel layers' collectives and the gradient-norm reduction, so it must outlive the
@@ -252,7 +266,11 @@ class Trainer {
   // Saves a checkpoint (checkpoint.h) at iteration `rollout_id` under `save_dir`: model,
   // optimizer (unless checkpoint.no_save_optim), RNG, the step counter, the LR scheduler state
   // and `extra_state_json` (a JSON object, e.g. the data source's state); keeps the newest
-  // checkpoint.keep_last. Returns the iteration directory.
+  // checkpoint.keep_last. Returns the iteration directory. With the distributed optimizer over
+  // dp_size > 1 ranks Save is collective: every DP rank calls it (the shards are gathered into
+  // the full per-parameter state first, for the actor and then the critic, before anything is
+  // written); DP rank 0 writes and returns the directory, the others return "". Otherwise the
+  // caller picks one rank to save (the ranks' states are identical).
   StatusOr<std::string> Save(const std::string& save_dir, int64_t rollout_id,
                              const std::string& extra_state_json = "{}");
   // Loads a checkpoint (a <save> dir — the tracker's iteration or ckpt_step — or an iteration
