@@ -180,13 +180,23 @@ StatusOr<nlohmann::json> TrainerWorker::Init() {
       SLIME_RETURN_IF_ERROR(impl->CheckDp());
       return impl->dp_group->AllReduceSum(t, "trainer data-parallel sum");
     };
-    // ZeRO-1 (train.use_distributed_optimizer): the reduce-scatter and all-gather are made of
-    // the group's all-reduce for now (about twice their traffic); switch to
-    // ProcessGroup::ReduceScatterSum / AllGather once comm has them.
+    // ZeRO-1 (train.use_distributed_optimizer): the group's reduce-scatter and all-gather (NCCL's
+    // own; on Gloo the reduce-scatter is an all-reduce and a slice, process_group.h).
     if (config.train.use_distributed_optimizer) {
-      to.dp_reduce_scatter =
-          train::ReduceScatterThroughAllReduce(to.dp_all_reduce, o.world_size, o.rank);
-      to.dp_all_gather = train::AllGatherThroughAllReduce(to.dp_all_reduce, o.world_size, o.rank);
+      to.dp_reduce_scatter = [impl](const torch::Tensor& in, torch::Tensor& out) -> Status {
+        SLIME_RETURN_IF_ERROR(impl->CheckDp());
+        SLIME_ASSIGN_OR_RETURN(torch::Tensor part, impl->dp_group->ReduceScatterSum(
+                                                       in, "trainer ZeRO-1 gradient reduce-scatter"));
+        out.copy_(part);
+        return absl::OkStatus();
+      };
+      to.dp_all_gather = [impl](const torch::Tensor& in, torch::Tensor& out) -> Status {
+        SLIME_RETURN_IF_ERROR(impl->CheckDp());
+        SLIME_ASSIGN_OR_RETURN(torch::Tensor all,
+                               impl->dp_group->AllGather(in, 0, "trainer ZeRO-1 parameter all-gather"));
+        out.copy_(all);
+        return absl::OkStatus();
+      };
     }
   }
   const auto start = std::chrono::steady_clock::now();
