@@ -254,6 +254,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
                         });
     };
   }
+  if (adam.distributed && options.dp_size > 1 && tp_size > 1) {
+    return absl::UnimplementedError(
+        "trainer: train.use_distributed_optimizer together with tensor parallelism "
+        "(tensor_model_parallel_size > 1) is not supported yet; turn one of them off");
+  }
   if (adam.distributed && options.dp_size == 1) {
     spdlog::info(
         "trainer: train.use_distributed_optimizer with one data-parallel rank: nothing to shard, "

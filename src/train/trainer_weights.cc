@@ -320,6 +320,9 @@ StatusOr<std::unique_ptr<AdamW>> FullSizeOptimizer(const model::ModelWeights& fu
   AdamWOptions o = like.options();
   o.tp_rank = 0;
   o.reduce_squared_grad_norm = nullptr;
+  o.distributed = false;  // a container for the gathered state, never stepped
+  o.dp_size = 1;
+  o.dp_rank = 0;
   return AdamW::ForModel(full, config, std::move(o));
 }
 
@@ -363,7 +366,7 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
   const std::map<std::string, int64_t> dims = ShardDims(config);
   model::ModelWeights full;
   OptimizerState full_state;
-  Status gathered = GuardTorch("trainer: gather the tensor-parallel shards to save", [&]() -> Status {
+  Status tp_gathered = GuardTorch("trainer: gather the tensor-parallel shards to save", [&]() -> Status {
     full.layers.resize(config.num_hidden_layers);
     for (const model::ParamSpec& spec : model::ParameterSpecs(config)) {
       model::ParamSlot(full, spec) =
@@ -371,7 +374,7 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
     }
     if (config.tie_word_embeddings) full.lm_head = full.embed_tokens;
     if (o.save_optimizer) {
-      OptimizerState state = optimizer_->ExportState();
+      OptimizerState state = gathered ? *gathered : optimizer_->ExportState();
       full_state.step = state.step;
       for (const model::NamedTensor& nt : state.tensors) {
         auto it = dims.find(StateParam(nt.name));
@@ -381,7 +384,8 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
     }
     return absl::OkStatus();
   });
-  SLIME_RETURN_IF_ERROR(gathered);
+  SLIME_RETURN_IF_ERROR(tp_gathered);
+  o.optimizer_state = nullptr;  // the full-size optimizer below carries the state
   StatusOr<std::string> dir =
       (std::filesystem::path(save_dir) / IterationDirName(rollout_id)).string();
   if (tp.rank() == 0) {
