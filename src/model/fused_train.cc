@@ -8,6 +8,7 @@
 
 #ifdef SLIME_MODEL_FUSED_KERNELS
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 
 #include "cuda/fused_ops.h"
 #include "cuda/train_ops.h"
@@ -33,7 +34,18 @@ cuda::DType KernelType(const torch::Tensor& x) {
          : x.scalar_type() == torch::kHalf   ? cuda::DType::kFloat16
                                              : cuda::DType::kFloat32;
 }
-void* Stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+// Kernel launches go to the current stream of the tensor's device, with that device current for
+// the launch: one thread may drive several GPUs (tensor-parallel ranks on threads) and its
+// current device need not be the tensor's. A temporary `OnDevice(x).stream()` in the launch call
+// keeps the guard for the whole call.
+class OnDevice {
+ public:
+  explicit OnDevice(const torch::Tensor& t) : guard_(t.device()) {}
+  void* stream() const { return at::cuda::getCurrentCUDAStream().stream(); }
+
+ private:
+  c10::cuda::CUDAGuard guard_;
+};
 void Check(int err, const char* what) {
   TORCH_CHECK(err == 0, "fused ", what, " failed with CUDA error ", err);
 }
@@ -54,7 +66,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const bool vec = Aligned16(x) && Aligned16(w) && n % PerVector(x) == 0;
     Check((vec ? cuda::LaunchRmsNormForward : cuda::LaunchRmsNorm)(
               x.data_ptr(), w.data_ptr(), y.data_ptr(), x.numel() / n, static_cast<int>(n),
-              static_cast<float>(eps), KernelType(x), Stream()),
+              static_cast<float>(eps), KernelType(x), OnDevice(x).stream()),
           "RMSNorm");
     ctx->save_for_backward({x, w});
     ctx->saved_data["eps"] = eps;
@@ -71,7 +83,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     Check(cuda::LaunchRmsNormBackward(x.data_ptr(), w.data_ptr(), dy.data_ptr(), dx.data_ptr(),
                                       dw.data_ptr<float>(), x.numel() / n, static_cast<int>(n),
                                       static_cast<float>(ctx->saved_data["eps"].toDouble()),
-                                      KernelType(x), Stream()),
+                                      KernelType(x), OnDevice(x).stream()),
           "RMSNorm backward");
     return {dx, dw.to(w.scalar_type()), torch::Tensor()};
   }
@@ -87,7 +99,7 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
                      (x.size(2) / 2) % PerVector(x) == 0;
     Check((vec ? cuda::LaunchRopeForward : cuda::LaunchRope)(
               x.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr(), x.size(0),
-              static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), KernelType(x), Stream()),
+              static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), KernelType(x), OnDevice(x).stream()),
           "RoPE");
     return y;
   }
@@ -113,7 +125,7 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
     torch::Tensor y = torch::empty_like(g);
     const bool vec = Aligned16(g) && Aligned16(u) && g.numel() % PerVector(g) == 0;
     Check((vec ? cuda::LaunchSiluMulForward : cuda::LaunchSiluMul)(
-              g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel(), KernelType(g), Stream()),
+              g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel(), KernelType(g), OnDevice(g).stream()),
           "SiLU*up");
     ctx->save_for_backward({g, u});
     return y;
@@ -125,7 +137,7 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
     const torch::Tensor dy = grads[0].contiguous();
     torch::Tensor dg = torch::empty_like(g), du = torch::empty_like(u);
     Check(cuda::LaunchSiluMulBackward(g.data_ptr(), u.data_ptr(), dy.data_ptr(), dg.data_ptr(),
-                                      du.data_ptr(), g.numel(), KernelType(g), Stream()),
+                                      du.data_ptr(), g.numel(), KernelType(g), OnDevice(g).stream()),
           "SiLU*up backward");
     return {dg, du};
   }
@@ -184,7 +196,7 @@ LogSoftmaxRows FusedLogSoftmaxRows(const torch::Tensor& logits, const torch::Ten
   a.log_sum = r.log_sum.data_ptr<float>();
   a.mean_shifted = r.mean_shifted.data_ptr<float>();
   a.dtype = KernelType(logits);
-  Check(cuda::LaunchLogSoftmaxStats(a, Stream()), "log-softmax");
+  Check(cuda::LaunchLogSoftmaxStats(a, OnDevice(logits).stream()), "log-softmax");
   return r;
 }
 
@@ -207,14 +219,14 @@ void FusedLogSoftmaxBackwardInPlace(torch::Tensor& logits, const torch::Tensor& 
   a.g_lp = lp.defined() ? lp.data_ptr<float>() : nullptr;
   a.g_ent = ent.defined() ? ent.data_ptr<float>() : nullptr;
   a.dtype = KernelType(logits);
-  Check(cuda::LaunchLogSoftmaxGrad(a, Stream()), "log-softmax backward");
+  Check(cuda::LaunchLogSoftmaxGrad(a, OnDevice(logits).stream()), "log-softmax backward");
 }
 
 void FusedAddSquaredNorm(const torch::Tensor& grad, torch::Tensor& accum) {
   TORCH_CHECK(grad.is_contiguous() && accum.scalar_type() == torch::kFloat32,
               "fused squared norm: contiguous grad, float32 accumulator");
   Check(cuda::LaunchAddSquaredNorm(grad.data_ptr(), grad.numel(), accum.data_ptr<float>(),
-                                   KernelType(grad), Stream()),
+                                   KernelType(grad), OnDevice(grad).stream()),
         "squared norm");
 }
 
@@ -242,7 +254,7 @@ void FusedAdamW(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& 
   a.bc2_sqrt = static_cast<float>(step.bias_correction2_sqrt);
   a.eps = static_cast<float>(step.eps);
   a.dtype = KernelType(param);
-  Check(cuda::LaunchAdamW(a, Stream()), "AdamW");
+  Check(cuda::LaunchAdamW(a, OnDevice(param).stream()), "AdamW");
 }
 #else
 namespace {
