@@ -308,11 +308,16 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
   b.Add("tensor_model_parallel_size", &TrainConfig::tensor_model_parallel_size)
       .Slime("--tensor-model-parallel-size")
       .Min(1)
-      .Doc("Tensor-parallel size of the trainer.");
+      .Doc("Tensor-parallel size of the trainer. The Trainer supports TP "
+           "(TrainerOptions::tp_group, tested at TP=2 and TP=2 × DP=2; `train_bench --tp N`), but "
+           "the trainer workers of `slime_train` do not build TP groups yet: values > 1 log a "
+           "warning and every worker stays a data-parallel rank of a full replica.");
   b.Add("pipeline_model_parallel_size", &TrainConfig::pipeline_model_parallel_size)
       .Slime("--pipeline-model-parallel-size")
       .Min(1)
-      .Doc("Pipeline-parallel size of the trainer.");
+      .Doc("Pipeline-parallel size of the trainer. Pipeline parallelism is not implemented "
+           "yet: the value only enters the placement arithmetic (data-parallel size = actor GPUs "
+           "/ (TP × PP × CP)).");
   b.Add("context_parallel_size", &TrainConfig::context_parallel_size)
       .Slime("--context-parallel-size")
       .Min(1)
