@@ -9,6 +9,7 @@
 #include <cmath>
 #include <exception>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <string>
@@ -64,6 +65,23 @@ bool AnySearch(const std::vector<std::regex>& regexes, const std::string& name) 
     if (std::regex_search(name, r)) return true;
   }
   return false;
+}
+
+// The end of both Step paths' gradient norm: the squared norm (already summed over DP where the
+// optimizer is sharded) goes through the TP reduction, its square root is recorded as the
+// step's grad_norm, and the clip coefficient (1 without clipping) comes back — nullopt when the
+// norm is not finite, which the caller answers by skipping the step without touching state.
+StatusOr<std::optional<double>> FinishGradNorm(const AdamWOptions& options,
+                                               torch::Tensor& squared_norm,
+                                               OptimizerStepResult& result) {
+  if (options.reduce_squared_grad_norm) {
+    SLIME_RETURN_IF_ERROR(options.reduce_squared_grad_norm(squared_norm));
+  }
+  const double norm = std::sqrt(squared_norm.item<double>());
+  result.grad_norm = norm;
+  if (!std::isfinite(norm)) return std::nullopt;
+  if (options.clip_grad <= 0.0) return 1.0;
+  return std::min(1.0, options.clip_grad / (norm + 1e-6));
 }
 
 }  // namespace
@@ -424,14 +442,11 @@ StatusOr<OptimizerStepResult> AdamW::StepImpl(double lr) {
       }
     }
   }
-  if (options_.reduce_squared_grad_norm) {
-    SLIME_RETURN_IF_ERROR(options_.reduce_squared_grad_norm(squared_norm));
-  }
-  const double norm = std::sqrt(squared_norm.item<double>());
-  result.grad_norm = norm;
+  SLIME_ASSIGN_OR_RETURN(std::optional<double> clip,
+                         FinishGradNorm(options_, squared_norm, result));
 
   // 3. Non-finite norm: skip without touching any state.
-  if (!std::isfinite(norm)) {
+  if (!clip) {
     ZeroGrad();
     result.skipped = true;
     result.step = step_;
@@ -439,14 +454,10 @@ StatusOr<OptimizerStepResult> AdamW::StepImpl(double lr) {
   }
 
   // 4. Clipping by the global norm (fused slots scale inside their AdamW kernel).
-  double clip_coeff = 1.0;
-  if (options_.clip_grad > 0.0) {
-    const double coeff = options_.clip_grad / (norm + 1e-6);
-    if (coeff < 1.0) {
-      clip_coeff = coeff;
-      for (size_t i = 0; i < grads.size(); ++i) {
-        if (grads[i].defined() && !fused[i]) grads[i].mul_(coeff);
-      }
+  const double clip_coeff = *clip;
+  if (clip_coeff < 1.0) {
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (grads[i].defined() && !fused[i]) grads[i].mul_(clip_coeff);
     }
   }
 
@@ -571,22 +582,18 @@ StatusOr<OptimizerStepResult> AdamW::StepSharded(double lr) {
     }
   }
   if (dp > 1) SLIME_RETURN_IF_ERROR(options_.dp_all_reduce(squared_norm));
-  if (options_.reduce_squared_grad_norm) {
-    SLIME_RETURN_IF_ERROR(options_.reduce_squared_grad_norm(squared_norm));
-  }
-  const double norm = std::sqrt(squared_norm.item<double>());
-  result.grad_norm = norm;
+  SLIME_ASSIGN_OR_RETURN(std::optional<double> clip,
+                         FinishGradNorm(options_, squared_norm, result));
 
   // 3. Non-finite norm (the same on every rank): skip.
-  if (!std::isfinite(norm)) {
+  if (!clip) {
     ZeroGrad();
     result.skipped = true;
     result.step = step_;
     return result;
   }
-  // 4. Clipping.
-  double clip_coeff = 1.0;
-  if (options_.clip_grad > 0.0) clip_coeff = std::min(1.0, options_.clip_grad / (norm + 1e-6));
+  // 4. Clipping (inside the AdamW update below).
+  const double clip_coeff = *clip;
 
   // 5. AdamW on the own range, piece by piece; `values` gets the updated parameters in the
   // buffers' dtype (the master itself when that is float32).
