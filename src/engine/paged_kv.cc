@@ -329,7 +329,7 @@ std::optional<torch::Tensor> PagedAttention::AttendRawQkv(int layer, const RawQk
                             w.numel() == d);
   };
   const torch::Tensor& slots = lay.write_slots;
-  if (!cuda::PagedDecodeRawQkvEnabled() || !lay.decode_kernel || !only_decodes ||
+  if (!cuda::PagedDecodeRawQkvEnabled(lay.num_tokens) || !lay.decode_kernel || !only_decodes ||
       !qkv.is_cuda() || qkv.dim() != 2 || qkv.stride(1) != 1 ||
       qkv.scalar_type() != kp.scalar_type() || raw.kv_heads != kp.size(1) ||
       qkv.size(1) < (raw.heads + 2 * raw.kv_heads) * d ||

@@ -341,7 +341,10 @@ int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
   const int splits = a.num_splits > 1 && a.partials != nullptr ? a.num_splits : 1;
   static const bool merge_in_kernel = slime::model::cuda::DecodeFusionEnabled("attn_merge");
   int32_t* counters = splits > 1 && merge_in_kernel ? a.split_counters : nullptr;
-  static const bool prefetch = slime::model::cuda::DecodeFusionEnabled("attn_prefetch");
+  // K/V prefetch before the grid dependency wait only for split (small) batches: a full grid
+  // has no idle SMs for the early blocks to use.
+  static const bool prefetch_enabled = slime::model::cuda::DecodeFusionEnabled("attn_prefetch");
+  const bool prefetch = prefetch_enabled && splits > 1;
   const dim3 grid(a.num_kv_heads, a.batch, splits);
   const dim3 block(kWarps * 32);
   const T* q = static_cast<const T*>(a.q);
@@ -410,9 +413,9 @@ int PagedDecodeSplits(int batch, int num_kv_heads) {
   return std::min(16, (256 + blocks - 1) / blocks);
 }
 
-bool PagedDecodeRawQkvEnabled() {
+bool PagedDecodeRawQkvEnabled(int64_t rows) {
   static const bool enabled = slime::model::cuda::DecodeFusionEnabled("attn_qkv");
-  return enabled;
+  return enabled && rows <= kPagedDecodeRawQkvMaxRows;
 }
 
 bool PagedDecodeSupported(int head_dim, int num_heads, int num_kv_heads) {

@@ -83,10 +83,11 @@ void SetProgrammaticLaunch(bool enabled);
 
 // Decode-step fusions that can be switched off one by one for A/B measurements: `name` is
 // "silu_gemm" (SiLU·up inside the gate/up small-m GEMM), "qk_wide" (q/k norm + RoPE with a warp
-// per head instead of 8 warps looping over the heads), "attn_prefetch" (the paged decode kernel
-// loads cached K/V before its grid dependency wait), "attn_merge" (its split-K partials merged
-// by the last block of each KV head instead of a second kernel) or "attn_qkv" (the paged decode
-// kernel applies q/k norm + RoPE to the raw projection rows and stores the new K/V itself) or
+// per head instead of 8 warps looping over the heads, at <= 8 tokens), "attn_prefetch" (the
+// paged decode kernel loads cached K/V before its grid dependency wait, when the batch is small
+// enough to be split), "attn_merge" (its split-K partials merged by the last block of each KV
+// head instead of a second kernel) or "attn_qkv" (the paged decode kernel applies q/k norm +
+// RoPE to the raw projection rows and stores the new K/V itself, at <= 8 decode rows) or
 // "norm_prefetch" (add + RMSNorm reads the residual before its grid dependency wait; see
 // LaunchAddRmsNorm). All are on unless SLIME_DECODE_UNFUSE in the environment lists the name
 // (comma-separated, read once per process).
