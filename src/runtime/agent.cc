@@ -56,20 +56,20 @@ class Agent::Impl final : public slime::v1::Agent::CallbackService {
     slime::v1::RegisterNodeReply reply;
     const auto give_up =
         Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options_.register_timeout_s * 1000));
-    while (true) {
-      auto ctx = MakeContext(rpc_.token, std::chrono::seconds(5));
-      grpc::Status s = head_->RegisterNode(ctx.get(), req, &reply);
-      if (s.ok()) break;
-      if (s.error_code() != grpc::StatusCode::UNAVAILABLE || Clock::now() > give_up) {
-        return FromGrpc(s, fmt::format("agent {}: RegisterNode at head {}", options_.node_name,
-                                       options_.head_address));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    grpc::Status s = CallWhileUnavailable(
+        [&] {
+          auto ctx = MakeContext(rpc_.token, std::chrono::seconds(5));
+          return head_->RegisterNode(ctx.get(), req, &reply);
+        },
+        give_up, std::chrono::milliseconds(200));
+    if (!s.ok()) {
+      return FromGrpc(s, fmt::format("agent {}: RegisterNode at head {}", options_.node_name,
+                                     options_.head_address));
     }
-    heartbeat_interval_ = std::chrono::milliseconds(
-        std::max<int64_t>(10, static_cast<int64_t>(reply.heartbeat_interval_s() * 1000)));
-    head_lost_timeout_ = std::chrono::milliseconds(
-        std::max<int64_t>(100, static_cast<int64_t>(reply.head_lost_timeout_s() * 1000)));
+    const HeartbeatTimings timings =
+        HeartbeatTimingsFrom(reply.heartbeat_interval_s(), reply.head_lost_timeout_s());
+    heartbeat_interval_ = timings.interval;
+    head_lost_timeout_ = timings.head_lost_timeout;
     spdlog::info("agent {} registered with head {} as node {} ({} GPUs, {} CPU slots), serving "
                  "on {}",
                  options_.node_name, options_.head_address, reply.node_index(), options_.num_gpus,

@@ -7,10 +7,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "fmt/format.h"
 #include "grpcpp/create_channel.h"
@@ -88,6 +90,28 @@ StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& host, int
                        ? fmt::format("[{}]:{}", host, selected_port)
                        : fmt::format("{}:{}", host, selected_port);
   return server;
+}
+
+grpc::Status CallWhileUnavailable(const std::function<grpc::Status()>& attempt,
+                                  std::chrono::steady_clock::time_point give_up,
+                                  std::chrono::milliseconds pause) {
+  while (true) {
+    grpc::Status s = attempt();
+    if (s.ok() || s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        std::chrono::steady_clock::now() > give_up) {
+      return s;
+    }
+    std::this_thread::sleep_for(pause);
+  }
+}
+
+HeartbeatTimings HeartbeatTimingsFrom(double interval_s, double head_lost_timeout_s) {
+  HeartbeatTimings t;
+  t.interval = std::chrono::milliseconds(
+      std::max<int64_t>(10, static_cast<int64_t>(interval_s * 1000)));
+  t.head_lost_timeout = std::chrono::milliseconds(
+      std::max<int64_t>(100, static_cast<int64_t>(head_lost_timeout_s * 1000)));
+  return t;
 }
 
 Status FromGrpc(const grpc::Status& status, const std::string& what) {

@@ -45,22 +45,22 @@ class Worker::Impl final : public slime::v1::Worker::CallbackService {
     req.set_pid(::getpid());
     const auto give_up = Clock::now() + std::chrono::seconds(30);
     slime::v1::RegisterWorkerReply reply;
-    while (true) {
-      auto ctx = MakeContext(rpc_.token, std::chrono::seconds(5));
-      grpc::Status s = head_->RegisterWorker(ctx.get(), req, &reply);
-      if (s.ok()) break;
-      if (s.error_code() != grpc::StatusCode::UNAVAILABLE || Clock::now() > give_up) {
-        return FromGrpc(s, fmt::format("worker {}: RegisterWorker at head {}", options_.actor_id,
-                                       options_.head_address));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    grpc::Status s = CallWhileUnavailable(
+        [&] {
+          auto ctx = MakeContext(rpc_.token, std::chrono::seconds(5));
+          return head_->RegisterWorker(ctx.get(), req, &reply);
+        },
+        give_up, std::chrono::milliseconds(100));
+    if (!s.ok()) {
+      return FromGrpc(s, fmt::format("worker {}: RegisterWorker at head {}", options_.actor_id,
+                                     options_.head_address));
     }
     spec_ = reply.spec();
     config_ = reply.resolved_config();
-    heartbeat_interval_ = std::chrono::milliseconds(
-        std::max<int64_t>(10, static_cast<int64_t>(reply.heartbeat_interval_s() * 1000)));
-    head_lost_timeout_ = std::chrono::milliseconds(
-        std::max<int64_t>(100, static_cast<int64_t>(reply.head_lost_timeout_s() * 1000)));
+    const HeartbeatTimings timings =
+        HeartbeatTimingsFrom(reply.heartbeat_interval_s(), reply.head_lost_timeout_s());
+    heartbeat_interval_ = timings.interval;
+    head_lost_timeout_ = timings.head_lost_timeout;
     actor_thread_ = std::thread([this] { ActorLoop(); });
     heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
     return absl::OkStatus();

@@ -13,6 +13,7 @@
 #define SLIME_RUNTIME_RPC_H_
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -56,6 +57,21 @@ StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& host, int
                                                     const std::vector<grpc::Service*>& services,
                                                     const RpcOptions& options,
                                                     std::string* bound_address);
+
+// Runs `attempt` (one unary call, with its own context) until it succeeds, retrying after
+// `pause` while it fails with UNAVAILABLE (the server may still be starting) and `give_up` has
+// not passed. Returns the last status.
+grpc::Status CallWhileUnavailable(const std::function<grpc::Status()>& attempt,
+                                  std::chrono::steady_clock::time_point give_up,
+                                  std::chrono::milliseconds pause);
+
+// The heartbeat period and head-lost timeout a registration reply hands out (seconds), with the
+// floors every node and worker applies (10 ms, 100 ms).
+struct HeartbeatTimings {
+  std::chrono::milliseconds interval{1000};
+  std::chrono::milliseconds head_lost_timeout{10000};
+};
+HeartbeatTimings HeartbeatTimingsFrom(double interval_s, double head_lost_timeout_s);
 
 // grpc::Status <-> absl::Status (same code numbers); `what` prefixes the message.
 Status FromGrpc(const grpc::Status& status, const std::string& what);
