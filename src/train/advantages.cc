@@ -10,6 +10,7 @@
 #include <exception>
 #include <utility>
 
+#include "slime/train/reward_postprocess.h"
 #include "torch_guard.h"
 
 namespace slime::train {
@@ -35,16 +36,6 @@ torch::Tensor FromHost(const std::vector<double>& v, const torch::TensorOptions&
   torch::Tensor host = torch::empty({static_cast<int64_t>(v.size())}, torch::kDouble);
   std::copy(v.begin(), v.end(), host.data_ptr<double>());
   return host.to(options);
-}
-
-bool IsGroupNormalized(AdvantageEstimator e) {
-  return e == AdvantageEstimator::kGrpo || e == AdvantageEstimator::kGspo ||
-         e == AdvantageEstimator::kCispo || e == AdvantageEstimator::kReinforcePlusPlusBaseline;
-}
-
-bool IsGrpoFamily(AdvantageEstimator e) {
-  return e == AdvantageEstimator::kGrpo || e == AdvantageEstimator::kGspo ||
-         e == AdvantageEstimator::kCispo;
 }
 
 // Checks that `tensors` has one 1-D tensor per sample, of the sample's length.
@@ -164,57 +155,18 @@ StatusOr<RewardPostProcessOptions> RewardPostProcessOptions::FromConfig(
 
 StatusOr<PostProcessedRewards> PostProcessRewards(const std::vector<double>& raw_rewards,
                                                   const RewardPostProcessOptions& options) {
-  if (options.n_samples_per_prompt < 1) {
-    return absl::InvalidArgumentError(fmt::format(
-        "n_samples_per_prompt = {} is out of range: must be >= 1", options.n_samples_per_prompt));
-  }
-  if (options.rollout_batch_size < 0) {
-    return absl::InvalidArgumentError(fmt::format(
-        "rollout_batch_size = {} is out of range: must be >= 0", options.rollout_batch_size));
-  }
-  for (size_t i = 0; i < raw_rewards.size(); ++i) {
-    if (!std::isfinite(raw_rewards[i])) {
-      return absl::InvalidArgumentError(
-          fmt::format("reward of sample {} is {}: rewards must be finite", i, raw_rewards[i]));
-    }
-  }
+  // The same numbers as the rollout coordinator's LibTorch-free version (reward_postprocess.h).
+  GroupRewardOptions group;
+  group.advantage_estimator = std::string(AdvantageEstimatorName(options.estimator));
+  group.rewards_normalization = options.rewards_normalization;
+  group.grpo_std_normalization = options.grpo_std_normalization;
+  group.n_samples_per_prompt = options.n_samples_per_prompt;
+  group.rollout_batch_size = options.rollout_batch_size;
+  SLIME_ASSIGN_OR_RETURN(NormalizedRewards normalized, NormalizeGroupRewards(raw_rewards, group));
   PostProcessedRewards out;
-  out.rewards = raw_rewards;
-  if (!options.rewards_normalization || !IsGroupNormalized(options.estimator) ||
-      raw_rewards.empty()) {
-    return out;
-  }
-  const size_t n = static_cast<size_t>(options.n_samples_per_prompt);
-  const size_t expected = n * static_cast<size_t>(options.rollout_batch_size);
-  size_t group = n;
-  if (raw_rewards.size() != expected) {
-    group = raw_rewards.size();
-    out.whole_batch_one_group = true;
-    spdlog::warn(
-        "rewards: {} rewards is not rollout_batch_size ({}) x n_samples_per_prompt ({}) = {}; "
-        "normalizing the whole batch as one group (as slime does)",
-        raw_rewards.size(), options.rollout_batch_size, n, expected);
-  }
-  out.group_size = static_cast<int>(group);
-  const bool divide_by_std = options.grpo_std_normalization && IsGrpoFamily(options.estimator);
-  for (size_t start = 0; start < raw_rewards.size(); start += group) {
-    double sum = 0;
-    for (size_t k = 0; k < group; ++k) sum += raw_rewards[start + k];
-    const double mean = sum / static_cast<double>(group);
-    double scale = 1.0;
-    if (divide_by_std) {
-      double squares = 0;
-      for (size_t k = 0; k < group; ++k) {
-        const double d = raw_rewards[start + k] - mean;
-        squares += d * d;
-      }
-      const double std_dev = group >= 2 ? std::sqrt(squares / static_cast<double>(group - 1)) : 0;
-      scale = 1.0 / (std_dev + 1e-6);
-    }
-    for (size_t k = 0; k < group; ++k) {
-      out.rewards[start + k] = (raw_rewards[start + k] - mean) * scale;
-    }
-  }
+  out.rewards = std::move(normalized.rewards);
+  out.group_size = normalized.group_size;
+  out.whole_batch_one_group = normalized.whole_batch_one_group;
   return out;
 }
 

@@ -1,7 +1,7 @@
 // Reward post-processing without LibTorch: slime's RolloutManager._post_process_rewards
 // (../shared/reference/slime-inventory.md §3.1), for the rollout coordinator, which runs it on
 // the CPU before samples are shipped to the trainers. The torch trainer's PostProcessRewards
-// (advantages.h) computes the same numbers and is meant to delegate here.
+// (advantages.h) delegates here.
 //
 //   grpo, gspo, cispo (rewards_normalization on):
 //       r̃ = (r − mean_g) / (std_g + 1e-6)  with std_g the unbiased (n − 1) sample std;
