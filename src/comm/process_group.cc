@@ -439,6 +439,83 @@ Status ProcessGroup::Broadcast(std::vector<torch::Tensor>& tensors, int root,
                             Recent()));
 }
 
+namespace {
+// A peer rank of a point-to-point operation: another member of the group.
+Status CheckPeer(const char* op, int peer, int rank, int world) {
+  if (peer < 0 || peer >= world || peer == rank) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: peer rank {} is not another rank of the group (rank {} of {})", op, peer, rank,
+        world));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+// The buffer c10d moves for `t`: on the backend's device and contiguous (else a copy), viewed
+// as raw bytes on Gloo (any dtype). `copied` says whether it is a copy.
+at::Tensor ProcessGroup::WireBuffer(const torch::Tensor& t, bool& copied) const {
+  const torch::Device dev = device();
+  copied = !t.is_contiguous() || t.device() != dev;
+  at::Tensor work = copied ? t.to(dev).contiguous() : t;
+  if (backend_ == "gloo" && work.numel() > 0) work = work.reshape({-1}).view(torch::kUInt8);
+  return work;
+}
+
+Status ProcessGroup::Send(const torch::Tensor& tensor, int dst, const std::string& name,
+                          double timeout_s) {
+  SLIME_RETURN_IF_ERROR(CheckPeer("send", dst, options_.rank, options_.world_size));
+  return RunCollective(fmt::format("send to rank {}", dst), name, tensor, timeout_s,
+                       [&](std::chrono::milliseconds limit) {
+    bool copied = false;
+    std::vector<at::Tensor> one{WireBuffer(tensor, copied)};
+    state_->backend->send(one, dst, 0)->wait(limit);
+  });
+}
+
+Status ProcessGroup::Recv(torch::Tensor& tensor, int src, const std::string& name,
+                          double timeout_s) {
+  SLIME_RETURN_IF_ERROR(CheckPeer("recv", src, options_.rank, options_.world_size));
+  return RunCollective(fmt::format("recv from rank {}", src), name, tensor, timeout_s,
+                       [&](std::chrono::milliseconds limit) {
+    bool copied = false;
+    at::Tensor work = WireBuffer(tensor, copied);
+    std::vector<at::Tensor> one{work};
+    state_->backend->recv(one, src, 0)->wait(limit);
+    if (copied) {
+      at::Tensor typed = backend_ == "gloo" && work.numel() > 0 ? work.view(tensor.scalar_type())
+                                                                 : work;
+      tensor.copy_(typed.view(tensor.sizes()));
+    }
+  });
+}
+
+Status ProcessGroup::SendRecv(const torch::Tensor& send, int dst, torch::Tensor& recv, int src,
+                              const std::string& name, double timeout_s) {
+  SLIME_RETURN_IF_ERROR(CheckPeer("send-recv", dst, options_.rank, options_.world_size));
+  SLIME_RETURN_IF_ERROR(CheckPeer("send-recv", src, options_.rank, options_.world_size));
+  if (!recv.defined()) return absl::InvalidArgumentError("send-recv into an undefined tensor");
+  return RunCollective(fmt::format("send-recv to rank {} from rank {}", dst, src), name, send,
+                       timeout_s, [&](std::chrono::milliseconds limit) {
+    bool send_copied = false, recv_copied = false;
+    std::vector<at::Tensor> out{WireBuffer(send, send_copied)};
+    at::Tensor work = WireBuffer(recv, recv_copied);
+    std::vector<at::Tensor> in{work};
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    // Both posted before either is awaited (c10d works are asynchronous).
+    c10::intrusive_ptr<c10d::Work> sent = state_->backend->send(out, dst, 0);
+    c10::intrusive_ptr<c10d::Work> received = state_->backend->recv(in, src, 0);
+    sent->wait(limit);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    received->wait(std::max(left, std::chrono::milliseconds(1)));
+    if (recv_copied) {
+      at::Tensor typed = backend_ == "gloo" && work.numel() > 0 ? work.view(recv.scalar_type())
+                                                                 : work;
+      recv.copy_(typed.view(recv.sizes()));
+    }
+  });
+}
+
 Status ProcessGroup::Barrier(double timeout_s) {
   std::vector<torch::Tensor> one{torch::zeros({1}, torch::TensorOptions().device(device()))};
   return Broadcast(one, 0, {"barrier"}, timeout_s);
@@ -459,6 +536,38 @@ at::Tensor ProcessGroupTensorParallel::AllGather(const at::Tensor& tensor, int64
   StatusOr<torch::Tensor> out = group_->AllGather(tensor, dim, "tensor-parallel");
   if (!out.ok()) throw std::runtime_error(std::string(out.status().message()));
   return *std::move(out);
+}
+
+}  // namespace slime::comm
+
+// ---- ProcessGroupPipelineParallel (include/slime/comm/tensor_parallel_group.h)
+
+namespace slime::comm {
+
+Status ProcessGroupPipelineParallel::Send(const at::Tensor& tensor, int dst) {
+  return group_->Send(tensor, dst, "pipeline");
+}
+
+Status ProcessGroupPipelineParallel::Recv(at::Tensor& tensor, int src) {
+  return group_->Recv(tensor, src, "pipeline");
+}
+
+Status ProcessGroupPipelineParallel::SendRecv(const at::Tensor& send, int dst, at::Tensor& recv,
+                                              int src) {
+  return group_->SendRecv(send, dst, recv, src, "pipeline");
+}
+
+Status ProcessGroupPipelineParallel::Broadcast(at::Tensor& tensor, int root) {
+  // ProcessGroup::Broadcast wants contiguous tensors on its device: go through a copy otherwise.
+  const bool copy = !tensor.is_contiguous() || tensor.device().type() != group_->device().type();
+  std::vector<torch::Tensor> one{copy ? tensor.to(group_->device()).contiguous() : tensor};
+  SLIME_RETURN_IF_ERROR(group_->Broadcast(one, root, {"pipeline"}));
+  if (copy) tensor.copy_(one[0]);
+  return absl::OkStatus();
+}
+
+Status ProcessGroupPipelineParallel::AllReduceSum(at::Tensor& tensor) {
+  return group_->AllReduceSum(tensor, "pipeline");
 }
 
 }  // namespace slime::comm

@@ -135,13 +135,21 @@ torch::Tensor RopeInverseFrequencies(const ModelConfig& config) {
   return inv_freq;
 }
 
+namespace {
+// A parameter every stage has: the embedding on the first stage, else its first layer's norm.
+const torch::Tensor& AnyParameter(const ModelWeights& w) {
+  if (w.embed_tokens.defined()) return w.embed_tokens;
+  return w.layers.at(w.stage.first_layer).input_norm;
+}
+}  // namespace
+
 DecoderModel::DecoderModel(ModelConfig config, ModelWeights weights,
                            std::shared_ptr<TensorParallelGroup> tp)
     : config_(std::move(config)),
       weights_(std::move(weights)),
       tp_(std::move(tp)),
-      dtype_(weights_.embed_tokens.scalar_type()),
-      device_(weights_.embed_tokens.device()) {
+      dtype_(AnyParameter(weights_).scalar_type()),
+      device_(AnyParameter(weights_).device()) {
   inv_freq_ = RopeInverseFrequencies(config_).to(device_);
 }
 
@@ -149,7 +157,7 @@ StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(
     ModelConfig config, ModelWeights weights, std::shared_ptr<TensorParallelGroup> tp) {
   if (tp == nullptr) tp = MakeSingleRankGroup();
   SLIME_RETURN_IF_ERROR(ValidateWeights(weights, config, tp->rank(), tp->size()));
-  const torch::ScalarType dt = weights.embed_tokens.scalar_type();
+  const torch::ScalarType dt = AnyParameter(weights).scalar_type();
   if (dt != torch::kFloat32 && dt != torch::kBFloat16 && dt != torch::kFloat16) {
     return absl::InvalidArgumentError(
         fmt::format("model weights must be float32, bfloat16 or float16, got {}",
@@ -164,15 +172,18 @@ StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(
 
 StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Load(
     const std::string& model_dir, torch::ScalarType dtype, torch::Device device,
-    std::shared_ptr<TensorParallelGroup> tp) {
+    std::shared_ptr<TensorParallelGroup> tp, int pp_rank, int pp_size) {
   if (tp == nullptr) tp = MakeSingleRankGroup();
   SLIME_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
+  SLIME_ASSIGN_OR_RETURN(PipelineStage stage,
+                         MakePipelineStage(config.num_hidden_layers, pp_rank, pp_size));
   SLIME_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(model_dir));
   WeightOptions options;
   options.dtype = dtype;
   options.device = device;
   options.tp_rank = tp->rank();
   options.tp_size = tp->size();
+  options.stage = stage;
   SLIME_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(reader, config, options));
   return Create(std::move(config), std::move(weights), std::move(tp));
 }
@@ -194,6 +205,14 @@ Status DecoderModel::CheckIds(const torch::Tensor& ids) const {
                     config_.vocab_size));
   }
   return absl::OkStatus();
+}
+
+Status DecoderModel::CheckWhole(const char* what) const {
+  if (weights_.stage.whole()) return absl::OkStatus();
+  return absl::FailedPreconditionError(fmt::format(
+      "{} needs the whole model; this is pipeline stage {} of {} (layers [{}, {}))", what,
+      weights_.stage.rank, weights_.stage.size, weights_.stage.first_layer,
+      weights_.stage.end_layer));
 }
 
 torch::Tensor DecoderModel::Layer(int index, const torch::Tensor& x, const torch::Tensor& cos,
@@ -232,7 +251,10 @@ torch::Tensor DecoderModel::Layer(int index, const torch::Tensor& x, const torch
 
 torch::Tensor DecoderModel::ForwardImpl(const torch::Tensor& ids, const torch::Tensor& positions,
                                         AttentionBackend& attention) {
-  torch::Tensor x = VocabParallelEmbedding(ids, weights_.embed_tokens, *tp_);  // [T, hidden]
+  const PipelineStage& stage = weights_.stage;
+  // [T, hidden]: the embedding, or (a later pipeline stage) the previous stage's output.
+  torch::Tensor x =
+      stage.is_first() ? VocabParallelEmbedding(ids, weights_.embed_tokens, *tp_) : ids;
   // RoPE tables in float32, then the model dtype, as transformers: [T, 1, D].
   torch::Tensor freqs = positions.to(torch::kFloat32).unsqueeze(1) * inv_freq_.unsqueeze(0);
   torch::Tensor emb = torch::cat({freqs, freqs}, -1);
@@ -243,9 +265,11 @@ torch::Tensor DecoderModel::ForwardImpl(const torch::Tensor& ids, const torch::T
     return FusedForward(x, cos, sin, attention);
   }
 #endif
-  for (int l = 0; l < static_cast<int>(config_.num_hidden_layers); ++l) {
+  const int64_t end = stage.end_layer < 0 ? config_.num_hidden_layers : stage.end_layer;
+  for (int l = static_cast<int>(stage.first_layer); l < static_cast<int>(end); ++l) {
     x = Layer(l, x, cos, sin, attention);
   }
+  if (!stage.is_last()) return x;  // the residual stream, for the next stage
   return RmsNorm(x, weights_.final_norm, config_.rms_norm_eps);
 }
 
@@ -253,6 +277,7 @@ StatusOr<torch::Tensor> DecoderModel::Forward(const torch::Tensor& input_ids,
                                               const torch::Tensor& position_ids,
                                               AttentionBackend& attention) {
   return internal::GuardTorch("decoder forward", [&]() -> StatusOr<torch::Tensor> {
+    SLIME_RETURN_IF_ERROR(CheckWhole("Forward"));
     SLIME_RETURN_IF_ERROR(CheckIds(input_ids));
     if (!position_ids.defined() || position_ids.sizes() != input_ids.sizes()) {
       return absl::InvalidArgumentError("position_ids must have the shape of input_ids [T]");
@@ -265,11 +290,24 @@ StatusOr<torch::Tensor> DecoderModel::Forward(const torch::Tensor& input_ids,
 StatusOr<torch::Tensor> DecoderModel::ForwardPacked(const torch::Tensor& input_ids,
                                                     const std::vector<int64_t>& cu_seqlens) {
   return internal::GuardTorch("decoder packed forward", [&]() -> StatusOr<torch::Tensor> {
-    SLIME_RETURN_IF_ERROR(CheckIds(input_ids));
-    SLIME_RETURN_IF_ERROR(ValidateCuSeqlens(cu_seqlens, input_ids.size(0)));
+    torch::Tensor input;
+    if (weights_.stage.is_first()) {
+      SLIME_RETURN_IF_ERROR(CheckIds(input_ids));
+      input = input_ids.to(device_, torch::kLong);
+    } else {
+      if (!input_ids.defined() || input_ids.dim() != 2 ||
+          input_ids.size(1) != config_.hidden_size || !input_ids.is_floating_point()) {
+        return absl::InvalidArgumentError(fmt::format(
+            "pipeline stage {}: the input must be the previous stage's hidden states [T, {}], got "
+            "{}",
+            weights_.stage.rank, config_.hidden_size,
+            input_ids.defined() ? internal::ShapeString(input_ids.sizes()) : "undefined"));
+      }
+      input = input_ids.to(device_, dtype_);
+    }
+    SLIME_RETURN_IF_ERROR(ValidateCuSeqlens(cu_seqlens, input.size(0)));
     VarlenAttention attention(cu_seqlens, attention_impl_);
-    return ForwardImpl(input_ids.to(device_, torch::kLong), VarlenPositions(cu_seqlens).to(device_),
-                       attention);
+    return ForwardImpl(input, VarlenPositions(cu_seqlens).to(device_), attention);
   });
 }
 
@@ -277,6 +315,7 @@ StatusOr<torch::Tensor> DecoderModel::ForwardWithCache(const torch::Tensor& inpu
                                                        const std::vector<int64_t>& cu_seqlens,
                                                        const std::vector<KvCache*>& caches) {
   return internal::GuardTorch("decoder KV-cache forward", [&]() -> StatusOr<torch::Tensor> {
+    SLIME_RETURN_IF_ERROR(CheckWhole("ForwardWithCache"));
     SLIME_RETURN_IF_ERROR(CheckIds(input_ids));
     SLIME_RETURN_IF_ERROR(ValidateCuSeqlens(cu_seqlens, input_ids.size(0)));
     for (size_t b = 0; b < caches.size(); ++b) {
@@ -311,6 +350,11 @@ StatusOr<torch::Tensor> DecoderModel::ForwardWithCache(const torch::Tensor& inpu
 
 StatusOr<torch::Tensor> DecoderModel::Logits(const torch::Tensor& hidden, bool gather) {
   return internal::GuardTorch("decoder logits", [&]() -> StatusOr<torch::Tensor> {
+    if (!weights_.stage.is_last()) {
+      return absl::FailedPreconditionError(fmt::format(
+          "Logits: pipeline stage {} of {} has no LM head (the last stage has it)",
+          weights_.stage.rank, weights_.stage.size));
+    }
     if (!hidden.defined() || hidden.dim() != 2 || hidden.size(1) != config_.hidden_size) {
       return absl::InvalidArgumentError(fmt::format("hidden must be [T, {}]", config_.hidden_size));
     }
@@ -326,7 +370,8 @@ bool DecoderModel::projections_fused() const {
 
 void DecoderModel::FuseProjections() {
 #ifdef SLIME_MODEL_FUSED_KERNELS
-  if (projections_fused() || weights_.layers.empty() || !weights_.layers.front().q_proj.is_cuda() ||
+  if (projections_fused() || !weights_.stage.whole() || weights_.layers.empty() ||
+      !weights_.layers.front().q_proj.is_cuda() ||
       !cuda::QkNormRopeSupported(config_.head_dim)) {
     return;
   }

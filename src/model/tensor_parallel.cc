@@ -1,7 +1,11 @@
-// Parallel layers (see include/slime/model/tensor_parallel.h).
+// Parallel layers (see include/slime/model/tensor_parallel.h) and the pipeline stage split
+// (include/slime/model/pipeline_parallel.h).
 #include "slime/model/tensor_parallel.h"
 
+#include <fmt/format.h>
 #include <torch/torch.h>
+
+#include "slime/model/pipeline_parallel.h"
 
 namespace slime::model {
 namespace {
@@ -147,6 +151,49 @@ at::Tensor VocabParallelEmbedding(const at::Tensor& ids, const at::Tensor& weigh
 at::Tensor VocabParallelLmHead(const at::Tensor& hidden, const at::Tensor& weight,
                                TensorParallelGroup& group, bool gather_output) {
   return ColumnParallelLinear(hidden, weight, at::Tensor(), group, gather_output);
+}
+
+// ---- Pipeline stages
+
+StatusOr<PipelineStage> MakePipelineStage(int64_t num_layers, int rank, int size) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(fmt::format(
+        "pipeline stage {} of {}: need at least one stage and 0 <= stage < stages", rank, size));
+  }
+  if (num_layers < size) {
+    return absl::InvalidArgumentError(fmt::format(
+        "pipeline_model_parallel_size = {} is larger than the model's {} decoder layers "
+        "(num_hidden_layers): every stage needs at least one layer",
+        size, num_layers));
+  }
+  PipelineStage s;
+  s.rank = rank;
+  s.size = size;
+  s.first_layer = num_layers * rank / size;
+  s.end_layer = size == 1 ? -1 : num_layers * (rank + 1) / size;
+  return s;
+}
+
+namespace {
+Status NoPeer(const char* op, int peer) {
+  return absl::FailedPreconditionError(fmt::format(
+      "pipeline {} with stage {}: this pipeline has one stage, there is no peer", op, peer));
+}
+}  // namespace
+
+Status SinglePipelineStage::Send(const at::Tensor& /*tensor*/, int dst) { return NoPeer("send", dst); }
+Status SinglePipelineStage::Recv(at::Tensor& /*tensor*/, int src) { return NoPeer("recv", src); }
+Status SinglePipelineStage::SendRecv(const at::Tensor& /*send*/, int dst, at::Tensor& /*recv*/,
+                                     int /*src*/) {
+  return NoPeer("send-recv", dst);
+}
+Status SinglePipelineStage::Broadcast(at::Tensor& /*tensor*/, int /*root*/) {
+  return absl::OkStatus();
+}
+Status SinglePipelineStage::AllReduceSum(at::Tensor& /*tensor*/) { return absl::OkStatus(); }
+
+std::shared_ptr<PipelineParallelGroup> MakeSinglePipelineStage() {
+  return std::make_shared<SinglePipelineStage>();
 }
 
 }  // namespace slime::model

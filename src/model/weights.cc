@@ -145,6 +145,40 @@ std::vector<ParamSpec> ParameterSpecs(const ModelConfig& c) {
   return specs;
 }
 
+std::vector<ParamSpec> StageParameterSpecs(const ModelConfig& c, const PipelineStage& stage) {
+  std::vector<ParamSpec> specs = ParameterSpecs(c);
+  if (stage.whole()) return specs;
+  std::vector<ParamSpec> out;
+  for (ParamSpec& spec : specs) {
+    bool mine = false;
+    if (spec.layer >= 0) {
+      mine = stage.HasLayer(spec.layer);
+    } else if (spec.model_slot == &ModelWeights::embed_tokens) {
+      mine = stage.is_first() || stage.HoldsTiedCopy(c.tie_word_embeddings);
+    } else {
+      mine = stage.is_last();  // final norm, lm_head
+    }
+    if (mine) out.push_back(std::move(spec));
+  }
+  return out;
+}
+
+namespace {
+// The stage of `options` checked against the config's layers.
+Status CheckStage(const ModelConfig& config, const PipelineStage& stage) {
+  SLIME_ASSIGN_OR_RETURN(PipelineStage want,
+                         MakePipelineStage(config.num_hidden_layers, stage.rank, stage.size));
+  if (want.first_layer != stage.first_layer || want.end_layer != stage.end_layer) {
+    return absl::InvalidArgumentError(fmt::format(
+        "pipeline stage {} of {} holds layers [{}, {}), but the even split of {} layers gives "
+        "[{}, {})",
+        stage.rank, stage.size, stage.first_layer, stage.end_layer, config.num_hidden_layers,
+        want.first_layer, want.end_layer));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 torch::Tensor& ParamSlot(ModelWeights& weights, const ParamSpec& spec) {
   if (spec.layer >= 0) return weights.layers.at(spec.layer).*(spec.layer_slot);
   return weights.*(spec.model_slot);
@@ -165,9 +199,11 @@ std::vector<int64_t> ShardShape(const ParamSpec& spec, int tp_rank, int tp_size)
 StatusOr<ModelWeights> LoadWeights(const CheckpointReader& checkpoint, const ModelConfig& config,
                                    const WeightOptions& options) {
   SLIME_RETURN_IF_ERROR(ValidateTensorParallel(config, options.tp_size));
+  SLIME_RETURN_IF_ERROR(CheckStage(config, options.stage));
   ModelWeights w;
+  w.stage = options.stage;
   w.layers.resize(config.num_hidden_layers);
-  for (const ParamSpec& spec : ParameterSpecs(config)) {
+  for (const ParamSpec& spec : StageParameterSpecs(config, options.stage)) {
     LoadTensorOptions o;
     o.expected_shape = spec.shape;
     if (spec.shard != ShardDim::kReplicated && options.tp_size > 1) {
@@ -187,17 +223,19 @@ StatusOr<ModelWeights> LoadWeights(const CheckpointReader& checkpoint, const Mod
     }
     ParamSlot(w, spec) = *std::move(t);
   }
-  if (config.tie_word_embeddings) w.lm_head = w.embed_tokens;
+  if (config.tie_word_embeddings && w.stage.is_last()) w.lm_head = w.embed_tokens;
   return w;
 }
 
 StatusOr<ModelWeights> RandomWeights(const ModelConfig& config, uint64_t seed,
                                      const WeightOptions& options) {
   SLIME_RETURN_IF_ERROR(ValidateTensorParallel(config, options.tp_size));
+  SLIME_RETURN_IF_ERROR(CheckStage(config, options.stage));
   return internal::GuardTorch("random model weights", [&]() -> StatusOr<ModelWeights> {
     ModelWeights w;
+    w.stage = options.stage;
     w.layers.resize(config.num_hidden_layers);
-    for (const ParamSpec& spec : ParameterSpecs(config)) {
+    for (const ParamSpec& spec : StageParameterSpecs(config, options.stage)) {
       torch::Tensor t;
       switch (spec.init) {
         case ParamInit::kOnes:
@@ -212,7 +250,7 @@ StatusOr<ModelWeights> RandomWeights(const ModelConfig& config, uint64_t seed,
       }
       ParamSlot(w, spec) = t.to(options.device, options.dtype);
     }
-    if (config.tie_word_embeddings) w.lm_head = w.embed_tokens;
+    if (config.tie_word_embeddings && w.stage.is_last()) w.lm_head = w.embed_tokens;
     return w;
   });
 }
@@ -220,12 +258,13 @@ StatusOr<ModelWeights> RandomWeights(const ModelConfig& config, uint64_t seed,
 Status ValidateWeights(const ModelWeights& weights, const ModelConfig& config, int tp_rank,
                        int tp_size) {
   SLIME_RETURN_IF_ERROR(ValidateTensorParallel(config, tp_size));
+  SLIME_RETURN_IF_ERROR(CheckStage(config, weights.stage));
   if (static_cast<int64_t>(weights.layers.size()) != config.num_hidden_layers) {
     return absl::InvalidArgumentError(fmt::format("model weights have {} layers, config has {}",
                                                   weights.layers.size(), config.num_hidden_layers));
   }
   const torch::Tensor* first = nullptr;
-  for (const ParamSpec& spec : ParameterSpecs(config)) {
+  for (const ParamSpec& spec : StageParameterSpecs(config, weights.stage)) {
     const torch::Tensor& t = ParamSlot(weights, spec);
     if (!t.defined()) {
       return absl::InvalidArgumentError(fmt::format("parameter '{}' is not set", spec.hf_name));
@@ -245,7 +284,7 @@ Status ValidateWeights(const ModelWeights& weights, const ModelConfig& config, i
                       std::string(c10::toString(first->scalar_type())), first->device().str()));
     }
   }
-  if (!weights.lm_head.defined()) {
+  if (weights.stage.is_last() && !weights.lm_head.defined()) {
     return absl::InvalidArgumentError("parameter 'lm_head.weight' is not set");
   }
   return absl::OkStatus();
@@ -253,7 +292,7 @@ Status ValidateWeights(const ModelWeights& weights, const ModelConfig& config, i
 
 std::vector<NamedTensor> NamedParameters(const ModelWeights& weights, const ModelConfig& config) {
   std::vector<NamedTensor> out;
-  for (const ParamSpec& spec : ParameterSpecs(config)) {
+  for (const ParamSpec& spec : StageParameterSpecs(config, weights.stage)) {
     out.push_back(NamedTensor{spec.hf_name, ParamSlot(weights, spec)});
   }
   return out;
@@ -261,6 +300,11 @@ std::vector<NamedTensor> NamedParameters(const ModelWeights& weights, const Mode
 
 Status SaveWeights(const std::string& dir, const ModelWeights& weights, const ModelConfig& config,
                    const WriteCheckpointOptions& options) {
+  if (!weights.stage.whole()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "SaveWeights needs the whole model, not pipeline stage {} of {}", weights.stage.rank,
+        weights.stage.size));
+  }
   SLIME_RETURN_IF_ERROR(ValidateWeights(weights, config, 0, 1));
   return WriteCheckpoint(dir, NamedParameters(weights, config), options);
 }

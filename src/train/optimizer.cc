@@ -96,6 +96,7 @@ struct AdamW::Slot {
   torch::Tensor exp_avg_sq;  // float32, param's shape
   bool trainable = true;
   bool replicated = false;
+  bool pipeline_copy = false;  // OptimizerParam::pipeline_copy: never counted in the norm
   bool decay = true;  // weight decay applies (not a bias, not 1-D)
   std::vector<int64_t> shape;  // the parameter's shape at Create
 
@@ -244,9 +245,12 @@ Status AdamWOptions::Validate() const {
 std::vector<OptimizerParam> ModelParameters(const model::ModelWeights& weights,
                                             const model::ModelConfig& config) {
   std::vector<OptimizerParam> out;
-  for (const model::ParamSpec& spec : model::ParameterSpecs(config)) {
-    out.push_back(OptimizerParam{spec.hf_name, model::ParamSlot(weights, spec),
-                                 spec.shard == model::ShardDim::kReplicated});
+  const bool tied_copy = weights.stage.HoldsTiedCopy(config.tie_word_embeddings);
+  for (const model::ParamSpec& spec : model::StageParameterSpecs(config, weights.stage)) {
+    OptimizerParam p{spec.hf_name, model::ParamSlot(weights, spec),
+                     spec.shard == model::ShardDim::kReplicated};
+    p.pipeline_copy = tied_copy && spec.model_slot == &model::ModelWeights::embed_tokens;
+    out.push_back(std::move(p));
   }
   return out;
 }
@@ -298,6 +302,7 @@ StatusOr<std::unique_ptr<AdamW>> AdamW::Create(std::vector<OptimizerParam> param
       s.name = p.name;
       s.param = p.tensor;
       s.replicated = p.replicated;
+      s.pipeline_copy = p.pipeline_copy;
       s.decay = !(EndsWith(p.name, ".bias") || p.tensor.dim() <= 1);
       s.shape = p.tensor.sizes().vec();
       if (!only.empty()) {
@@ -416,7 +421,7 @@ StatusOr<OptimizerStepResult> AdamW::StepImpl(double lr) {
         (s.master.defined() || s.param.scalar_type() == torch::kFloat32)) {
       fused[i] = true;
       grads[i] = g;
-      if (s.replicated && options_.tp_rank != 0) continue;
+      if ((s.replicated && options_.tp_rank != 0) || s.pipeline_copy) continue;
       if (!fused_squared_norm.defined()) {
         fused_squared_norm = torch::zeros({}, g.options().dtype(torch::kFloat32));
       }
@@ -425,7 +430,7 @@ StatusOr<OptimizerStepResult> AdamW::StepImpl(double lr) {
     }
     // bf16 gradients become a float32 copy; float32 ones are used (and scaled) in place.
     grads[i] = g.to(torch::kFloat32);
-    if (s.replicated && options_.tp_rank != 0) continue;
+    if ((s.replicated && options_.tp_rank != 0) || s.pipeline_copy) continue;
     torch::Tensor sq = grads[i].square().sum();
     squared_norm = squared_norm.defined() ? squared_norm.add_(sq) : sq;
   }
@@ -573,7 +578,9 @@ StatusOr<OptimizerStepResult> AdamW::StepSharded(double lr) {
   // 2. The global norm: the own range's squares, summed over DP, then over TP.
   torch::Tensor squared_norm = torch::zeros({}, buffer.dtype(torch::kFloat32));
   for (const Shard::Piece& p : sh.own) {
-    if (slots_[p.slot].replicated && options_.tp_rank != 0) continue;
+    if ((slots_[p.slot].replicated && options_.tp_rank != 0) || slots_[p.slot].pipeline_copy) {
+      continue;
+    }
     const torch::Tensor g = grad.narrow(0, p.offset, p.length);
     if (model::FusedTrainingApplies(g)) {
       model::FusedAddSquaredNorm(g, squared_norm);

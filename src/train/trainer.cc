@@ -13,6 +13,7 @@
 
 #include "slime/model/config.h"
 #include "slime/model/decoder.h"
+#include "slime/model/pipeline_parallel.h"
 #include "slime/model/tensor_parallel.h"
 #include "slime/model/weights.h"
 #include "slime/train/logprobs.h"
@@ -97,14 +98,13 @@ Status CheckSupported(const config::Config& config) {
           "algorithm.opd_teacher_load is required with use_opd and opd_type megatron");
     }
   }
-  if (config.train.tensor_model_parallel_size != 1 ||
-      config.train.pipeline_model_parallel_size != 1 || config.train.context_parallel_size != 1) {
+  if (config.train.tensor_model_parallel_size != 1 || config.train.context_parallel_size != 1) {
     return absl::UnimplementedError(
-        fmt::format("train.tensor_model_parallel_size = {}, pipeline_model_parallel_size = {}, "
-                    "context_parallel_size = {}: the trainer supports only 1 for each so far",
-                    config.train.tensor_model_parallel_size,
-                    config.train.pipeline_model_parallel_size, config.train.context_parallel_size));
+        fmt::format("train.tensor_model_parallel_size = {}, context_parallel_size = {}: the "
+                    "trainer supports only 1 for each so far",
+                    config.train.tensor_model_parallel_size, config.train.context_parallel_size));
   }
+  // pipeline_model_parallel_size is checked against the pipeline group in Create.
   return absl::OkStatus();
 }
 
@@ -218,10 +218,48 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
         tp_size));
   }
 
+  // Pipeline parallelism: this stage's layers; the group carries the schedule's sends and
+  // receives, the tied embedding's gradient sum and the gradient norm's sum over the stages.
+  if (options.pp_group == nullptr) options.pp_group = model::MakeSinglePipelineStage();
+  const std::shared_ptr<model::PipelineParallelGroup> pp = options.pp_group;
+  const int pp_size = pp->size();
+  const int pp_rank = pp->rank();
+  if (pp_size < 1 || pp_rank < 0 || pp_rank >= pp_size) {
+    return absl::InvalidArgumentError(fmt::format(
+        "trainer: the pipeline-parallel group says stage {} of {}", pp_rank, pp_size));
+  }
+  if (config.train.pipeline_model_parallel_size != 1 &&
+      config.train.pipeline_model_parallel_size != pp_size) {
+    return absl::InvalidArgumentError(fmt::format(
+        "trainer: train.pipeline_model_parallel_size = {}, but the pipeline group has {} "
+        "stage(s){}",
+        config.train.pipeline_model_parallel_size, pp_size,
+        pp_size == 1 ? " (TrainerOptions::pp_group is unset; the slime_train trainer workers do "
+                       "not build pipeline groups yet)"
+                     : ""));
+  }
+  if (pp_size > 1) {
+    const char* unsupported = nullptr;
+    if (tp_size > 1) {
+      unsupported = "tensor parallelism at the same time (tensor-parallel size > 1)";
+    } else if (config.train.use_distributed_optimizer && options.dp_size > 1) {
+      unsupported = "train.use_distributed_optimizer over dp_size > 1 (ZeRO-1)";
+    } else if (estimator == AdvantageEstimator::kPpo && !sft) {
+      unsupported = "advantage_estimator ppo (the critic is single-stage)";
+    }
+    if (unsupported != nullptr) {
+      return absl::UnimplementedError(fmt::format(
+          "trainer: pipeline parallelism ({} stages) is not supported yet with {}; use one "
+          "pipeline stage or turn that off",
+          pp_size, unsupported));
+    }
+  }
+
   const torch::ScalarType dtype =
       options.dtype.value_or(options.device.is_cuda() ? torch::kBFloat16 : torch::kFloat32);
   SLIME_ASSIGN_OR_RETURN(std::unique_ptr<model::DecoderModel> model,
-                         model::DecoderModel::Load(options.model_dir, dtype, options.device, tp));
+                         model::DecoderModel::Load(options.model_dir, dtype, options.device, tp,
+                                                   pp_rank, pp_size));
 
   BatchingOptions batching = MakeBatchingOptions(config.train, model->config(), options.dp_size);
   SLIME_RETURN_IF_ERROR(ValidateBatchingOptions(batching));
@@ -245,12 +283,12 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   // distributed optimizer each DP rank sums its shard and the DP all-reduce runs first.
   AdamWOptions adam = AdamWOptions::FromTrainConfig(config.train);
   adam.tp_rank = tp_rank;
-  if (tp_size > 1) {
-    adam.reduce_squared_grad_norm = [tp](torch::Tensor& squared_norm) -> Status {
-      return GuardTorch("trainer: all-reduce the squared gradient norm over the TP group",
+  if (tp_size > 1 || pp_size > 1) {
+    adam.reduce_squared_grad_norm = [tp, pp](torch::Tensor& squared_norm) -> Status {
+      return GuardTorch("trainer: all-reduce the squared gradient norm over the TP / PP groups",
                         [&]() -> Status {
                           tp->AllReduceSum(squared_norm);
-                          return absl::OkStatus();
+                          return pp->AllReduceSum(squared_norm);
                         });
     };
   }
@@ -354,10 +392,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   for (const auto& [tag, tensors] : impl->copies) tags.push_back(tag);
   spdlog::info(
       "trainer: {} on {} ({}), loss {}, estimator {}, CPU copies [{}], dp rank {}/{}{}, tp rank "
-      "{}/{}",
+      "{}/{}, pp stage {}/{}",
       options.model_dir, model->device().str(), c10::toString(dtype), config.algorithm.loss_type,
       AdvantageEstimatorName(estimator), fmt::join(tags, ", "), options.dp_rank, options.dp_size,
-      optimizer->distributed() ? " (distributed optimizer)" : "", tp_rank, tp_size);
+      optimizer->distributed() ? " (distributed optimizer)" : "", tp_rank, tp_size, pp_rank,
+      pp_size);
   std::unique_ptr<Trainer> trainer(new Trainer(std::move(options), std::move(model),
                                                std::move(optimizer), LrScheduler(schedule)));
   trainer->impl_ = std::move(impl);
@@ -489,7 +528,8 @@ StatusOr<SampleLogProbs> Trainer::ComputeLogProbs(const RolloutBatch& batch, Pol
   out.log_probs.resize(samples.size());
   if (with_entropy) out.entropy.resize(samples.size());
   SLIME_RETURN_IF_ERROR(WithPolicyWeights(which, [&]() -> Status {
-    return ForwardOnly(*model_, batch, mbs, options_.config.train.log_probs_chunk_size,
+    return ForwardOnly(*model_, *options_.pp_group, batch, mbs,
+                       options_.config.train.log_probs_chunk_size,
                        with_entropy, out);
   }));
   return out;
@@ -578,7 +618,8 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id, const Rol
       out.log_probs.resize(n);
       if (with_entropy) out.entropy.resize(n);
       return WithPolicyWeights(which, [&]() -> Status {
-        return ForwardOnly(*model_, batch, micro_batches, chunk, with_entropy, out);
+        return ForwardOnly(*model_, *options_.pp_group, batch, micro_batches, chunk, with_entropy,
+                           out);
       });
     };
     // 1–3. Reference, teacher and old-actor log-probs.

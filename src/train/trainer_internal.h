@@ -7,6 +7,8 @@
 //   trainer_weights.cc  the CPU weight copies (ref / teacher / old actor), the swap, the
 //                       keep_old_actor queue, Save / Load
 //   trainer_step.cc     packing and forwarding micro-batches, one optimizer step (RunStep)
+//   trainer_pipeline.cc the 1F1B schedule, the forward-only pass through pipeline stages, the
+//                       stages' shared metrics
 //
 // Thread-safety: as the Trainer (one thread).
 #ifndef SLIME_SRC_TRAIN_TRAINER_INTERNAL_H_
@@ -17,6 +19,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -36,6 +39,7 @@
 
 namespace slime::model {
 class DecoderModel;
+class PipelineParallelGroup;
 }  // namespace slime::model
 
 namespace slime::train {
@@ -131,10 +135,40 @@ StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model, const R
                                              int64_t chunk_size, bool with_entropy);
 
 // Forward-only log-probs of every sample of `micro_batches` into out[sample] (`out` sized to the
-// batch beforehand).
-Status ForwardOnly(model::DecoderModel& model, const RolloutBatch& batch,
+// batch beforehand); through the pipeline (ForwardOnlyPipelined) when pp has several stages.
+Status ForwardOnly(model::DecoderModel& model, model::PipelineParallelGroup& pp,
+                   const RolloutBatch& batch,
                    const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
                    bool with_entropy, SampleLogProbs& out);
+
+// ---- Pipeline parallelism (trainer_pipeline.cc)
+
+// The last stage's work on micro-batch k of a step: the loss to back-propagate, from the final
+// hidden states [T, hidden] of the packed micro-batch `in` (it also accumulates the metrics).
+using StageLossFn = std::function<StatusOr<torch::Tensor>(size_t k, const torch::Tensor& hidden,
+                                                          const PackedInputs& in)>;
+
+// The forward and backward passes of one training step over `micro_batches` (sample lists) on
+// this pipeline stage, with the 1F1B schedule of trainer_pipeline.cc; `loss` runs on the last
+// stage only. Gradients accumulate in the stage's parameters. Every stage must run it with the
+// same micro-batches. With one stage: forward, loss, backward per micro-batch.
+Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGroup& pp,
+                           const RolloutBatch& batch,
+                           const std::vector<const std::vector<int64_t>*>& micro_batches,
+                           const StageLossFn& loss);
+
+// ForwardOnly through the pipeline (stage size > 1): activations flow stage to stage, the last
+// stage computes the log-probs (and entropy), and one broadcast gives every stage all of them,
+// so `out` is the same on every stage.
+Status ForwardOnlyPipelined(model::DecoderModel& model, model::PipelineParallelGroup& pp,
+                            const RolloutBatch& batch,
+                            const std::vector<const MicroBatch*>& micro_batches,
+                            int64_t chunk_size, bool with_entropy, SampleLogProbs& out);
+
+// The last stage's step metrics (`values` there) copied into `values` on every stage (names and
+// numbers broadcast from the last stage). No-op with one stage.
+Status ShareStepMetrics(model::PipelineParallelGroup& pp, bool last_stage,
+                        std::map<std::string, double>& values);
 
 }  // namespace internal
 

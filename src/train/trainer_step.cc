@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "slime/model/decoder.h"
+#include "slime/model/pipeline_parallel.h"
 #include "slime/train/logprobs.h"
 #include "slime/train/losses.h"
 #include "slime/train/optimizer.h"
@@ -198,9 +199,13 @@ StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model, const R
 }
 
 // Forward-only log-probs of every sample of `micro_batches` into out[sample].
-Status ForwardOnly(model::DecoderModel& model, const RolloutBatch& batch,
+Status ForwardOnly(model::DecoderModel& model, model::PipelineParallelGroup& pp,
+                   const RolloutBatch& batch,
                    const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
                    bool with_entropy, SampleLogProbs& out) {
+  if (pp.size() > 1) {
+    return ForwardOnlyPipelined(model, pp, batch, micro_batches, chunk_size, with_entropy, out);
+  }
   torch::NoGradGuard no_grad;
   for (const MicroBatch* mb : micro_batches) {
     SLIME_ASSIGN_OR_RETURN(ResponseLogProbs r,
@@ -224,9 +229,28 @@ Status ForwardOnly(model::DecoderModel& model, const RolloutBatch& batch,
 
 using internal::Accumulate;
 using internal::AllDefined;
-using internal::ForwardMicroBatch;
 using internal::Gather;
 using internal::GuardTorch;
+
+Status Trainer::SyncTiedEmbeddingGrads() {
+  const model::PipelineStage& stage = model_->stage();
+  const bool tied = model_->config().tie_word_embeddings;
+  if (stage.whole() || !tied || !(stage.is_first() || stage.is_last())) return absl::OkStatus();
+  const char* kName = "model.embed_tokens.weight";
+  if (!optimizer_->IsTrainable(kName)) return absl::OkStatus();
+  return GuardTorch("trainer: sum the tied embedding gradients of the first and last stages",
+                    [&]() -> Status {
+    torch::NoGradGuard no_grad;
+    torch::Tensor table = model_->mutable_weights().embed_tokens;
+    if (!table.grad().defined()) table.mutable_grad() = torch::zeros_like(table);
+    torch::Tensor grad = table.grad();
+    torch::Tensor other = torch::empty_like(grad);
+    const int peer = stage.is_first() ? stage.size - 1 : 0;
+    SLIME_RETURN_IF_ERROR(options_.pp_group->SendRecv(grad, peer, other, peer));
+    grad.add_(other);
+    return absl::OkStatus();
+  });
+}
 
 // One optimizer step over this rank's micro-batches of `step` (see the header comment): the
 // loss reducers of the micro-batches, the critic's step (ppo), then the actor's.
@@ -290,14 +314,23 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
     }
   }
 
+  // Forward and backward of every micro-batch: the 1F1B pipeline schedule (trainer_pipeline.cc;
+  // with one stage simply forward, loss, backward per micro-batch). The loss, and so the
+  // metrics, exist on the last stage only.
   std::map<std::string, torch::Tensor> sums;
-  for (size_t k = 0; k < micro_batches.size(); ++k) {
+  model::PipelineParallelGroup& pp = *options_.pp_group;
+  const bool last_stage = model_->stage().is_last();
+  auto micro_loss = [&](size_t k, const torch::Tensor& hidden,
+                        const internal::PackedInputs& packed) -> StatusOr<torch::Tensor> {
     const MicroBatch& mb = micro_batches[k];
     const LossReducer& reducer = reducers[k];
-    SLIME_ASSIGN_OR_RETURN(
-        ResponseLogProbs r,
-        ForwardMicroBatch(*model_, batch, mb.samples, options_.config.train.log_probs_chunk_size,
-                          /*with_entropy=*/!sft));
+    LogProbOptions lo;
+    lo.temperature = batch.temperature;
+    lo.chunk_size = options_.config.train.log_probs_chunk_size;
+    lo.compute_entropy = !sft;
+    SLIME_ASSIGN_OR_RETURN(ResponseLogProbs r,
+                           ComputeResponseLogProbs(hidden, model_->weights().lm_head, packed.ids,
+                                                   packed.packed, model_->tp_group(), lo));
     StatusOr<LossOutput> loss = absl::InternalError("unset");
     if (sft) {
       loss = SftLoss(reducer, r.log_probs);
@@ -323,13 +356,17 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
       loss = PolicyLoss(impl_->policy, reducer, in);
     }
     if (!loss.ok()) return loss.status();
-    Status backward = GuardTorch("trainer: backward", [&]() -> Status {
-      if (loss->loss.requires_grad()) loss->loss.backward();
+    Status accumulated = GuardTorch("trainer: accumulate metrics", [&]() -> Status {
       Accumulate(loss->metrics, sums);
       return absl::OkStatus();
     });
-    SLIME_RETURN_IF_ERROR(backward);
-  }
+    SLIME_RETURN_IF_ERROR(accumulated);
+    return loss->loss;
+  };
+  std::vector<const std::vector<int64_t>*> mb_samples;
+  for (const MicroBatch& mb : micro_batches) mb_samples.push_back(&mb.samples);
+  SLIME_RETURN_IF_ERROR(
+      internal::RunPipelineSchedule(*model_, pp, batch, mb_samples, micro_loss));
 
   // DP: sum the gradients and the metrics over the group (ZeRO-1: only the metrics; AdamW
   // reduce-scatters the gradients).
@@ -347,11 +384,18 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
         options_.dp_all_reduce, trainable, sums, options_.config.train.ddp_bucket_size));
   }
 
+  // Tied embeddings over a pipeline: the first stage's embedding and the last stage's LM head
+  // copy are one parameter; each gets the sum of both gradients (after the DP sums, so both
+  // copies add the same two numbers) and the two stay equal through identical updates.
+  SLIME_RETURN_IF_ERROR(SyncTiedEmbeddingGrads());
+
   Status read = GuardTorch("trainer: read metrics", [&]() -> Status {
     for (const auto& [name, v] : sums) metrics.values[name] = v.item<double>();
     return absl::OkStatus();
   });
   SLIME_RETURN_IF_ERROR(read);
+  // Every stage reports the last stage's loss metrics.
+  SLIME_RETURN_IF_ERROR(internal::ShareStepMetrics(pp, last_stage, metrics.values));
 
   SLIME_ASSIGN_OR_RETURN(OptimizerStepResult result, optimizer_->Step(lr_scheduler_.lr()));
   impl_->actor_backup_current = false;

@@ -10,11 +10,13 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <utility>
 
 #include "slime/model/checkpoint.h"
 #include "slime/model/config.h"
 #include "slime/model/decoder.h"
+#include "slime/model/pipeline_parallel.h"
 #include "slime/model/tensor_parallel.h"
 #include "slime/model/weights.h"
 #include "slime/train/checkpoint.h"
@@ -326,6 +328,128 @@ StatusOr<std::unique_ptr<AdamW>> FullSizeOptimizer(const model::ModelWeights& fu
   return AdamW::ForModel(full, config, std::move(o));
 }
 
+// ---- Checkpoints at pipeline-parallel size > 1 (trainer.h, "Pipeline parallelism").
+
+// The stage that owns each parameter (by HF name) in a pipeline of `stages`: a layer's stage, 0
+// for the embedding (also when the last stage holds a tied copy), the last for the final norm
+// and lm_head.
+StatusOr<std::map<std::string, int>> StageOwners(const model::ModelConfig& config, int stages) {
+  std::vector<model::PipelineStage> split;
+  for (int r = 0; r < stages; ++r) {
+    SLIME_ASSIGN_OR_RETURN(model::PipelineStage st,
+                           model::MakePipelineStage(config.num_hidden_layers, r, stages));
+    split.push_back(st);
+  }
+  std::map<std::string, int> out;
+  for (const model::ParamSpec& spec : model::ParameterSpecs(config)) {
+    int owner = stages - 1;
+    if (spec.layer >= 0) {
+      for (int r = 0; r < stages; ++r) {
+        if (split[r].HasLayer(spec.layer)) owner = r;
+      }
+    } else if (spec.model_slot == &model::ModelWeights::embed_tokens) {
+      owner = 0;
+    }
+    out[spec.hf_name] = owner;
+  }
+  return out;
+}
+
+// Every stage sends its parameters and AdamW state to stage 0, in HF parameter order (the tied
+// LM head copy is not sent: the first stage's table is the same); stage 0 writes the whole
+// model as a PP=1 checkpoint; a broadcast from stage 0 tells every stage the outcome.
+StatusOr<std::string> SavePipelined(SaveCheckpointOptions o, const TrainerProgress& progress,
+                                    const model::DecoderModel& model, const AdamW& optimizer,
+                                    model::PipelineParallelGroup& pp) {
+  const model::ModelConfig& config = model.config();
+  const model::PipelineStage& stage = model.stage();
+  SLIME_ASSIGN_OR_RETURN(const auto owners, StageOwners(config, stage.size));
+  const std::string tied_copy =
+      stage.HoldsTiedCopy(config.tie_word_embeddings) ? "model.embed_tokens.weight" : "";
+  StatusOr<std::string> dir =
+      (std::filesystem::path(o.save_dir) / IterationDirName(o.iteration)).string();
+  o.optimizer_state = nullptr;
+  if (stage.is_first()) {
+    model::ModelWeights full;
+    std::unique_ptr<AdamW> full_optimizer;
+    Status made = GuardTorch("trainer: full-size buffers for a pipeline save", [&]() -> Status {
+      full = FullSizeBuffers(config, model.dtype());
+      return absl::OkStatus();
+    });
+    SLIME_RETURN_IF_ERROR(made);
+    if (o.save_optimizer) {
+      SLIME_ASSIGN_OR_RETURN(full_optimizer, FullSizeOptimizer(full, config, optimizer));
+    }
+    Status gathered = GuardTorch("trainer: gather the pipeline stages to save", [&]() -> Status {
+      torch::NoGradGuard no_grad;
+      for (const model::ParamSpec& spec : model::ParameterSpecs(config)) {
+        torch::Tensor& dst = model::ParamSlot(full, spec);
+        const int from = owners.at(spec.hf_name);
+        if (from == 0) {
+          dst.copy_(model::ParamSlot(model.weights(), spec));
+        } else {
+          SLIME_RETURN_IF_ERROR(pp.Recv(dst, from));
+        }
+      }
+      if (full_optimizer == nullptr) return absl::OkStatus();
+      OptimizerState mine = optimizer.ExportState();
+      std::map<std::string, torch::Tensor> own;
+      for (const model::NamedTensor& nt : mine.tensors) own[nt.name] = nt.tensor;
+      OptimizerState state = full_optimizer->ExportState();  // shares the full state's storage
+      for (model::NamedTensor& nt : state.tensors) {
+        const int from = owners.at(StateParam(nt.name));
+        if (from != 0) {
+          SLIME_RETURN_IF_ERROR(pp.Recv(nt.tensor, from));
+          continue;
+        }
+        auto it = own.find(nt.name);
+        if (it == own.end()) {
+          return absl::InternalError(fmt::format("stage 0 has no optimizer state {}", nt.name));
+        }
+        nt.tensor.copy_(it->second);
+      }
+      state.step = mine.step;
+      return full_optimizer->ImportState(state);
+    });
+    if (gathered.ok()) {
+      dir = SaveTrainerCheckpoint(o, full, config, full_optimizer.get(), progress);
+    } else {
+      dir = gathered;
+    }
+  } else {
+    Status sent = GuardTorch("trainer: send this pipeline stage to stage 0", [&]() -> Status {
+      torch::NoGradGuard no_grad;
+      for (const model::ParamSpec& spec : model::StageParameterSpecs(config, stage)) {
+        if (spec.hf_name == tied_copy) continue;
+        SLIME_RETURN_IF_ERROR(pp.Send(model::ParamSlot(model.weights(), spec).detach(), 0));
+      }
+      if (!o.save_optimizer) return absl::OkStatus();
+      for (const model::NamedTensor& nt : optimizer.ExportState().tensors) {
+        if (!tied_copy.empty() && StateParam(nt.name) == tied_copy) continue;
+        SLIME_RETURN_IF_ERROR(pp.Send(nt.tensor, 0));
+      }
+      return absl::OkStatus();
+    });
+    SLIME_RETURN_IF_ERROR(sent);
+  }
+  double written = stage.is_first() && dir.ok() ? 1.0 : 0.0;
+  Status told = GuardTorch("trainer: share the checkpoint outcome over the pipeline", [&]() -> Status {
+    torch::Tensor flag = torch::full({1}, written, torch::kFloat64);
+    SLIME_RETURN_IF_ERROR(pp.Broadcast(flag, 0));
+    written = flag.item<double>();
+    return absl::OkStatus();
+  });
+  SLIME_RETURN_IF_ERROR(told);
+  if (!dir.ok()) return dir;
+  if (written != 1.0) {
+    return absl::InternalError(fmt::format(
+        "trainer: pipeline stage 0 failed to save the checkpoint of iteration {} under {} (its "
+        "log has the error)",
+        o.iteration, o.save_dir));
+  }
+  return dir;
+}
+
 }  // namespace
 
 StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout_id,
@@ -355,6 +479,9 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
   progress.rollout_id = rollout_id;
   progress.lr_scheduler_json = LrStateToJson(lr_scheduler_.State()).dump();
   progress.data_source_json = extra_state_json;
+  if (!model_->stage().whole()) {
+    return SavePipelined(o, progress, *model_, *optimizer_, *options_.pp_group);
+  }
   model::TensorParallelGroup& tp = model_->tp_group();
   if (tp.size() == 1) {
     return SaveTrainerCheckpoint(o, model_->weights(), model_->config(), optimizer_.get(),
@@ -443,13 +570,15 @@ StatusOr<LoadedTrainerState> Trainer::Load(const std::string& load_dir,
   o.ckpt_step = ckpt_step;
   o.load_optimizer = !options_.config.checkpoint.no_load_optim;
   model::TensorParallelGroup& tp = model_->tp_group();
+  const model::PipelineStage& stage = model_->stage();
   StatusOr<LoadedCheckpoint> load_result = absl::InternalError("unset");
-  if (tp.size() == 1) {
+  if (tp.size() == 1 && stage.whole()) {
     load_result =
         LoadTrainerCheckpoint(o, model_->mutable_weights(), model_->config(), optimizer_.get());
   } else {
-    // TP > 1: the checkpoint holds full tensors; load them into full-size CPU temporaries (and
-    // a full-size optimizer), then copy this rank's slices in. No collective: every rank reads.
+    // TP > 1 or PP > 1: the checkpoint holds the whole model's full tensors; load them into
+    // full-size CPU temporaries (and a full-size optimizer), then copy this rank's slices of
+    // this stage's parameters in. No collective: every rank reads.
     const model::ModelConfig& config = model_->config();
     std::unique_ptr<AdamW> full_optimizer;
     model::ModelWeights full;
@@ -462,14 +591,22 @@ StatusOr<LoadedTrainerState> Trainer::Load(const std::string& load_dir,
     load_result = LoadTrainerCheckpoint(o, full, config, full_optimizer.get());
     if (load_result.ok()) {
       const std::map<std::string, int64_t> dims = ShardDims(config);
-      Status sliced = GuardTorch("trainer: slice the checkpoint for this TP rank", [&]() -> Status {
+      Status sliced = GuardTorch("trainer: slice the checkpoint for this rank", [&]() -> Status {
         torch::NoGradGuard no_grad;
-        for (const model::ParamSpec& spec : model::ParameterSpecs(config)) {
+        std::set<std::string> mine;
+        for (const model::ParamSpec& spec : model::StageParameterSpecs(config, stage)) {
+          mine.insert(spec.hf_name);
           model::ParamSlot(model_->mutable_weights(), spec)
               .copy_(Slice(model::ParamSlot(full, spec), static_cast<int64_t>(spec.shard), tp));
         }
         if (load_result->optimizer_loaded) {
           OptimizerState state = full_optimizer->ExportState();
+          // This stage's parameters only (every one of them at PP = 1).
+          std::vector<model::NamedTensor> kept;
+          for (model::NamedTensor& nt : state.tensors) {
+            if (mine.count(StateParam(nt.name)) > 0) kept.push_back(std::move(nt));
+          }
+          state.tensors = std::move(kept);
           for (model::NamedTensor& nt : state.tensors) {
             auto it = dims.find(StateParam(nt.name));
             nt.tensor = Slice(nt.tensor, it == dims.end() ? -1 : it->second, tp)

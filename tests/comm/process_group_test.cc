@@ -1,7 +1,8 @@
 // c10d collectives between threads of this process (Gloo over TCPStore on 127.0.0.1):
 // AllGather and ReduceScatterSum against the single-process result, their argument errors and
-// the flight recorder on a missed one; and ProcessGroupTensorParallel, the model's TP group on
-// c10d. (Broadcast and AllReduceSum are covered in weight_sync_test.cc.)
+// the flight recorder on a missed one; point-to-point Send / Recv / SendRecv (any dtype, order,
+// the exchange that two blocking sends would deadlock, a missed receive timing out); and the
+// model's TP and PP group adapters on c10d. (Broadcast and AllReduceSum are covered in weight_sync_test.cc.)
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -155,6 +156,93 @@ TEST(CollectivesTest, TensorParallelGroupOverC10d) {
         EXPECT_NE(std::string(e.what()).find("dim 3"), std::string::npos) << e.what();
       }
     }
+    return absl::OkStatus();
+  }));
+}
+
+TEST(PointToPointTest, SendAndRecvMoveAnyDtypeInOrder) {
+  ExpectAllOk(OnRanks(2, "p2p", [](int rank, ProcessGroup& pg) -> Status {
+    const std::vector<torch::ScalarType> dtypes = {torch::kFloat32, torch::kBFloat16,
+                                                   torch::kInt64, torch::kFloat64};
+    if (rank == 0) {
+      for (torch::ScalarType dtype : dtypes) {
+        SLIME_RETURN_IF_ERROR(pg.Send(Input(7, {3, 4}, dtype), 1, "act"));
+      }
+      // A non-contiguous source is sent by value.
+      SLIME_RETURN_IF_ERROR(pg.Send(Input(3, {4, 3}, torch::kFloat32).t(), 1, "t"));
+    } else {
+      for (torch::ScalarType dtype : dtypes) {
+        torch::Tensor got = torch::zeros({3, 4}, dtype);
+        SLIME_RETURN_IF_ERROR(pg.Recv(got, 0, "act"));
+        EXPECT_TRUE(torch::equal(got, Input(7, {3, 4}, dtype))) << "dtype " << dtype;
+      }
+      // Into a non-contiguous destination: filled in place.
+      torch::Tensor base = torch::zeros({4, 3});
+      torch::Tensor view = base.t();
+      SLIME_RETURN_IF_ERROR(pg.Recv(view, 0, "t"));
+      EXPECT_TRUE(torch::equal(base, Input(3, {4, 3}, torch::kFloat32)));
+    }
+    // Bad peers are refused before anything is sent (the group stays usable).
+    Status self = pg.Send(torch::ones({1}), rank, "self");
+    EXPECT_EQ(self.code(), absl::StatusCode::kInvalidArgument) << self;
+    EXPECT_NE(std::string(self.message()).find("peer rank"), std::string::npos) << self;
+    torch::Tensor t = torch::ones({1});
+    EXPECT_EQ(pg.Recv(t, 5).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_FALSE(pg.broken());
+    return absl::OkStatus();
+  }));
+}
+
+// Both neighbours send first: SendRecv posts both sides before waiting, so it completes where a
+// blocking Send followed by Recv on both ranks would wait for each other.
+TEST(PointToPointTest, SendRecvExchangesBetweenNeighbours) {
+  ExpectAllOk(OnRanks(2, "exchange", [](int rank, ProcessGroup& pg) -> Status {
+    const int peer = 1 - rank;
+    for (int round = 0; round < 3; ++round) {
+      torch::Tensor got = torch::zeros({5, 2}, torch::kBFloat16);
+      SLIME_RETURN_IF_ERROR(
+          pg.SendRecv(Input(rank + round, {5, 2}, torch::kBFloat16), peer, got, peer, "x"));
+      EXPECT_TRUE(torch::equal(got, Input(peer + round, {5, 2}, torch::kBFloat16)));
+    }
+    return absl::OkStatus();
+  }));
+}
+
+TEST(PointToPointTest, AnUnmatchedSendTimesOutNamingThePeer) {
+  ExpectAllOk(OnRanks(2, "lonely", [](int rank, ProcessGroup& pg) -> Status {
+    torch::Tensor t = torch::ones({4});
+    SLIME_RETURN_IF_ERROR(pg.AllReduceSum(t, "warmup"));
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      return absl::OkStatus();
+    }
+    Status s = pg.Send(t, 1, "activation", 1.0);
+    const std::string m(s.message());
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << m;
+    EXPECT_NE(m.find("send to rank 1 #2 of 'activation'"), std::string::npos) << m;
+    EXPECT_NE(m.find("#1 all-reduce 'warmup'"), std::string::npos) << m;
+    EXPECT_TRUE(pg.broken());
+    return absl::OkStatus();
+  }));
+}
+
+TEST(CollectivesTest, PipelineParallelGroupOverC10d) {
+  ExpectAllOk(OnRanks(3, "pp", [](int rank, ProcessGroup& pg) -> Status {
+    ProcessGroupPipelineParallel pp(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}));
+    EXPECT_EQ(pp.rank(), rank);
+    EXPECT_EQ(pp.size(), 3);
+    // A chain 0 -> 1 -> 2, as a pipeline's forward.
+    torch::Tensor x = torch::full({2}, 1.0f);
+    if (rank > 0) SLIME_RETURN_IF_ERROR(pp.Recv(x, rank - 1));
+    x = x * 2;
+    if (rank < 2) SLIME_RETURN_IF_ERROR(pp.Send(x, rank + 1));
+    EXPECT_FLOAT_EQ(x[0].item<float>(), 2.0f * static_cast<float>(1 << rank));
+    torch::Tensor b = torch::full({3}, static_cast<double>(rank), torch::kFloat64);
+    SLIME_RETURN_IF_ERROR(pp.Broadcast(b, 2));
+    EXPECT_TRUE(torch::equal(b, torch::full({3}, 2.0, torch::kFloat64)));
+    torch::Tensor sum = torch::full({}, 1.0f + rank);
+    SLIME_RETURN_IF_ERROR(pp.AllReduceSum(sum));
+    EXPECT_FLOAT_EQ(sum.item<float>(), 6.0f);
     return absl::OkStatus();
   }));
 }

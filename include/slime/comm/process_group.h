@@ -23,8 +23,8 @@
 // own plus the group_name prefix; interop with a Python torch.distributed peer additionally
 // depends on that torch version's key conventions (see docs/architecture.md, weight plane).
 //
-// Tensor parallelism: comm/tensor_parallel_group.h adapts a ProcessGroup to the model's
-// TensorParallelGroup interface (the model does not depend on comm).
+// Model parallelism: comm/tensor_parallel_group.h adapts a ProcessGroup to the model's
+// TensorParallelGroup and PipelineParallelGroup interfaces (the model does not depend on comm).
 //
 // Thread-safety: collectives on one group must be issued in the same order on every rank, by one
 // thread at a time (the engine thread, or the sender). broken()/rank()/... may be read anywhere.
@@ -97,6 +97,24 @@ class ProcessGroup {
   // has the input's dtype and device.
   StatusOr<torch::Tensor> ReduceScatterSum(const torch::Tensor& tensor,
                                            const std::string& name = "", double timeout_s = 0);
+  // Point-to-point (c10d send / recv, tag 0), for pipeline stages. Send blocks until `tensor`
+  // has gone to rank `dst` (its Recv from this rank must be posted: both backends hand the
+  // bytes over only then); Recv blocks until rank `src`'s Send of the same shape and dtype
+  // arrived and overwrites `tensor` in place. Messages between two ranks arrive in send order.
+  // Any dtype (Gloo moves raw bytes); a tensor not contiguous or not on the backend's device
+  // goes through a temporary copy. `dst` / `src` must be another rank of the group
+  // (InvalidArgument otherwise, before anything is sent). Same watchdog / flight recorder as
+  // the collectives: a peer that never posts the match makes it DeadlineExceeded and the
+  // group broken. `name` labels errors.
+  Status Send(const torch::Tensor& tensor, int dst, const std::string& name = "",
+              double timeout_s = 0);
+  Status Recv(torch::Tensor& tensor, int src, const std::string& name = "", double timeout_s = 0);
+  // Posts a Send of `send` to `dst` and a Recv into `recv` from `src`, then waits for both: the
+  // exchange of a pipeline schedule's steady phase (stage s sends its activation forward while
+  // receiving a gradient from the same neighbour), which two blocking calls in a row would
+  // deadlock when both neighbours send first.
+  Status SendRecv(const torch::Tensor& send, int dst, torch::Tensor& recv, int src,
+                  const std::string& name = "", double timeout_s = 0);
   // All ranks meet (a one-element broadcast from rank 0).
   Status Barrier(double timeout_s = 0);
 
@@ -121,6 +139,8 @@ class ProcessGroup {
   Status RunCollective(const std::string& op, const std::string& name, const torch::Tensor& tensor,
                        double timeout_s,
                        const std::function<void(std::chrono::milliseconds limit)>& fn);
+  // The buffer c10d moves for `t` (see Send); `copied` is set when it is a copy.
+  at::Tensor WireBuffer(const torch::Tensor& t, bool& copied) const;
   // Numbers a collective and remembers it; Recent() lists the last kRecent.
   uint64_t Record(const std::string& what);
   std::string Recent() const;

@@ -18,6 +18,7 @@
 #include <memory>
 
 #include "slime/comm/process_group.h"
+#include "slime/model/pipeline_parallel.h"
 #include "slime/model/tensor_parallel.h"
 
 namespace slime::comm {
@@ -31,6 +32,28 @@ class ProcessGroupTensorParallel final : public model::TensorParallelGroup {
   int size() const override { return group_->world_size(); }
   void AllReduceSum(at::Tensor& tensor) override;
   at::Tensor AllGather(const at::Tensor& tensor, int64_t dim) override;
+  ProcessGroup& process_group() { return *group_; }
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+};
+
+// The model's PipelineParallelGroup (model/pipeline_parallel.h) over a ProcessGroup whose ranks
+// are the pipeline stages (rank() == stage), one per set of ranks sharing a data-parallel (and
+// tensor-parallel) index. Unlike the TP adapter its calls return the ProcessGroup's Status (the
+// trainer's schedule calls them outside autograd). Thread-safety: as ProcessGroup.
+class ProcessGroupPipelineParallel final : public model::PipelineParallelGroup {
+ public:
+  // `group` must be joined.
+  explicit ProcessGroupPipelineParallel(std::shared_ptr<ProcessGroup> group)
+      : group_(std::move(group)) {}
+  int rank() const override { return group_->rank(); }
+  int size() const override { return group_->world_size(); }
+  Status Send(const at::Tensor& tensor, int dst) override;
+  Status Recv(at::Tensor& tensor, int src) override;
+  Status SendRecv(const at::Tensor& send, int dst, at::Tensor& recv, int src) override;
+  Status Broadcast(at::Tensor& tensor, int root) override;
+  Status AllReduceSum(at::Tensor& tensor) override;
   ProcessGroup& process_group() { return *group_; }
 
  private:

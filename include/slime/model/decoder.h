@@ -20,6 +20,13 @@
 // ForwardWithCache, which runs under NoGradGuard. Errors (bad ids, shapes, LibTorch failures,
 // collective failures) come back as Status; nothing throws out of this class.
 //
+// Pipeline parallelism (pipeline_parallel.h): a DecoderModel may be one stage of a pipeline,
+// holding layers [first_layer, end_layer) only (weights().stage). ForwardPacked then takes the
+// token ids on the first stage and the previous stage's output [T, hidden] elsewhere, and
+// returns the final (normalised) hidden states on the last stage and the residual stream
+// [T, hidden] after its last layer elsewhere (what the next stage takes). Logits needs the last
+// stage; Forward, ForwardWithCache and FuseProjections need a whole model (the engine's).
+//
 // Ownership: owns its weights and shares the TP group. Thread-safety: one thread at a time.
 #ifndef SLIME_MODEL_DECODER_H_
 #define SLIME_MODEL_DECODER_H_
@@ -33,6 +40,7 @@
 #include "slime/common/status.h"
 #include "slime/model/attention.h"
 #include "slime/model/config.h"
+#include "slime/model/pipeline_parallel.h"
 #include "slime/model/tensor_parallel.h"
 #include "slime/model/weights.h"
 
@@ -43,16 +51,19 @@ class DecoderModel {
   // Validates `weights` against `config` for the group's rank/size (null group: size 1).
   static StatusOr<std::unique_ptr<DecoderModel>> Create(
       ModelConfig config, ModelWeights weights, std::shared_ptr<TensorParallelGroup> tp = nullptr);
-  // config.json + safetensors from an HF model directory; this rank's shards.
+  // config.json + safetensors from an HF model directory; this rank's shards. With pp_size > 1
+  // only pipeline stage pp_rank's parameters are read (MakePipelineStage's split; fewer layers
+  // than stages is an InvalidArgument naming both).
   static StatusOr<std::unique_ptr<DecoderModel>> Load(
       const std::string& model_dir, torch::ScalarType dtype, torch::Device device,
-      std::shared_ptr<TensorParallelGroup> tp = nullptr);
+      std::shared_ptr<TensorParallelGroup> tp = nullptr, int pp_rank = 0, int pp_size = 1);
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   // For in-place weight updates (optimizer, weight sync); shapes/dtypes must not change.
   ModelWeights& mutable_weights() { return weights_; }
   TensorParallelGroup& tp_group() { return *tp_; }
+  const PipelineStage& stage() const { return weights_.stage; }
   torch::ScalarType dtype() const { return dtype_; }
   torch::Device device() const { return device_; }
   int64_t local_heads() const { return config_.num_attention_heads / tp_->size(); }
@@ -76,6 +87,9 @@ class DecoderModel {
 
   // Packed variable-length batch: sequence b is ids[cu[b]:cu[b+1]], positions restart at 0,
   // attention is causal within each sequence. -> [T, hidden]
+  // On a pipeline stage after the first, `input_ids` is the previous stage's output [T, hidden]
+  // (converted to the model's dtype and device; autograd flows back into it), and on a stage
+  // before the last the result is this stage's output (header comment).
   StatusOr<torch::Tensor> ForwardPacked(const torch::Tensor& input_ids,
                                         const std::vector<int64_t>& cu_seqlens);
 
@@ -89,7 +103,7 @@ class DecoderModel {
   StatusOr<torch::Tensor> ForwardWithCache(const torch::Tensor& input_ids, KvCache& cache);
 
   // Logits [T, vocab] (or this rank's [T, vocab/P] when !gather) of hidden [T, hidden], in the
-  // model dtype.
+  // model dtype. Last pipeline stage only.
   StatusOr<torch::Tensor> Logits(const torch::Tensor& hidden, bool gather = true);
 
   // Inference on CUDA: stacks q|k|v and gate|up of every layer into one weight each (the
@@ -118,6 +132,8 @@ class DecoderModel {
   torch::Tensor Layer(int index, const torch::Tensor& x, const torch::Tensor& cos,
                       const torch::Tensor& sin, AttentionBackend& attention);
   Status CheckIds(const torch::Tensor& ids) const;
+  // FailedPrecondition naming `what` unless this is a whole model (one pipeline stage).
+  Status CheckWhole(const char* what) const;
 
   ModelConfig config_;
   ModelWeights weights_;

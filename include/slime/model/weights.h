@@ -5,7 +5,10 @@
 // (see tensor_parallel.h for the layouts); shapes below are for TP size P.
 //
 // ParameterSpecs() lists every parameter of a config with its HF name, full shape, TP split and
-// initialisation; loading, random init, saving and NamedParameters() all walk that list.
+// initialisation; loading, random init, saving and NamedParameters() all walk that list — or,
+// for a pipeline stage (pipeline_parallel.h), StageParameterSpecs(), the part of it the stage
+// holds. A stage's ModelWeights keep `layers` sized to every layer of the config (global layer
+// indices and HF names), with only the stage's layers set; `stage` says which.
 //
 // Random initialisation is counter-based: element i of parameter NAME is a function of
 // (seed, NAME, i) only, so the same seed gives the same bytes whatever the thread count, device,
@@ -25,6 +28,7 @@
 #include "slime/common/status.h"
 #include "slime/model/checkpoint.h"
 #include "slime/model/config.h"
+#include "slime/model/pipeline_parallel.h"
 
 namespace slime::model {
 
@@ -53,11 +57,13 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
+  // First pipeline stage (and the last one's tied LM head copy); undefined elsewhere.
   torch::Tensor embed_tokens;  // [vocab/P, hidden]  vocab-parallel
-  std::vector<LayerWeights> layers;
-  torch::Tensor final_norm;  // [hidden]
+  std::vector<LayerWeights> layers;  // every layer of the config; the stage's are set
+  torch::Tensor final_norm;  // [hidden]  last pipeline stage only
   torch::Tensor
       lm_head;  // [vocab/P, hidden]  vocab-parallel; same tensor as embed_tokens when tied
+  PipelineStage stage;  // which part of the model these are (default: all of it)
 };
 
 // How a parameter is split over tensor-parallel ranks.
@@ -78,6 +84,11 @@ struct ParamSpec {
 // tied embeddings lm_head.weight is absent (HF does not store it).
 std::vector<ParamSpec> ParameterSpecs(const ModelConfig& config);
 
+// The parameters a pipeline stage holds, in ParameterSpecs order: the embedding on the first
+// stage (and, with tied embeddings, on a last stage as its LM head copy — same HF name), its
+// layers, the final norm and lm_head on the last stage. The whole list for a whole model.
+std::vector<ParamSpec> StageParameterSpecs(const ModelConfig& config, const PipelineStage& stage);
+
 // The tensor of `weights` that `spec` names (layers must already be sized).
 torch::Tensor& ParamSlot(ModelWeights& weights, const ParamSpec& spec);
 const torch::Tensor& ParamSlot(const ModelWeights& weights, const ParamSpec& spec);
@@ -90,6 +101,7 @@ struct WeightOptions {
   torch::Device device = torch::kCPU;
   int tp_rank = 0;
   int tp_size = 1;
+  PipelineStage stage;  // load / generate only this stage's parameters
 };
 
 // Loads this rank's shard of every parameter from `checkpoint`, checking names, shapes and
@@ -102,15 +114,17 @@ StatusOr<ModelWeights> LoadWeights(const CheckpointReader& checkpoint, const Mod
 StatusOr<ModelWeights> RandomWeights(const ModelConfig& config, uint64_t seed,
                                      const WeightOptions& options);
 
-// Checks that every parameter is present with its shard shape, and that all share one dtype and
-// device; the error names the HF parameter.
+// Checks that every parameter of weights.stage is present with its shard shape, and that all
+// share one dtype and device; the error names the HF parameter.
 Status ValidateWeights(const ModelWeights& weights, const ModelConfig& config, int tp_rank,
                        int tp_size);
 
-// (HF name, tensor) for every parameter in ParameterSpecs order; shards when TP size > 1.
+// (HF name, tensor) for every parameter of weights.stage in ParameterSpecs order; shards when TP
+// size > 1. A pipeline stage's tied LM head copy is listed as "model.embed_tokens.weight".
 std::vector<NamedTensor> NamedParameters(const ModelWeights& weights, const ModelConfig& config);
 
-// Writes the weights of a TP-size-1 model as an HF checkpoint directory (safetensors only; the
+// Writes the weights of a TP-size-1, whole (one pipeline stage) model as an HF checkpoint
+// directory (safetensors only; the
 // caller writes config.json).
 Status SaveWeights(const std::string& dir, const ModelWeights& weights, const ModelConfig& config,
                    const WriteCheckpointOptions& options = {});

@@ -36,9 +36,10 @@
 // sizes. Each error names the file and what is wrong; on error nothing was changed. Weights are
 // read into CPU temporaries first and copied in place into the model's tensors afterwards.
 //
-// The files hold full (TP=1) tensors: `weights` here must be a TP=1 model's. A tensor-parallel
-// Trainer gathers its shards before saving and slices after loading (trainer.h, "Tensor
-// parallelism"), so a checkpoint loads at any TP size.
+// The files hold full (TP=1, PP=1) tensors: `weights` here must be a TP=1 whole model's. A
+// tensor-parallel Trainer gathers its shards before saving and slices after loading (trainer.h,
+// "Tensor parallelism"); a pipeline-parallel one gathers the stages to stage 0 and keeps its
+// stage's part after loading ("Pipeline parallelism"), so a checkpoint loads at any TP / PP size.
 // Thread-safety: none; call from the trainer's thread while no forward/backward runs.
 #ifndef SLIME_TRAIN_CHECKPOINT_H_
 #define SLIME_TRAIN_CHECKPOINT_H_

@@ -162,10 +162,14 @@ struct OptimizerParam {
   std::string name;         // HF name, unique
   torch::Tensor tensor;     // the model's tensor (shared storage); its grad() is read
   bool replicated = false;  // identical on every tensor-parallel rank (see AdamWOptions::tp_rank)
+  // A pipeline stage's copy of a parameter another stage owns (the last stage's tied LM head,
+  // model/pipeline_parallel.h): trained like any parameter but never counted in the gradient
+  // norm (the owner counts it; reduce_squared_grad_norm sums the stages).
+  bool pipeline_copy = false;
 };
 
-// The model's parameters in ParameterSpecs order (lm_head once when tied), with the replication
-// flag from the tensor-parallel layout.
+// The model's parameters (of weights.stage) in ParameterSpecs order (lm_head once when tied),
+// with the replication flag from the tensor-parallel layout and the pipeline_copy flag.
 std::vector<OptimizerParam> ModelParameters(const model::ModelWeights& weights,
                                             const model::ModelConfig& config);
 

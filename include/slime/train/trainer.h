@@ -79,13 +79,37 @@
 // (Create fails with Unimplemented). The fused CUDA log-prob kernels are single-rank only (the
 // vocab-parallel path is the eager one).
 //
+// Pipeline parallelism (model/pipeline_parallel.h). With options.pp_group of size P this
+// trainer is stage pp_group->rank(): its model holds layers [s·L/P, (s+1)·L/P) (the first stage
+// the embedding, the last the final norm and LM head; with tied embeddings the last stage keeps
+// its own copy of the table as LM head), loaded from the HF checkpoint stage by stage. Every
+// stage receives the same batch and computes the same schedule, so all stages of one DP rank
+// run the same micro-batches — the equal micro-batch counts per DP rank of batching.h make the
+// stages of different DP ranks agree too. A training step runs the 1F1B schedule
+// (trainer_pipeline.cc): the activations [T, hidden] of a micro-batch go forward stage to
+// stage (c10d send / recv), the gradients of those activations come back, and the loss (log-
+// probs, policy or SFT loss) runs on the last stage only. After the backward passes: the DP
+// all-reduce per stage; the tied embedding's two gradients summed between the first and the
+// last stage; the gradient norm's sum of squares all-reduced over the stages (the tied copy
+// counted once); AdamW per stage; the last stage's step metrics broadcast so every stage
+// returns the same TrainStepMetrics. Forward-only passes (ref / teacher / old log-probs,
+// ComputeLogProbs) go through the stages the same way without backward, and the last stage
+// broadcasts the per-token log-probs (and entropy), so advantages and the rollout values are
+// computed identically on every stage. Checkpoints stay layout-independent: at PP > 1 Save is a
+// collective of the PP group — every stage sends its parameters and AdamW state to stage 0
+// (send / recv in HF parameter order), which writes the whole model as a PP=1 checkpoint, and a
+// broadcast tells every stage the outcome — and Load reads the full checkpoint on every stage
+// and keeps its own parameters, so a checkpoint loads at any PP size. Not yet at PP > 1 (Create
+// fails with Unimplemented): tensor parallelism at the same time, the distributed optimizer over
+// dp_size > 1, the PPO critic; interleaved (virtual) stages; overlapping the sends with compute.
+//
 // PPO. With advantage_estimator "ppo" the trainer owns a Critic (critic.h): the same decoder
 // with a hidden → 1 value head, its own optimizer and LR schedule. Save writes it under
 // <save>/critic/ (same iteration) before the actor; Load reads it back from there.
 //
 // What is not here yet: custom loss / advantage / TIS functions, routing replay (no MoE model),
 // padding micro-batches to TP × data_pad_size_multiplier (micro-batches are packed unpadded;
-// nothing here needs the padding), sequence parallelism, and pipeline / context parallelism.
+// nothing here needs the padding), sequence parallelism, and context parallelism.
 //
 // Thread-safety: a Trainer belongs to one thread (the replica's training thread); no method may
 // run concurrently with another. Errors (bad batch, bad config, LibTorch failures) come back as
@@ -113,6 +137,7 @@
 
 namespace slime::model {
 class DecoderModel;
+class PipelineParallelGroup;
 class TensorParallelGroup;
 }  // namespace slime::model
 
@@ -215,6 +240,12 @@ struct TrainerOptions {
   // trainer. Unset: one rank (model::SingleRankGroup). The DP group above is then the ranks
   // with the same TP rank.
   std::shared_ptr<model::TensorParallelGroup> tp_group;
+  // Pipeline parallelism (header comment, "Pipeline parallelism"): this trainer is stage
+  // pp_group->rank() of pp_group->size() (comm::ProcessGroupPipelineParallel over the ranks
+  // that share a DP index). It must outlive the trainer. Unset: one stage
+  // (model::SinglePipelineStage). config.train.pipeline_model_parallel_size must be 1 or the
+  // group's size. The DP group above is then the ranks of the same stage.
+  std::shared_ptr<model::PipelineParallelGroup> pp_group;
 };
 
 class Trainer {
@@ -262,7 +293,9 @@ class Trainer {
   // old_actor ← actor. No-op without keep_old_actor.
   Status OnWeightsSynced();
 
-  // At TP > 1 Save and Load must run on every rank of the TP group (see "Tensor parallelism").
+  // At TP > 1 Save and Load must run on every rank of the TP group (see "Tensor parallelism"),
+  // at PP > 1 on every stage of the pipeline (stage 0 writes and returns the directory, the
+  // others return it too once stage 0 reported success).
   // Saves a checkpoint (checkpoint.h) at iteration `rollout_id` under `save_dir`: model,
   // optimizer (unless checkpoint.no_save_optim), RNG, the step counter, the LR scheduler state
   // and `extra_state_json` (a JSON object, e.g. the data source's state); keeps the newest
@@ -300,6 +333,9 @@ class Trainer {
   struct SampleTensors;
   Trainer(TrainerOptions options, std::unique_ptr<model::DecoderModel> model,
           std::unique_ptr<AdamW> optimizer, LrScheduler lr_scheduler);
+  // PP > 1 with tied embeddings: the first and the last stage sum their two gradients of the
+  // table (header comment, "Pipeline parallelism"). No-op otherwise.
+  Status SyncTiedEmbeddingGrads();
   // Runs `fn` with `which`'s weights swapped into the model, then restores the actor.
   Status WithPolicyWeights(PolicyWeights which, const std::function<Status()>& fn);
   // One optimizer step over this rank's micro-batches of `step`.
