@@ -606,21 +606,27 @@ StatusOr<nlohmann::json> TrainerWorker::ResyncEngine(const nlohmann::json& reque
     return absl::FailedPreconditionError(
         "resync_engine: the engines were never given weights (sync_weights has not run)");
   }
+  // A bad request is reported after the collectives below, so the TP peers are not left
+  // waiting in them.
   comm::EngineEndpoint e;
+  Status request_ok = absl::OkStatus();
   if (impl.WeightSource()) {
     try {
       e.host = request.at("host").get<std::string>();
       e.port = request.at("port").get<int>();
     } catch (const nlohmann::json::exception& ex) {
-      return absl::InvalidArgumentError(fmt::format("resync_engine: bad request: {}", ex.what()));
+      request_ok =
+          absl::InvalidArgumentError(fmt::format("resync_engine: bad request: {}", ex.what()));
     }
   }
+  if (!request_ok.ok() && impl.tp_size == 1) return request_ok;
   const auto start = std::chrono::steady_clock::now();
   const std::string version = impl.weights_version;
   // The disk transport's directory of this version is still there: load it as it is. At TP > 1
   // the source decides and its peers learn whether to take part in a gather.
-  SLIME_ASSIGN_OR_RETURN(const bool reuse, impl.FromSource(!impl.last_disk_dir.empty() &&
-                                                           version == impl.synced_version));
+  SLIME_ASSIGN_OR_RETURN(const bool reuse,
+                         impl.FromSource(request_ok.ok() && !impl.last_disk_dir.empty() &&
+                                         version == impl.synced_version));
   const std::string dir =
       reuse ? impl.last_disk_dir : fmt::format("{}/resync-v{}", impl.DiskRoot(), version);
   int64_t bytes = 0;
@@ -647,6 +653,10 @@ StatusOr<nlohmann::json> TrainerWorker::ResyncEngine(const nlohmann::json& reque
   }
   if (!impl.WeightSource()) {
     return nlohmann::json{{"source", false}, {"seconds", SecondsSince(start)}};
+  }
+  if (!request_ok.ok()) {
+    if (!reuse) RemoveDir(dir);
+    return request_ok;
   }
   Status loaded = impl.LoadOnEngine(e, dir, version);
   if (!reuse) RemoveDir(dir);
