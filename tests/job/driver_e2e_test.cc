@@ -756,7 +756,7 @@ std::map<int64_t, Json> StepValues(const fs::path& metrics) {
 //      group and the gathered weight sync over Gloo. After rollout 0 the trainer's updated
 //      weights reach the engines as full HF tensors (each all-gathered over the TP group), so
 //      the engines' log-probs of rollout 1's samples equal the trainer's recomputed ones
-//      (train_rollout_logprob_abs_diff ~ 0; stale or wrong weights give ~1e-3 here).
+//      (train_rollout_logprob_abs_diff ~ 6e-7; the weights of before the step give ~0.2 here).
 //   B. the same rollouts (saved by A) trained by one trainer (TP 1), and
 //   C. by four trainers at TP 2 × DP 2 (two TP groups, two DP groups):
 // the same per-step loss, pg_loss and grad_norm within float32 tolerance, and one checkpoint.
