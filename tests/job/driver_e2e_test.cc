@@ -846,6 +846,34 @@ TEST_F(DriverE2eTest, TensorParallelTrainersMatchOneTrainerAndSyncFullWeights) {
     }
   }
 }
+// The disk transport from a TP=2 trainer: rank 0 writes the full tensors (each all-gathered over
+// the TP group as it is written) and the engines load them; rollout 1's engine log-probs equal
+// the trainer's.
+TEST_F(DriverE2eTest, TensorParallelTrainersSyncThroughTheDiskTransport) {
+  const fs::path config =
+      WriteConfig(2,
+                  "algorithm:\n  get_mismatch_metrics: true\n  entropy_coef: 0.01\n"
+                  "weight_sync:\n  transport: disk\n  disk_dir: " +
+                      (dir_ / "weights").string() + "\n");
+  Child a({"--config", config.string(), "--set", "cluster.actor_num_gpus_per_node=2", "--set",
+           "train.tensor_model_parallel_size=2", "--set", "train.lr=1.0e-3", "--set",
+           "eval.interval=null"},
+          dir_);
+  ASSERT_EQ(a.Wait(std::chrono::seconds(500)), 0) << "stdout:\n"
+                                                  << a.out() << "\nstderr:\n"
+                                                  << ReadLogs(dir_ / "run", a);
+  const std::string logs = ReadLogs(dir_ / "run", a);
+  EXPECT_NE(logs.find("weight sync: disk transport"), std::string::npos) << logs;
+  const std::map<int64_t, Json> steps = StepValues(dir_ / "run" / "metrics.jsonl");
+  ASSERT_EQ(steps.size(), 2u);
+  for (const auto& [step, values] : steps) {
+    ASSERT_TRUE(values.contains("train/train_rollout_logprob_abs_diff")) << values.dump();
+    std::cout << "disk, tp2 step " << step << ": train_rollout_logprob_abs_diff "
+              << values["train/train_rollout_logprob_abs_diff"] << "\n";
+    EXPECT_LT(values["train/train_rollout_logprob_abs_diff"].get<double>(), 2e-5)
+        << "step " << step << ": the engines' log-probs differ from the trainer's";
+  }
+}
 
 #ifdef SLIME_CALC_ENV_BIN_DEFAULT
 // rollout.custom_generate: env — every sample is a multi-turn episode against the example
