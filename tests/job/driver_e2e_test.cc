@@ -6,7 +6,8 @@
 // run stopped mid-generation resumes with the prompts of an uninterrupted run.
 // An engine worker killed mid-rollout is restarted, resynced and its groups retried, unless
 // restarts are off (then the job fails naming it). Two data-parallel trainer processes (Gloo
-// all-reduce) train saved rollouts exactly as one trainer does. A multi-turn GRPO job runs its
+// all-reduce) train saved rollouts exactly as one trainer does; so do tensor-parallel ones (TP=2,
+// TP=2 × DP=2), whose weight sync (Gloo group, disk) gives the engines the trainer's weights. A multi-turn GRPO job runs its
 // episodes against the example calculator environment (real HTTP) and trains on them.
 #include <fcntl.h>
 #include <signal.h>
