@@ -2,6 +2,7 @@
 #include "slime/comm/weight_sender.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -98,6 +99,25 @@ std::vector<std::pair<size_t, size_t>> PlanBuckets(const std::vector<model::Name
   return buckets;
 }
 
+namespace {
+
+// Tensor `i` from `fetch`, checked against its entry in `shapes`.
+StatusOr<torch::Tensor> Fetch(const std::vector<model::NamedTensor>& shapes,
+                              const TensorFetchFn& fetch, size_t i) {
+  SLIME_ASSIGN_OR_RETURN(torch::Tensor t, fetch(i));
+  const torch::Tensor& like = shapes[i].tensor;
+  if (!t.defined() || t.sizes() != like.sizes() || t.scalar_type() != like.scalar_type()) {
+    return absl::InternalError(fmt::format(
+        "weight sync: '{}' was produced as {} [{}], listed as {} [{}]", shapes[i].name,
+        t.defined() ? DtypeName(t.scalar_type()) : "undefined",
+        t.defined() ? fmt::format("{}", fmt::join(t.sizes(), ", ")) : "",
+        DtypeName(like.scalar_type()), fmt::format("{}", fmt::join(like.sizes(), ", "))));
+  }
+  return t;
+}
+
+}  // namespace
+
 Status WeightSender::PostAll(const std::string& path, const std::vector<std::string>& bodies,
                              const std::function<Status()>& during) {
   std::vector<StatusOr<http::Response>> replies(options_.engines.size(),
@@ -192,7 +212,15 @@ Status WeightSender::Disconnect() {
 
 StatusOr<SyncStats> WeightSender::Send(const std::vector<model::NamedTensor>& tensors,
                                        const std::string& weight_version, bool flush_cache) {
-  if (ipc()) return SendIpc(tensors, weight_version, flush_cache);
+  return Send(
+      tensors, [&tensors](size_t i) -> StatusOr<torch::Tensor> { return tensors[i].tensor; },
+      weight_version, flush_cache);
+}
+
+StatusOr<SyncStats> WeightSender::Send(const std::vector<model::NamedTensor>& tensors,
+                                       const TensorFetchFn& fetch,
+                                       const std::string& weight_version, bool flush_cache) {
+  if (ipc()) return SendIpc(tensors, fetch, weight_version, flush_cache);
   if (!group_) return absl::FailedPreconditionError("weight sender is disconnected");
   const auto t0 = Clock::now();
   SyncStats stats;
@@ -203,10 +231,16 @@ StatusOr<SyncStats> WeightSender::Send(const std::vector<model::NamedTensor>& te
     std::vector<torch::Tensor> payload;
     std::vector<std::string> names;
     json dtypes = json::array(), shapes = json::array();
-    try {
-      torch::NoGradGuard no_grad;
-      for (size_t i = begin; i < end; ++i) {
-        torch::Tensor t = tensors[i].tensor.detach();
+    for (size_t i = begin; i < end; ++i) {
+      StatusOr<torch::Tensor> fetched = Fetch(tensors, fetch, i);
+      if (!fetched.ok()) {
+        return Status(fetched.status().code(),
+                      fmt::format("preparing bucket {} of {}: {}", b + 1, buckets.size(),
+                                  std::string(fetched.status().message())));
+      }
+      try {
+        torch::NoGradGuard no_grad;
+        torch::Tensor t = fetched->detach();
         if (options_.dtype && t.scalar_type() != *options_.dtype) t = t.to(*options_.dtype);
         t = t.to(dev).contiguous();
         names.push_back(tensors[i].name);
@@ -214,11 +248,11 @@ StatusOr<SyncStats> WeightSender::Send(const std::vector<model::NamedTensor>& te
         shapes.push_back(t.sizes().vec());
         stats.bytes += t.numel() * t.element_size();
         payload.push_back(std::move(t));
+      } catch (const std::exception& e) {
+        return absl::InternalError(fmt::format("preparing bucket {} of {} for '{}': {}", b + 1,
+                                               buckets.size(), tensors[i].name,
+                                               std::string(e.what()).substr(0, 300)));
       }
-    } catch (const std::exception& e) {
-      return absl::InternalError(
-          fmt::format("preparing bucket {} of {} for '{}': {}", b + 1, buckets.size(),
-                      tensors[begin].name, std::string(e.what()).substr(0, 300)));
     }
     // The last bucket carries the version, so engines report it only once all weights are in.
     json body = {{"names", names},
@@ -245,6 +279,7 @@ StatusOr<SyncStats> WeightSender::Send(const std::vector<model::NamedTensor>& te
 }
 
 StatusOr<SyncStats> WeightSender::SendIpc(const std::vector<model::NamedTensor>& tensors,
+                                          const TensorFetchFn& fetch,
                                           const std::string& weight_version, bool flush_cache) {
   const auto t0 = Clock::now();
   SyncStats stats;
@@ -259,9 +294,16 @@ StatusOr<SyncStats> WeightSender::SendIpc(const std::vector<model::NamedTensor>&
                          IpcExportBuffer::Create(options_.device, capacity));
   for (size_t b = 0; b < buckets.size(); ++b) {
     const auto [begin, end] = buckets[b];
-    std::vector<model::NamedTensor> part(tensors.begin() + begin, tensors.begin() + end);
-    StatusOr<IpcBucket> bucket = buffer->Pack(part, options_.dtype);
-    Status s = bucket.status();
+    std::vector<model::NamedTensor> part;
+    Status s = absl::OkStatus();
+    for (size_t i = begin; i < end && s.ok(); ++i) {
+      StatusOr<torch::Tensor> fetched = Fetch(tensors, fetch, i);
+      s = fetched.status();
+      if (s.ok()) part.push_back({tensors[i].name, *std::move(fetched)});
+    }
+    StatusOr<IpcBucket> bucket =
+        s.ok() ? buffer->Pack(part, options_.dtype) : StatusOr<IpcBucket>(s);
+    s = bucket.status();
     if (s.ok()) {
       // One entry per engine GPU (SGLang's serialized_named_tensors shape); our engines have one.
       json body = {{"load_format", "slime_cuda_ipc"},
@@ -274,7 +316,7 @@ StatusOr<SyncStats> WeightSender::SendIpc(const std::vector<model::NamedTensor>&
     if (!s.ok()) {
       return Status(s.code(), fmt::format("weight sync (CUDA IPC), bucket {} of {} ({} tensors "
                                           "from '{}'): {}",
-                                          b + 1, buckets.size(), part.size(), part.front().name,
+                                          b + 1, buckets.size(), end - begin, tensors[begin].name,
                                           std::string(s.message())));
     }
     for (const IpcTensor& t : bucket->tensors) {

@@ -308,10 +308,13 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
   b.Add("tensor_model_parallel_size", &TrainConfig::tensor_model_parallel_size)
       .Slime("--tensor-model-parallel-size")
       .Min(1)
-      .Doc("Tensor-parallel size of the trainer. The Trainer supports TP "
-           "(TrainerOptions::tp_group, tested at TP=2 and TP=2 × DP=2; `train_bench --tp N`), but "
-           "the trainer workers of `slime_train` do not build TP groups yet: values > 1 log a "
-           "warning and every worker stays a data-parallel rank of a full replica.");
+      .Doc(
+          "Tensor-parallel size of the trainer (Megatron-style: attention heads, MLP columns "
+          "and the vocabulary split over TP ranks). The actor's trainer processes "
+          "(actor_num_nodes × actor_num_gpus_per_node) are TP × DP ranks, rank = dp·TP + tp; "
+          "each TP group gathers its shards for checkpoints and for the weight sync (the engines "
+          "get full tensors). Not yet with advantage_estimator ppo or, at DP > 1, "
+          "use_distributed_optimizer.");
   b.Add("pipeline_model_parallel_size", &TrainConfig::pipeline_model_parallel_size)
       .Slime("--pipeline-model-parallel-size")
       .Min(1)

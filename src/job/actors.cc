@@ -71,8 +71,8 @@ class TrainerActor : public runtime::Actor {
       : worker_(workers::TrainerWorker::Create(std::move(options))) {
     workers::TrainerWorker* w = worker_.get();
     AddJsonMethod(this, "init", [w](const Json&) { return w->Init(); });
-    AddJsonMethod(this, "open_dp_group", [w](const Json& r) { return w->OpenDpGroup(r); });
-    AddJsonMethod(this, "join_dp_group", [w](const Json& r) { return w->JoinDpGroup(r); });
+    AddJsonMethod(this, "open_groups", [w](const Json& r) { return w->OpenGroups(r); });
+    AddJsonMethod(this, "join_groups", [w](const Json& r) { return w->JoinGroups(r); });
     AddMethod("train", [w](const std::string& payload) -> StatusOr<std::string> {
       SLIME_ASSIGN_OR_RETURN(DecodedTrainBatch decoded, DecodeTrainBatch(payload));
       SLIME_ASSIGN_OR_RETURN(Json reply, w->Train(decoded.rollout_id, decoded.batch));

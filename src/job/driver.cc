@@ -236,6 +236,8 @@ class Driver : public RolloutSteps {
   // Every address answers GET /health 200 before `timeout`, else an error naming it.
   Status WaitForExternalEngines(const std::vector<std::string>& addresses,
                                 std::chrono::milliseconds timeout);
+  // The trainers' tensor- and data-parallel groups (open_groups, then join_groups).
+  Status FormTrainerGroups();
   Status InitTrainers();
   Status Loop();
   Status Evaluate(int64_t rollout_id, MetricValues* perf) override;  // also RolloutSteps
@@ -455,16 +457,23 @@ Status Driver::StartActors() {
     if (a.role == "engine") ++engines_on_node[a.node_name];
   }
   int num_trainers = 0;
-  for (const runtime::ActorOptions& a : actors) num_trainers += a.role == "trainer";
+  std::map<std::string, int> trainers_on_node;
+  for (const runtime::ActorOptions& a : actors) {
+    num_trainers += a.role == "trainer";
+    if (a.role == "trainer") ++trainers_on_node[a.node_name];
+  }
   for (runtime::ActorOptions& a : actors) {
     Json init = {{"device", gpus ? "cuda" : "cpu"}};
     if (a.role == "engine") {
       engine_ids_.push_back(a.actor_id);
       if (!gpus) init["num_threads"] = std::max(1, cores / std::max(1, engines_on_node[a.node_name]));
     } else {
+      // In rank order (the plan lists trainers by rank): trainer_ids_[r] is rank r.
       trainer_ids_.push_back(a.actor_id);
       init["world_size"] = num_trainers;
-      if (!gpus) init["num_threads"] = cores;
+      // CPU trainers of one node share its cores (ranks wait on each other in collectives).
+      if (!gpus)
+        init["num_threads"] = std::max(1, cores / std::max(1, trainers_on_node[a.node_name]));
     }
     a.init_payload = init.dump();
   }
@@ -528,8 +537,51 @@ Status Driver::WaitForExternalEngines(const std::vector<std::string>& addresses,
   return absl::OkStatus();
 }
 
+Status Driver::FormTrainerGroups() {
+  // Megatron's layout over the trainer ranks (workers/workers.h): every group leader opens its
+  // group's store and answers its port; every rank then joins its TP and DP groups at once.
+  const auto t = Clock::now();
+  runtime::ActorGroup trainers = head_->Group(trainer_ids_);
+  runtime::CallOptions co;
+  co.timeout = LongCall();
+  std::vector<std::string> requests;
+  for (const std::string& id : trainer_ids_) {
+    SLIME_ASSIGN_OR_RETURN(runtime::ActorEndpoint endpoint, head_->Resolve(id));
+    SLIME_ASSIGN_OR_RETURN(auto host, runtime::SplitHostPort(endpoint.address));
+    requests.push_back(Json{{"master_address", host.first}}.dump());
+  }
+  std::vector<runtime::CallFuture> opening = trainers.CallEachAsync("open_groups", requests, co);
+  SLIME_ASSIGN_OR_RETURN(std::vector<std::string> opened, runtime::WaitAll(opening));
+  const int world = static_cast<int>(trainer_ids_.size());
+  const int tp = std::max(1, config_.train.tensor_model_parallel_size);
+  // join_groups' request: tp[d] = the TP group of DP index d (led by rank d·TP), dp[t] = the
+  // DP group of TP index t (led by rank t).
+  Json join = {{"tp", Json::array()}, {"dp", Json::array()}};
+  for (int rank = 0; rank < world; ++rank) {
+    Json reply = Json::parse(opened[rank], nullptr, false);
+    if (!reply.is_object()) {
+      return absl::InternalError(
+          fmt::format("open_groups on {}: reply is not JSON", trainer_ids_[rank]));
+    }
+    for (const char* key : {"tp", "dp"}) {
+      if (reply.contains(key)) join[key].push_back(reply[key]);
+    }
+  }
+  SLIME_ASSIGN_OR_RETURN(std::vector<std::string> joined,
+                         trainers.CallAll("join_groups", join.dump(), co));
+  Json first = Json::parse(joined.front(), nullptr, false);
+  spdlog::info(
+      "trainers: tensor-parallel size {} × data-parallel size {} ({} ranks): groups formed in "
+      "{:.1f} s ({})",
+      tp, world / tp, world, Since(t),
+      first.is_object() ? first.value("backend", std::string("?")) : "?");
+  return absl::OkStatus();
+}
+
 Status Driver::InitTrainers() {
   const auto start = Clock::now();
+  // The groups first: a tensor-parallel trainer loads its shard and runs collectives in init.
+  if (trainer_ids_.size() > 1) SLIME_RETURN_IF_ERROR(FormTrainerGroups());
   runtime::ActorGroup trainers = head_->Group(trainer_ids_);
   runtime::CallOptions co;
   co.timeout = LongCall();
@@ -538,19 +590,6 @@ Status Driver::InitTrainers() {
   if (init.is_discarded()) return absl::InternalError("init on trainer-0: reply is not JSON");
   spdlog::info("trainers ready in {:.1f} s ({} parameters on {})", Since(start),
                init.value("num_parameters", int64_t{0}), init.value("device", std::string("?")));
-  if (trainer_ids_.size() > 1) {
-    // Data parallelism: rank 0 opens the group's store, then every rank joins at once.
-    const auto t = Clock::now();
-    SLIME_ASSIGN_OR_RETURN(runtime::ActorEndpoint rank0, head_->Resolve(trainer_ids_.front()));
-    SLIME_ASSIGN_OR_RETURN(auto host, runtime::SplitHostPort(rank0.address));
-    SLIME_ASSIGN_OR_RETURN(Json opened, CallJson(head_->Handle(trainer_ids_.front()), "open_dp_group",
-                                                 {{"master_address", host.first}}, LongCall()));
-    SLIME_ASSIGN_OR_RETURN(std::vector<std::string> joined,
-                           trainers.CallAll("join_dp_group", opened.dump(), co));
-    Json first = Json::parse(joined.front(), nullptr, false);
-    spdlog::info("trainers: data-parallel group of {} formed in {:.1f} s ({})", trainer_ids_.size(),
-                 Since(t), first.is_object() ? first.value("backend", std::string("?")) : "?");
-  }
   start_rollout_id_ = 0;
   if (init.value("loaded", false)) {
     const int64_t loaded = init.at("rollout_id").get<int64_t>();
@@ -584,7 +623,12 @@ Status Driver::InitTrainers() {
     eo.head = head_.get();
     eo.engine_ids = engine_ids_;
     eo.addresses = engine_addresses_;
-    eo.trainer_id = trainer_ids_.front();
+    // The weight exporters: the TP ranks of DP rank 0 (ranks 0..TP-1), rank 0 the source.
+    eo.trainer_ids.assign(
+        trainer_ids_.begin(),
+        trainer_ids_.begin() +
+            std::min<size_t>(trainer_ids_.size(),
+                             std::max(1, config_.train.tensor_model_parallel_size)));
     eo.num_gpus_per_engine = config_.cluster.rollout_num_gpus_per_engine;
     eo.max_restarts = config_.fault_tolerance.max_engine_restarts;
     eo.restart_backoff_s = config_.fault_tolerance.restart_backoff;
@@ -642,8 +686,18 @@ Status Driver::TrainerMemory(bool release, const char* metric, MetricValues* val
 StatusOr<Json> Driver::SyncWeights(const std::string& version) {
   // An engine restarted since the last sync: the group is re-formed with its new address.
   if (engines_ != nullptr) SLIME_RETURN_IF_ERROR(engines_->ReconnectIfChanged());
-  return CallJson(head_->Handle(trainer_ids_.front()), "sync_weights",
-                  {{"weight_version", version}}, LongCall());
+  // Every rank: rank 0 sends, its TP peers take part in the gathers, and each rank advances its
+  // own keep_old_actor queue. Rank 0's reply has the transfer's numbers.
+  runtime::CallOptions co;
+  co.timeout = LongCall();
+  SLIME_ASSIGN_OR_RETURN(
+      std::vector<std::string> replies,
+      head_->Group(trainer_ids_)
+          .CallAll("sync_weights", Json{{"weight_version", version}}.dump(), co));
+  Json reply = Json::parse(replies.front(), nullptr, false);
+  if (!reply.is_object())
+    return absl::InternalError("sync_weights on trainer-0: reply is not JSON");
+  return reply;
 }
 
 Status Driver::Evaluate(int64_t rollout_id, MetricValues* perf) {

@@ -34,6 +34,23 @@ StatusOr<Json> Call(runtime::Head* head, const std::string& actor_id, const std:
   return j;
 }
 
+// resync_engine on every weight exporter at once (EngineRecoveryOptions::trainer_ids); the
+// source's reply.
+StatusOr<Json> Resync(runtime::Head* head, const std::vector<std::string>& trainer_ids,
+                      const Json& request, std::chrono::milliseconds timeout) {
+  runtime::CallOptions options;
+  options.timeout = timeout;
+  SLIME_ASSIGN_OR_RETURN(
+      std::vector<std::string> replies,
+      head->Group(trainer_ids).CallAll("resync_engine", request.dump(), options));
+  Json j = Json::parse(replies.front(), nullptr, false);
+  if (j.is_discarded()) {
+    return absl::InternalError(
+        fmt::format("resync_engine on {}: the reply is not JSON", trainer_ids.front()));
+  }
+  return j;
+}
+
 // GET /health of the engine at `address` answers 200 within a second.
 bool Healthy(const std::string& address) {
   StatusOr<std::pair<std::string, int>> hp = runtime::SplitHostPort(address);
@@ -52,8 +69,10 @@ EngineRecoveryImpl::EngineRecoveryImpl(EngineRecoveryOptions options)
 
 StatusOr<std::unique_ptr<EngineRecoveryImpl>> EngineRecoveryImpl::Create(
     EngineRecoveryOptions options) {
-  if (options.head == nullptr || options.engine_ids.size() != options.addresses.size()) {
-    return absl::InvalidArgumentError("engine recovery: a head and one address per engine are needed");
+  if (options.head == nullptr || options.engine_ids.size() != options.addresses.size() ||
+      options.trainer_ids.empty()) {
+    return absl::InvalidArgumentError(
+        "engine recovery: a head, one address per engine and the trainers are needed");
   }
   std::unique_ptr<EngineRecoveryImpl> r(new EngineRecoveryImpl(std::move(options)));
   for (size_t i = 0; i < r->options_.engine_ids.size(); ++i) {
@@ -81,7 +100,8 @@ std::vector<std::string> EngineRecoveryImpl::Addresses() const {
 }
 
 Status EngineRecoveryImpl::ConnectTrainer() {
-  SLIME_ASSIGN_OR_RETURN(runtime::ActorEndpoint trainer0, options_.head->Resolve(options_.trainer_id));
+  SLIME_ASSIGN_OR_RETURN(runtime::ActorEndpoint trainer0,
+                         options_.head->Resolve(options_.trainer_ids.front()));
   SLIME_ASSIGN_OR_RETURN(auto trainer_host, runtime::SplitHostPort(trainer0.address));
   Json engines = Json::array();
   for (const std::string& a : Addresses()) {
@@ -92,10 +112,10 @@ Status EngineRecoveryImpl::ConnectTrainer() {
     std::lock_guard<std::mutex> lock(mu_);
     changed_ = false;
   }
-  Status s = Call(options_.head, options_.trainer_id, "connect_engines",
-                  {{"engines", engines}, {"master_address", trainer_host.first}},
-                  std::chrono::hours(24))
-                 .status();
+  Status s =
+      Call(options_.head, options_.trainer_ids.front(), "connect_engines",
+           {{"engines", engines}, {"master_address", trainer_host.first}}, std::chrono::hours(24))
+          .status();
   if (!s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     changed_ = true;
@@ -165,8 +185,8 @@ StatusOr<rollout::RecoveredEngine> EngineRecoveryImpl::RecoverExternal(int engin
   // which re-forms the weight-update group with it either way.
   SLIME_ASSIGN_OR_RETURN(auto hp, runtime::SplitHostPort(address));
   std::string version;
-  StatusOr<Json> resync = Call(options_.head, options_.trainer_id, "resync_engine",
-                               {{"host", hp.first}, {"port", hp.second}}, std::chrono::hours(24));
+  StatusOr<Json> resync = Resync(options_.head, options_.trainer_ids,
+                                 {{"host", hp.first}, {"port", hp.second}}, std::chrono::hours(24));
   if (resync.ok()) {
     version = resync->value("weight_version", std::string());
   } else {
@@ -257,8 +277,8 @@ StatusOr<rollout::RecoveredEngine> EngineRecoveryImpl::Recover(int engine, const
   }
   SLIME_ASSIGN_OR_RETURN(auto hp, runtime::SplitHostPort(new_address));
   const auto sync_start = Clock::now();
-  StatusOr<Json> resync = Call(options_.head, options_.trainer_id, "resync_engine",
-                               {{"host", hp.first}, {"port", hp.second}}, std::chrono::hours(24));
+  StatusOr<Json> resync = Resync(options_.head, options_.trainer_ids,
+                                 {{"host", hp.first}, {"port", hp.second}}, std::chrono::hours(24));
   if (!resync.ok()) {
     return Status(resync.status().code(),
                   fmt::format("engine {} restarted at {}, but giving it the trainer's weights "

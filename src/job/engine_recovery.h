@@ -12,7 +12,8 @@
 //      the same process staying unreachable for fault_tolerance.health_check_timeout seconds,
 //      or no new process within the head's whole restart schedule, is an error naming it.
 //   2. ask the new process for its HTTP address (the engine actor's `address`);
-//   3. have trainer rank 0 push its weights to that engine alone (`resync_engine`: the disk
+//   3. have trainer rank 0 push its weights to that engine alone (`resync_engine`, called on
+//      every TP rank of DP rank 0, which take part in gathering the shards: the disk
 //      transport — an HF directory the engine loads with /update_weights_from_disk — whatever
 //      weight_sync.transport is; see docs/operations.md, "Engine failures", for why), stamped
 //      with the version the trainer's weights are (the engines' current version unless the
@@ -49,7 +50,10 @@ struct EngineRecoveryOptions {
   std::vector<std::string> engine_ids;         // engine-0 ..., in the coordinator's order; ""
                                                // for an external engine (no actor of ours)
   std::vector<std::string> addresses;          // host:port of each, as resolved at start
-  std::string trainer_id;                      // trainer rank 0
+  // The trainers of DP rank 0 (TP ranks 0..TP-1); [0] is rank 0, the weight source (it holds
+  // the weight-update group). Concurrent resyncs are safe at TP > 1: every resync runs the same
+  // collectives (every parameter's gather), so two in different orders on two ranks still match.
+  std::vector<std::string> trainer_ids;
   int num_gpus_per_engine = 1;
   int max_restarts = 3;                        // fault_tolerance.max_engine_restarts
   double restart_backoff_s = 5.0;              // fault_tolerance.restart_backoff

@@ -98,13 +98,14 @@ Status CheckSupported(const config::Config& config) {
           "algorithm.opd_teacher_load is required with use_opd and opd_type megatron");
     }
   }
-  if (config.train.tensor_model_parallel_size != 1 || config.train.context_parallel_size != 1) {
+  // Tensor and pipeline parallelism come from TrainerOptions::tp_group / pp_group (checked
+  // against tensor_model_parallel_size / pipeline_model_parallel_size in Create); context
+  // parallelism is not here yet.
+  if (config.train.context_parallel_size != 1) {
     return absl::UnimplementedError(
-        fmt::format("train.tensor_model_parallel_size = {}, context_parallel_size = {}: the "
-                    "trainer supports only 1 for each so far",
-                    config.train.tensor_model_parallel_size, config.train.context_parallel_size));
+        fmt::format("train.context_parallel_size = {}: the trainer supports only 1 so far",
+                    config.train.context_parallel_size));
   }
-  // pipeline_model_parallel_size is checked against the pipeline group in Create.
   return absl::OkStatus();
 }
 
@@ -210,6 +211,15 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size) {
     return absl::InvalidArgumentError(fmt::format(
         "trainer: the tensor-parallel group says rank {} of {}", tp_rank, tp_size));
+  }
+  // train.tensor_model_parallel_size names the group's size; 1 (the default) accepts any group
+  // (callers that build the group themselves, as the in-process tests do).
+  const int configured_tp = config.train.tensor_model_parallel_size;
+  if (configured_tp != 1 && configured_tp != tp_size) {
+    return absl::InvalidArgumentError(fmt::format(
+        "trainer: train.tensor_model_parallel_size = {}, but the trainer's tensor-parallel group "
+        "(TrainerOptions::tp_group) has {} rank(s)",
+        configured_tp, tp_size));
   }
   if (tp_size > 1 && estimator == AdvantageEstimator::kPpo && !sft) {
     return absl::UnimplementedError(fmt::format(

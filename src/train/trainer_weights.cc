@@ -290,11 +290,21 @@ std::string StateParam(const std::string& name) {
   return name;
 }
 
-// The full tensor of a shard (all TP ranks call this in the same order), on the CPU.
-torch::Tensor Gather(const torch::Tensor& shard, int64_t dim, model::TensorParallelGroup& tp) {
+// The full tensor of a shard split along `dim` (-1: replicated, the shard itself, detached),
+// on the shard's device. An all-gather over the TP group for a split one: all TP ranks call
+// this in the same order. Used by Save (below) and by FullParameter (weight export).
+torch::Tensor GatherOnDevice(const torch::Tensor& shard, int64_t dim,
+                             model::TensorParallelGroup& tp) {
   torch::NoGradGuard no_grad;
-  if (dim < 0) return shard.detach().to(torch::kCPU).clone();
-  return tp.AllGather(shard.detach().contiguous(), dim).to(torch::kCPU);
+  if (dim < 0 || tp.size() == 1) return shard.detach();
+  return tp.AllGather(shard.detach().contiguous(), dim);
+}
+
+// The same, as a CPU tensor of its own.
+torch::Tensor Gather(const torch::Tensor& shard, int64_t dim, model::TensorParallelGroup& tp) {
+  torch::Tensor full = GatherOnDevice(shard, dim, tp);
+  return full.device().is_cpu() && full.data_ptr() == shard.data_ptr() ? full.clone()
+                                                                       : full.to(torch::kCPU);
 }
 
 // This rank's slice of a full tensor.
@@ -451,6 +461,31 @@ StatusOr<std::string> SavePipelined(SaveCheckpointOptions o, const TrainerProgre
 }
 
 }  // namespace
+
+// ---- Weight export ------------------------------------------------------------------------------
+
+std::vector<model::NamedTensor> Trainer::FullParameterShapes() const {
+  std::vector<model::NamedTensor> out;
+  const auto meta = torch::TensorOptions().dtype(model_->dtype()).device(c10::kMeta);
+  for (const model::ParamSpec& spec : model::ParameterSpecs(model_->config())) {
+    out.push_back({spec.hf_name, torch::empty(spec.shape, meta)});
+  }
+  return out;
+}
+
+StatusOr<torch::Tensor> Trainer::FullParameter(size_t index) {
+  const std::vector<model::ParamSpec> specs = model::ParameterSpecs(model_->config());
+  if (index >= specs.size()) {
+    return absl::OutOfRangeError(
+        fmt::format("trainer: parameter index {} of {}", index, specs.size()));
+  }
+  const model::ParamSpec& spec = specs[index];
+  return GuardTorch(fmt::format("trainer: the full tensor of {}", spec.hf_name),
+                    [&]() -> StatusOr<torch::Tensor> {
+                      return GatherOnDevice(model::ParamSlot(model_->weights(), spec),
+                                            static_cast<int64_t>(spec.shard), model_->tp_group());
+                    });
+}
 
 StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout_id,
                                     const std::string& extra_state_json) {

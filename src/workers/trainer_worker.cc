@@ -7,21 +7,22 @@
 #include <ftw.h>
 #include <sys/stat.h>
 
-#include <fstream>
-
 #include <chrono>
+#include <fstream>
 #include <utility>
 
 #include "fmt/format.h"
 #include "slime/comm/process_group.h"
+#include "slime/comm/tensor_parallel_group.h"
 #include "slime/comm/weight_sender.h"
 #include "slime/http/client.h"
+#include "slime/model/checkpoint.h"
 #include "slime/model/decoder.h"
 #include "slime/model/offload.h"
 #include "slime/model/weights.h"
-#include "slime/train/optimizer.h"
 #include "slime/train/checkpoint.h"
 #include "slime/train/hf_export.h"
+#include "slime/train/optimizer.h"
 #include "slime/train/trainer.h"
 #include "slime/workers/workers.h"
 #include "spdlog/spdlog.h"
@@ -75,27 +76,83 @@ struct TrainerWorker::Impl {
            (c.cluster.colocate && options.device == "cuda" && !UseIpc());
   }
 
-  // Data parallelism across trainer processes (world_size > 1): the group the gradients and
-  // metric sums are all-reduced in (Gloo on CPU, NCCL on CUDA). Formed after Init by
-  // OpenDpGroup (rank 0) and JoinDpGroup (every rank).
-  std::unique_ptr<comm::ProcessGroup> dp_group;
-  comm::ProcessGroupOptions DpGroupOptions() const {
+  // Megatron's rank layout (workers.h): world_size = tp_size × dp_size, tp_rank = rank % tp_size,
+  // dp_rank = rank / tp_size. `layout` is the error when train.tensor_model_parallel_size does
+  // not divide world_size (returned by every call that needs the layout).
+  int tp_size = 1, dp_size = 1, tp_rank = 0, dp_rank = 0;
+  Status layout;
+  void ComputeLayout() {
+    const int tp = options.config.train.tensor_model_parallel_size;
+    if (tp < 1 || options.world_size < 1 || options.world_size % tp != 0) {
+      layout = absl::InvalidArgumentError(fmt::format(
+          "trainer rank {}: train.tensor_model_parallel_size = {} must divide the number of "
+          "trainer processes, {} (cluster.actor_num_nodes × cluster.actor_num_gpus_per_node)",
+          options.rank, tp, options.world_size));
+      return;
+    }
+    tp_size = tp;
+    dp_size = options.world_size / tp;
+    tp_rank = options.rank % tp;
+    dp_rank = options.rank / tp;
+  }
+  // The weight source: tensor-parallel rank 0 of data-parallel rank 0 (global rank 0) sends the
+  // engines full HF tensors; the other TP ranks of DP rank 0 take part in each tensor's gather.
+  bool WeightSource() const { return tp_rank == 0 && dp_rank == 0; }
+
+  // The trainer's process groups, formed before Init by OpenGroups (group leaders) and
+  // JoinGroups (every rank): the TP group (the tp_size ranks of this dp_rank; tp_size > 1), in
+  // which the model's parallel layers run, and the DP group (the dp_size ranks of this
+  // tp_rank; dp_size > 1), in which gradients and metric sums are all-reduced. Gloo on CPU,
+  // NCCL on CUDA.
+  std::shared_ptr<comm::ProcessGroup> tp_group;
+  std::shared_ptr<comm::ProcessGroup> dp_group;
+  comm::ProcessGroupOptions GroupOptions(bool tp) const {
     comm::ProcessGroupOptions o;
-    o.world_size = options.world_size;
-    o.rank = options.rank;
-    o.group_name = "slime_trainer_dp";
+    o.world_size = tp ? tp_size : dp_size;
+    o.rank = tp ? tp_rank : dp_rank;
+    o.group_name = tp ? fmt::format("slime_trainer_tp{}", dp_rank)
+                      : fmt::format("slime_trainer_dp{}", tp_rank);
     o.backend = options.device == "cuda" ? "nccl" : "gloo";
     o.timeout_s = 60.0 * options.config.cluster.distributed_timeout_minutes;
     return o;
   }
-  Status CheckDp() const {
-    if (options.world_size > 1 && (dp_group == nullptr || !dp_group->joined())) {
+  Status CheckGroups() const {
+    const bool tp_ok = tp_size == 1 || (tp_group != nullptr && tp_group->joined());
+    const bool dp_ok = dp_size == 1 || (dp_group != nullptr && dp_group->joined());
+    if (!tp_ok || !dp_ok) {
       return absl::FailedPreconditionError(fmt::format(
-          "trainer rank {} of {}: the data-parallel group is not formed (open_dp_group on rank 0, "
-          "then join_dp_group on every rank)",
-          options.rank, options.world_size));
+          "trainer rank {} of {} (tensor-parallel {} × data-parallel {}): the {} group is not "
+          "formed (open_groups on every rank, then join_groups on every rank, before init)",
+          options.rank, options.world_size, tp_size, dp_size,
+          !tp_ok ? "tensor-parallel" : "data-parallel"));
     }
     return absl::OkStatus();
+  }
+
+  // Weight export at TP > 1: parameter i's full tensor is an all-gather in the TP group, so
+  // every TP rank of DP rank 0 gathers every parameter in order. The source gathers inside the
+  // transfer (Trainer::FullParameter through `Fetch`); when a transfer stops early the source
+  // finishes the sequence (FinishGathers) so its peers are not left waiting in a collective.
+  // The peers run FinishGathers(0) and drop the tensors.
+  Status FinishGathers(size_t from) {
+    if (tp_size == 1) return absl::OkStatus();
+    const size_t n = std::as_const(*trainer).FullParameterShapes().size();
+    for (size_t i = from; i < n; ++i) SLIME_RETURN_IF_ERROR(trainer->FullParameter(i).status());
+    return absl::OkStatus();
+  }
+  // TP > 1: `value` of the source, told to its TP peers (one all-reduce of the TP group, every
+  // TP rank calls it). TP = 1: `value`.
+  StatusOr<bool> FromSource(bool value) {
+    if (tp_size == 1) return value;
+    torch::Tensor flag = torch::full({1}, tp_rank == 0 && value ? 1.0 : 0.0, torch::kFloat64);
+    SLIME_RETURN_IF_ERROR(tp_group->AllReduceSum(flag, "weight sync: the source's decision"));
+    return flag.item<double>() > 0.5;
+  }
+  // After the engines took the weights (every rank): the version they are, and the trainer's
+  // keep_old_actor queue, which every rank keeps for its own shard and micro-batches.
+  Status WeightsSynced(const std::string& version) {
+    weights_version = synced_version = version;
+    return trainer->OnWeightsSynced();
   }
 
   // Offload (cluster.offload_train): the model's weights and gradients and the optimizer's
@@ -120,13 +177,19 @@ struct TrainerWorker::Impl {
                  static_cast<double>(offloader.bytes()) / 1e9, SecondsSince(start));
     return absl::OkStatus();
   }
-  StatusOr<nlohmann::json> SyncFromDisk(const std::string& version);
+  StatusOr<nlohmann::json> SyncFromDisk(const std::string& version,
+                                        const comm::TensorFetchFn& fetch);
+  // The source's side of SyncWeights (disk or the weight-update group).
+  StatusOr<nlohmann::json> SendFromSource(const std::string& version,
+                                          const comm::TensorFetchFn& fetch);
   std::string DiskRoot() const {
     const config::Config& c = options.config;
     return c.weight_sync.disk_dir.value_or(c.cluster.run_dir + "/weight_sync");
   }
-  // The weights as an HF directory (safetensors + the model's config.json); returns its bytes.
-  StatusOr<int64_t> WriteWeightsDir(const std::string& dir);
+  // The weights as an HF directory (safetensors + the model's config.json), the full tensors
+  // from `fetch` (Trainer::FullParameter; at TP > 1 each comes to the CPU as it is gathered, so
+  // the device holds one gathered tensor at a time); returns its bytes.
+  StatusOr<int64_t> WriteWeightsDir(const std::string& dir, const comm::TensorFetchFn& fetch);
   // Pause → /update_weights_from_disk → continue on one engine.
   Status LoadOnEngine(const comm::EngineEndpoint& e, const std::string& dir, const std::string& version);
 
@@ -142,6 +205,7 @@ TrainerWorker::~TrainerWorker() = default;
 std::unique_ptr<TrainerWorker> TrainerWorker::Create(WorkerOptions options) {
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
+  impl->ComputeLayout();
   return std::unique_ptr<TrainerWorker>(new TrainerWorker(std::move(impl)));
 }
 
@@ -164,36 +228,30 @@ StatusOr<nlohmann::json> TrainerWorker::Init() {
   } else if (config.train.use_checkpoint_opt_param_scheduler) {
     to.lr_state_mismatch = train::LrStateMismatch::kUseCheckpoint;
   }
-  if (config.train.tensor_model_parallel_size > 1) {
-    // The Trainer supports TP (TrainerOptions::tp_group), but the workers do not form TP groups
-    // yet: every worker trains a full replica as a data-parallel rank.
-    spdlog::warn(
-        "trainer rank {}: train.tensor_model_parallel_size = {} is not wired into the trainer "
-        "workers yet; this worker trains a full replica as data-parallel rank {} of {}",
-        o.rank, config.train.tensor_model_parallel_size, o.rank, o.world_size);
+  SLIME_RETURN_IF_ERROR(impl_->layout);
+  SLIME_RETURN_IF_ERROR(impl_->CheckGroups());
+  if (impl_->tp_size > 1) {
+    to.tp_group = std::make_shared<comm::ProcessGroupTensorParallel>(impl_->tp_group);
   }
-  to.dp_size = o.world_size;
-  to.dp_rank = o.rank;
-  if (o.world_size > 1) {
-    Impl* impl = impl_.get();
-    to.dp_all_reduce = [impl](torch::Tensor& t) -> Status {
-      SLIME_RETURN_IF_ERROR(impl->CheckDp());
-      return impl->dp_group->AllReduceSum(t, "trainer data-parallel sum");
+  to.dp_size = impl_->dp_size;
+  to.dp_rank = impl_->dp_rank;
+  if (impl_->dp_size > 1) {
+    std::shared_ptr<comm::ProcessGroup> dp = impl_->dp_group;
+    to.dp_all_reduce = [dp](torch::Tensor& t) -> Status {
+      return dp->AllReduceSum(t, "trainer data-parallel sum");
     };
     // ZeRO-1 (train.use_distributed_optimizer): the group's reduce-scatter and all-gather (NCCL's
     // own; on Gloo the reduce-scatter is an all-reduce and a slice, process_group.h).
     if (config.train.use_distributed_optimizer) {
-      to.dp_reduce_scatter = [impl](const torch::Tensor& in, torch::Tensor& out) -> Status {
-        SLIME_RETURN_IF_ERROR(impl->CheckDp());
-        SLIME_ASSIGN_OR_RETURN(torch::Tensor part, impl->dp_group->ReduceScatterSum(
-                                                       in, "trainer ZeRO-1 gradient reduce-scatter"));
+      to.dp_reduce_scatter = [dp](const torch::Tensor& in, torch::Tensor& out) -> Status {
+        SLIME_ASSIGN_OR_RETURN(torch::Tensor part,
+                               dp->ReduceScatterSum(in, "trainer ZeRO-1 gradient reduce-scatter"));
         out.copy_(part);
         return absl::OkStatus();
       };
-      to.dp_all_gather = [impl](const torch::Tensor& in, torch::Tensor& out) -> Status {
-        SLIME_RETURN_IF_ERROR(impl->CheckDp());
+      to.dp_all_gather = [dp](const torch::Tensor& in, torch::Tensor& out) -> Status {
         SLIME_ASSIGN_OR_RETURN(torch::Tensor all,
-                               impl->dp_group->AllGather(in, 0, "trainer ZeRO-1 parameter all-gather"));
+                               dp->AllGather(in, 0, "trainer ZeRO-1 parameter all-gather"));
         out.copy_(all);
         return absl::OkStatus();
       };
@@ -206,13 +264,13 @@ StatusOr<nlohmann::json> TrainerWorker::Init() {
                           {"step", 0},
                           {"extra_state", nlohmann::json::object()},
                           {"device", o.device}};
-  int64_t num_parameters = 0;
-  for (const model::NamedTensor& t :
-       model::NamedParameters(std::as_const(*impl_->trainer).model().weights(),
-                              std::as_const(*impl_->trainer).model().config())) {
+  int64_t num_parameters = 0;  // the full model's, also at TP > 1
+  for (const model::NamedTensor& t : std::as_const(*impl_->trainer).FullParameterShapes()) {
     num_parameters += t.tensor.numel();
   }
   reply["num_parameters"] = num_parameters;
+  reply["tp_size"] = impl_->tp_size;
+  reply["dp_size"] = impl_->dp_size;
   const std::optional<std::string>& load = config.checkpoint.load;
   std::optional<int64_t> ckpt_step;
   if (config.checkpoint.ckpt_step) ckpt_step = *config.checkpoint.ckpt_step;
@@ -243,49 +301,76 @@ StatusOr<nlohmann::json> TrainerWorker::Init() {
   return reply;
 }
 
-StatusOr<nlohmann::json> TrainerWorker::OpenDpGroup(const nlohmann::json& request) {
-  SLIME_RETURN_IF_ERROR(impl_->CheckInit());
-  const WorkerOptions& o = impl_->options;
+StatusOr<nlohmann::json> TrainerWorker::OpenGroups(const nlohmann::json& request) {
+  Impl& impl = *impl_;
+  SLIME_RETURN_IF_ERROR(impl.layout);
+  const WorkerOptions& o = impl.options;
+  if (impl.trainer != nullptr) {
+    return absl::FailedPreconditionError("open_groups: init already ran (the groups come first)");
+  }
   if (o.world_size < 2) {
-    return absl::FailedPreconditionError("open_dp_group: this trainer is the only one (world_size 1)");
-  }
-  if (o.rank != 0) {
     return absl::FailedPreconditionError(
-        fmt::format("open_dp_group: trainer rank {} asked; rank 0 opens the group", o.rank));
+        "open_groups: this trainer is the only one (world_size 1)");
   }
-  if (impl_->dp_group != nullptr) return absl::AlreadyExistsError("open_dp_group: already open");
-  comm::ProcessGroupOptions po = impl_->DpGroupOptions();
-  po.master_address = request.value("master_address", std::string("127.0.0.1"));
-  SLIME_ASSIGN_OR_RETURN(impl_->dp_group, comm::ProcessGroup::Open(po));
-  return nlohmann::json{{"master_address", po.master_address},
-                        {"master_port", impl_->dp_group->port()}};
+  nlohmann::json reply = nlohmann::json::object();
+  const std::string address = request.value("master_address", std::string("127.0.0.1"));
+  for (const bool tp : {true, false}) {
+    const bool leader =
+        tp ? impl.tp_size > 1 && impl.tp_rank == 0 : impl.dp_size > 1 && impl.dp_rank == 0;
+    if (!leader) continue;
+    std::shared_ptr<comm::ProcessGroup>& group = tp ? impl.tp_group : impl.dp_group;
+    if (group != nullptr) return absl::AlreadyExistsError("open_groups: already open");
+    comm::ProcessGroupOptions po = impl.GroupOptions(tp);
+    po.master_address = address;
+    SLIME_ASSIGN_OR_RETURN(group, comm::ProcessGroup::Open(po));
+    reply[tp ? "tp" : "dp"] = {{"master_address", address}, {"master_port", group->port()}};
+  }
+  return reply;
 }
 
-StatusOr<nlohmann::json> TrainerWorker::JoinDpGroup(const nlohmann::json& request) {
-  SLIME_RETURN_IF_ERROR(impl_->CheckInit());
-  const WorkerOptions& o = impl_->options;
+StatusOr<nlohmann::json> TrainerWorker::JoinGroups(const nlohmann::json& request) {
+  Impl& impl = *impl_;
+  SLIME_RETURN_IF_ERROR(impl.layout);
+  const WorkerOptions& o = impl.options;
   const auto start = std::chrono::steady_clock::now();
-  if (o.rank != 0) {
-    if (impl_->dp_group != nullptr) return absl::AlreadyExistsError("join_dp_group: already joined");
-    comm::ProcessGroupOptions po = impl_->DpGroupOptions();
-    try {
-      po.master_address = request.at("master_address").get<std::string>();
-      po.master_port = request.at("master_port").get<int>();
-    } catch (const nlohmann::json::exception& e) {
-      return absl::InvalidArgumentError(fmt::format("join_dp_group: bad request: {}", e.what()));
+  std::string backend = "none";
+  // The TP group first, then the DP group, on every rank: each Join waits for its group's ranks
+  // only, and every rank takes them in the same order, so no rank waits on a peer that waits on it.
+  for (const bool tp : {true, false}) {
+    if ((tp ? impl.tp_size : impl.dp_size) == 1) continue;
+    const bool leader = tp ? impl.tp_rank == 0 : impl.dp_rank == 0;
+    const int index = tp ? impl.dp_rank : impl.tp_rank;  // which group of its kind
+    const char* key = tp ? "tp" : "dp";
+    std::shared_ptr<comm::ProcessGroup>& group = tp ? impl.tp_group : impl.dp_group;
+    if (!leader) {
+      if (group != nullptr) return absl::AlreadyExistsError("join_groups: already joined");
+      comm::ProcessGroupOptions po = impl.GroupOptions(tp);
+      try {
+        const nlohmann::json& e = request.at(key).at(index);
+        po.master_address = e.at("master_address").get<std::string>();
+        po.master_port = e.at("master_port").get<int>();
+      } catch (const nlohmann::json::exception& e) {
+        return absl::InvalidArgumentError(
+            fmt::format("join_groups: bad request for trainer rank {} ({}[{}]): {}", o.rank, key,
+                        index, e.what()));
+      }
+      SLIME_ASSIGN_OR_RETURN(group, comm::ProcessGroup::Open(po));
+    } else if (group == nullptr) {
+      return absl::FailedPreconditionError(fmt::format(
+          "join_groups: trainer rank {} leads {} group {} and must run open_groups first", o.rank,
+          tp ? "tensor-parallel" : "data-parallel", index));
     }
-    SLIME_ASSIGN_OR_RETURN(impl_->dp_group, comm::ProcessGroup::Open(po));
-  } else if (impl_->dp_group == nullptr) {
-    return absl::FailedPreconditionError("join_dp_group: rank 0 must run open_dp_group first");
+    SLIME_RETURN_IF_ERROR(group->Join());
+    backend = group->backend();
   }
-  SLIME_RETURN_IF_ERROR(impl_->dp_group->Join());
-  return nlohmann::json{{"rank", o.rank}, {"world_size", o.world_size},
-                        {"backend", impl_->dp_group->backend()}, {"seconds", SecondsSince(start)}};
+  return nlohmann::json{{"rank", o.rank},          {"world_size", o.world_size},
+                        {"tp_size", impl.tp_size}, {"dp_size", impl.dp_size},
+                        {"tp_rank", impl.tp_rank}, {"dp_rank", impl.dp_rank},
+                        {"backend", backend},      {"seconds", SecondsSince(start)}};
 }
 
 StatusOr<nlohmann::json> TrainerWorker::Train(int64_t rollout_id, const train::RolloutBatch& batch) {
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
-  SLIME_RETURN_IF_ERROR(impl_->CheckDp());
   SLIME_RETURN_IF_ERROR(impl_->EnsureResident());
   const auto start = std::chrono::steady_clock::now();
   SLIME_ASSIGN_OR_RETURN(train::TrainRolloutResult result,
@@ -310,18 +395,19 @@ StatusOr<nlohmann::json> TrainerWorker::Save(int64_t rollout_id, const nlohmann:
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
   const std::optional<std::string>& save = impl_->options.config.checkpoint.save;
   if (!save) return absl::FailedPreconditionError("trainer: save called without checkpoint.save");
-  // Data parallel without sharded state: every rank holds the same weights and optimizer
-  // state, so rank 0 writes the checkpoint alone. With the distributed optimizer (ZeRO-1) the
-  // save is collective: every rank gathers the shards, rank 0 writes (Trainer::Save).
+  // Data parallel without sharded state: every DP rank holds the same weights and optimizer
+  // state, so DP rank 0 writes the checkpoint alone. With the distributed optimizer (ZeRO-1) the
+  // save is collective: every rank gathers the shards, rank 0 writes (Trainer::Save). At TP > 1
+  // the TP ranks of DP rank 0 all take part (the shards are gathered), TP rank 0 writes.
   const bool sharded = std::as_const(*impl_->trainer).optimizer().distributed();
-  if (impl_->options.rank != 0 && !sharded) {
+  if (impl_->dp_rank != 0 && !sharded) {
     return nlohmann::json{{"dir", ""}, {"seconds", 0.0}, {"written", false}};
   }
   SLIME_RETURN_IF_ERROR(impl_->EnsureResident());
   const auto start = std::chrono::steady_clock::now();
   SLIME_ASSIGN_OR_RETURN(std::string dir,
                          impl_->trainer->Save(*save, rollout_id, extra_state.dump()));
-  if (dir.empty()) {  // a ZeRO-1 rank other than 0: it took part, rank 0 wrote
+  if (dir.empty() || impl_->tp_rank != 0) {  // it took part; rank 0 wrote
     return nlohmann::json{{"dir", ""}, {"seconds", SecondsSince(start)}, {"written", false}};
   }
   return nlohmann::json{{"dir", dir}, {"seconds", SecondsSince(start)}};
@@ -329,6 +415,12 @@ StatusOr<nlohmann::json> TrainerWorker::Save(int64_t rollout_id, const nlohmann:
 
 Status TrainerWorker::ConnectEngines(const nlohmann::json& request) {
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  if (!impl_->WeightSource()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "connect_engines: trainer rank {} asked; rank 0 (tensor-parallel rank 0 of data-parallel "
+        "rank 0) sends the weights",
+        impl_->options.rank));
+  }
   if (impl_->sender != nullptr) {
     // A re-formed group (an engine was restarted): the old one may name a dead engine.
     if (Status s = DisconnectEngines(); !s.ok()) {
@@ -368,27 +460,52 @@ Status TrainerWorker::ConnectEngines(const nlohmann::json& request) {
 StatusOr<nlohmann::json> TrainerWorker::SyncWeights(const std::string& weight_version) {
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
   SLIME_RETURN_IF_ERROR(impl_->EnsureResident());
-  if (!impl_->disk_engines.empty()) return impl_->SyncFromDisk(weight_version);
-  if (impl_->sender == nullptr) {
+  Impl& impl = *impl_;
+  const auto start = std::chrono::steady_clock::now();
+  if (impl.dp_rank != 0) {
+    // Its weights equal DP rank 0's: nothing to send, only its own keep_old_actor queue.
+    SLIME_RETURN_IF_ERROR(impl.WeightsSynced(weight_version));
+    return nlohmann::json{{"source", false}, {"seconds", SecondsSince(start)}};
+  }
+  if (!impl.WeightSource()) {
+    // A TP peer of the source: every parameter's gather, in the source's order.
+    SLIME_RETURN_IF_ERROR(impl.FinishGathers(0));
+    SLIME_RETURN_IF_ERROR(impl.WeightsSynced(weight_version));
+    return nlohmann::json{{"source", false}, {"seconds", SecondsSince(start)}};
+  }
+  size_t next = 0;  // parameters gathered so far
+  train::Trainer* trainer = impl.trainer.get();
+  comm::TensorFetchFn fetch = [trainer, &next](size_t i) -> StatusOr<torch::Tensor> {
+    next = i + 1;
+    return trainer->FullParameter(i);
+  };
+  StatusOr<nlohmann::json> sent = impl.SendFromSource(weight_version, fetch);
+  Status finished = impl.FinishGathers(next);  // the TP peers wait in the remaining gathers
+  if (!sent.ok()) return sent.status();
+  SLIME_RETURN_IF_ERROR(finished);
+  SLIME_RETURN_IF_ERROR(impl.WeightsSynced(weight_version));
+  (*sent)["seconds"] = SecondsSince(start);
+  return sent;
+}
+
+StatusOr<nlohmann::json> TrainerWorker::Impl::SendFromSource(const std::string& version,
+                                                             const comm::TensorFetchFn& fetch) {
+  if (!disk_engines.empty()) return SyncFromDisk(version, fetch);
+  if (sender == nullptr) {
     return absl::FailedPreconditionError("sync_weights: connect_engines has not run");
   }
-  comm::WeightSender& sender = *impl_->sender;
-  const auto start = std::chrono::steady_clock::now();
-  SLIME_RETURN_IF_ERROR(sender.PauseEngines());
-  const model::DecoderModel& model = std::as_const(*impl_->trainer).model();
+  SLIME_RETURN_IF_ERROR(sender->PauseEngines());
   StatusOr<comm::SyncStats> stats =
-      sender.Send(model::NamedParameters(model.weights(), model.config()), weight_version);
+      sender->Send(std::as_const(*trainer).FullParameterShapes(), fetch, version);
   // Engines continue even after a failed bucket, so they never stay paused.
-  Status resumed = sender.ContinueEngines();
+  Status resumed = sender->ContinueEngines();
   if (!stats.ok()) return stats.status();
   SLIME_RETURN_IF_ERROR(resumed);
-  impl_->weights_version = impl_->synced_version = weight_version;
-  SLIME_RETURN_IF_ERROR(impl_->trainer->OnWeightsSynced());
-  return nlohmann::json{{"bytes", stats->bytes},
+  return nlohmann::json{{"source", true},
+                        {"bytes", stats->bytes},
                         {"tensors", stats->tensors},
                         {"buckets", stats->buckets},
                         {"send_seconds", stats->seconds},
-                        {"seconds", SecondsSince(start)},
                         {"gb_per_s", stats->gb_per_s()}};
 }
 
@@ -396,10 +513,19 @@ StatusOr<nlohmann::json> TrainerWorker::SyncWeights(const std::string& weight_ve
 // weight_sync.disk_dir (default <run_dir>/weight_sync), then on every engine: pause, POST
 // /update_weights_from_disk (the engine reloads and flushes its prefix cache), continue. The
 // previous version's directory is removed unless weight_sync.disk_keep_files.
-StatusOr<int64_t> TrainerWorker::Impl::WriteWeightsDir(const std::string& dir) {
+StatusOr<int64_t> TrainerWorker::Impl::WriteWeightsDir(const std::string& dir,
+                                                       const comm::TensorFetchFn& fetch) {
   const config::Config& c = options.config;
-  const model::DecoderModel& model = std::as_const(*trainer).model();
-  SLIME_RETURN_IF_ERROR(model::SaveWeights(dir, model.weights(), model.config()));
+  std::vector<model::NamedTensor> tensors = std::as_const(*trainer).FullParameterShapes();
+  int64_t bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    SLIME_ASSIGN_OR_RETURN(torch::Tensor full, fetch(i));
+    // At TP = 1 the parameter itself (WriteCheckpoint copies what it writes); at TP > 1 the
+    // gathered tensor goes to the CPU now, so the device holds one at a time.
+    tensors[i].tensor = tp_size > 1 ? full.to(torch::kCPU) : full;
+    bytes += full.numel() * full.element_size();
+  }
+  SLIME_RETURN_IF_ERROR(model::WriteCheckpoint(dir, tensors));
   {
     std::ifstream in(c.model.hf_checkpoint + "/config.json", std::ios::binary);
     std::ofstream out(dir + "/config.json", std::ios::binary);
@@ -408,10 +534,6 @@ StatusOr<int64_t> TrainerWorker::Impl::WriteWeightsDir(const std::string& dir) {
       return absl::InternalError(fmt::format("weight sync: cannot copy {}/config.json to {}",
                                              c.model.hf_checkpoint, dir));
     }
-  }
-  int64_t bytes = 0;
-  for (const model::NamedTensor& t : model::NamedParameters(model.weights(), model.config())) {
-    bytes += t.tensor.numel() * t.tensor.element_size();
   }
   return bytes;
 }
@@ -446,11 +568,12 @@ void RemoveDir(const std::string& dir) {
 
 }  // namespace
 
-StatusOr<nlohmann::json> TrainerWorker::Impl::SyncFromDisk(const std::string& version) {
+StatusOr<nlohmann::json> TrainerWorker::Impl::SyncFromDisk(const std::string& version,
+                                                           const comm::TensorFetchFn& fetch) {
   const config::Config& c = options.config;
   const auto start = std::chrono::steady_clock::now();
   const std::string dir = fmt::format("{}/v{}", DiskRoot(), version);
-  SLIME_ASSIGN_OR_RETURN(int64_t bytes, WriteWeightsDir(dir));
+  SLIME_ASSIGN_OR_RETURN(int64_t bytes, WriteWeightsDir(dir, fetch));
   const double write_s = SecondsSince(start);
   for (const comm::EngineEndpoint& e : disk_engines) {
     SLIME_RETURN_IF_ERROR(LoadOnEngine(e, dir, version));
@@ -459,10 +582,9 @@ StatusOr<nlohmann::json> TrainerWorker::Impl::SyncFromDisk(const std::string& ve
     RemoveDir(last_disk_dir);
   }
   last_disk_dir = dir;
-  weights_version = synced_version = version;
-  SLIME_RETURN_IF_ERROR(trainer->OnWeightsSynced());
   const double seconds = SecondsSince(start);
-  return nlohmann::json{{"bytes", bytes},
+  return nlohmann::json{{"source", true},
+                        {"bytes", bytes},
                         {"tensors", 0},
                         {"buckets", 0},
                         {"transport", "disk"},
@@ -473,33 +595,70 @@ StatusOr<nlohmann::json> TrainerWorker::Impl::SyncFromDisk(const std::string& ve
 
 StatusOr<nlohmann::json> TrainerWorker::ResyncEngine(const nlohmann::json& request) {
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
-  if (impl_->weights_version.empty()) {
+  Impl& impl = *impl_;
+  if (impl.dp_rank != 0) {
+    return absl::FailedPreconditionError(fmt::format(
+        "resync_engine: trainer rank {} is data-parallel rank {}; the ranks of data-parallel "
+        "rank 0 export the weights",
+        impl.options.rank, impl.dp_rank));
+  }
+  if (impl.weights_version.empty()) {
     return absl::FailedPreconditionError(
         "resync_engine: the engines were never given weights (sync_weights has not run)");
   }
+  // A bad request is reported after the collectives below, so the TP peers are not left
+  // waiting in them.
   comm::EngineEndpoint e;
-  try {
-    e.host = request.at("host").get<std::string>();
-    e.port = request.at("port").get<int>();
-  } catch (const nlohmann::json::exception& ex) {
-    return absl::InvalidArgumentError(fmt::format("resync_engine: bad request: {}", ex.what()));
+  Status request_ok = absl::OkStatus();
+  if (impl.WeightSource()) {
+    try {
+      e.host = request.at("host").get<std::string>();
+      e.port = request.at("port").get<int>();
+    } catch (const nlohmann::json::exception& ex) {
+      request_ok =
+          absl::InvalidArgumentError(fmt::format("resync_engine: bad request: {}", ex.what()));
+    }
   }
+  if (!request_ok.ok() && impl.tp_size == 1) return request_ok;
   const auto start = std::chrono::steady_clock::now();
-  const std::string version = impl_->weights_version;
-  // The disk transport's directory of this version is still there: load it as it is.
-  const bool reuse = !impl_->last_disk_dir.empty() && version == impl_->synced_version;
+  const std::string version = impl.weights_version;
+  // The disk transport's directory of this version is still there: load it as it is. At TP > 1
+  // the source decides and its peers learn whether to take part in a gather.
+  SLIME_ASSIGN_OR_RETURN(const bool reuse,
+                         impl.FromSource(request_ok.ok() && !impl.last_disk_dir.empty() &&
+                                         version == impl.synced_version));
   const std::string dir =
-      reuse ? impl_->last_disk_dir : fmt::format("{}/resync-v{}", impl_->DiskRoot(), version);
+      reuse ? impl.last_disk_dir : fmt::format("{}/resync-v{}", impl.DiskRoot(), version);
   int64_t bytes = 0;
   if (!reuse) {
     // An offloaded trainer (colocated, mid-rollout) comes back for the write and leaves again.
-    const bool was_offloaded = impl_->offloader.offloaded();
-    SLIME_RETURN_IF_ERROR(impl_->EnsureResident());
-    StatusOr<int64_t> written = impl_->WriteWeightsDir(dir);
+    const bool was_offloaded = impl.offloader.offloaded();
+    SLIME_RETURN_IF_ERROR(impl.EnsureResident());
+    StatusOr<int64_t> written = int64_t{0};
+    if (impl.WeightSource()) {
+      size_t next = 0;
+      train::Trainer* trainer = impl.trainer.get();
+      written = impl.WriteWeightsDir(dir, [trainer, &next](size_t i) -> StatusOr<torch::Tensor> {
+        next = i + 1;
+        return trainer->FullParameter(i);
+      });
+      Status finished = impl.FinishGathers(next);
+      if (written.ok() && !finished.ok()) written = finished;
+    } else {
+      Status gathered = impl.FinishGathers(0);  // the source's gathers, tensors dropped
+      if (!gathered.ok()) written = gathered;
+    }
     if (was_offloaded) SLIME_RETURN_IF_ERROR(ReleaseMemory().status());
     SLIME_ASSIGN_OR_RETURN(bytes, std::move(written));
   }
-  Status loaded = impl_->LoadOnEngine(e, dir, version);
+  if (!impl.WeightSource()) {
+    return nlohmann::json{{"source", false}, {"seconds", SecondsSince(start)}};
+  }
+  if (!request_ok.ok()) {
+    if (!reuse) RemoveDir(dir);
+    return request_ok;
+  }
+  Status loaded = impl.LoadOnEngine(e, dir, version);
   if (!reuse) RemoveDir(dir);
   SLIME_RETURN_IF_ERROR(loaded);
   spdlog::info("weight sync: engine {}:{} resynced to weight_version {} from {} in {:.2f} s",

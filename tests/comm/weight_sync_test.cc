@@ -3,7 +3,8 @@
 // real engine servers on a tiny random Qwen3 (world 3). After a sync each engine's greedy output
 // and log-probs equal, bit for bit in float32, those of a fresh engine loaded from a checkpoint
 // of the same perturbed weights; bad requests are rejected naming the tensor; groups can be
-// destroyed and initialised again.
+// destroyed and initialised again. The lazy Send (tensors fetched as their buckets are packed)
+// fetches each tensor once, in order, and checks it against its listed shape.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -342,6 +343,50 @@ TEST_F(WeightSyncTest, SyncMakesEnginesEqualAFreshEngineOnThePerturbedWeights) {
   EXPECT_EQ(j["success"], false);
   EXPECT_NE(j["message"].get<std::string>().find("'sync' does not exist"), std::string::npos)
       << j.dump();
+}
+
+// The lazy form (a tensor-parallel trainer gathers each parameter as its bucket is packed): the
+// shapes up front (meta tensors: no storage), every tensor fetched once, in order; a fetched
+// tensor that does not match its listed shape fails the sync naming it, before anything is sent.
+TEST_F(WeightSyncTest, LazySendFetchesEachTensorOnceInOrderAndChecksItsShape) {
+  const auto reference = Greedy(2);
+  std::vector<model::NamedTensor> shapes;
+  for (const model::NamedTensor& nt : *perturbed_) {
+    shapes.push_back(
+        {nt.name,
+         torch::empty(nt.tensor.sizes(),
+                      torch::TensorOptions().dtype(nt.tensor.scalar_type()).device(c10::kMeta))});
+  }
+  auto sender = WeightSender::Connect(SenderOptions("lazy"));
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  const std::string version = Version(0);
+  auto wrong = (*sender)->Send(
+      shapes,
+      [&](size_t i) -> StatusOr<torch::Tensor> { return (*perturbed_)[i].tensor.narrow(0, 0, 1); },
+      "bad");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(std::string(wrong.status().message()).find("'" + shapes[0].name + "' was produced as"),
+            std::string::npos)
+      << wrong.status();
+  EXPECT_EQ(Version(0), version);
+  std::vector<size_t> fetched;
+  auto stats = (*sender)->Send(
+      shapes,
+      [&](size_t i) -> StatusOr<torch::Tensor> {
+        fetched.push_back(i);
+        return (*perturbed_)[i].tensor;
+      },
+      "9");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GT(stats->buckets, 2);
+  std::vector<size_t> in_order(shapes.size());
+  for (size_t i = 0; i < in_order.size(); ++i) in_order[i] = i;
+  EXPECT_EQ(fetched, in_order);
+  for (int e : {0, 1}) {
+    EXPECT_EQ(Greedy(e), reference) << "engine " << e;
+    EXPECT_EQ(Version(e), "9");
+  }
+  EXPECT_TRUE((*sender)->Disconnect().ok());
 }
 
 TEST_F(WeightSyncTest, RejectedBucketsChangeNothingAndKeepTheGroupInStep) {

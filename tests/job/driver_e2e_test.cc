@@ -6,7 +6,8 @@
 // run stopped mid-generation resumes with the prompts of an uninterrupted run.
 // An engine worker killed mid-rollout is restarted, resynced and its groups retried, unless
 // restarts are off (then the job fails naming it). Two data-parallel trainer processes (Gloo
-// all-reduce) train saved rollouts exactly as one trainer does. A multi-turn GRPO job runs its
+// all-reduce) train saved rollouts exactly as one trainer does; so do tensor-parallel ones (TP=2,
+// TP=2 × DP=2), whose weight sync (Gloo group, disk) gives the engines the trainer's weights. A multi-turn GRPO job runs its
 // episodes against the example calculator environment (real HTTP) and trains on them.
 #include <fcntl.h>
 #include <signal.h>
@@ -24,6 +25,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -701,7 +703,8 @@ TEST_F(DriverE2eTest, TwoDataParallelTrainersMatchOneTrainer) {
                        << ReadLogs(run / "run", train);
     if (dp == 2) {
       const std::string logs = ReadLogs(run / "run", train);
-      EXPECT_NE(logs.find("data-parallel group of 2 formed"), std::string::npos) << logs;
+      EXPECT_NE(logs.find("tensor-parallel size 1 × data-parallel size 2"), std::string::npos)
+          << logs;
       EXPECT_EQ(logs.find("(distributed optimizer)") != std::string::npos, variant == 3) << logs;
     }
     EXPECT_TRUE(fs::exists(run / "ckpt" / "latest_checkpointed_iteration.txt"))
@@ -734,6 +737,144 @@ TEST_F(DriverE2eTest, TwoDataParallelTrainersMatchOneTrainer) {
   }
 }
 
+// The per-step train/* values of a run's metrics.jsonl (the rollout summary lines repeat the
+// last step's values and carry no "step").
+std::map<int64_t, Json> StepValues(const fs::path& metrics) {
+  std::map<int64_t, Json> out;
+  for (const Json& r : ReadJsonl(metrics)) {
+    if (!r.contains("train/grad_norm") || !r.contains("step") || !r["step"].is_number()) continue;
+    Json values = Json::object();
+    for (const auto& [k, v] : r.items()) {
+      if (k.rfind("train/", 0) == 0 && v.is_number()) values[k] = v;
+    }
+    out[r.value("step", int64_t{-1})] = values;
+  }
+  return out;
+}
+
+// Tensor parallelism across trainer processes (Megatron's layout: rank = dp·TP + tp; workers.h):
+//   A. train.tensor_model_parallel_size 2 on two trainer processes with two engines: the TP
+//      group and the gathered weight sync over Gloo. After rollout 0 the trainer's updated
+//      weights reach the engines as full HF tensors (each all-gathered over the TP group), so
+//      the engines' log-probs of rollout 1's samples equal the trainer's recomputed ones
+//      (train_rollout_logprob_abs_diff ~ 6e-7; the weights of before the step give ~0.2 here).
+//   B. the same rollouts (saved by A) trained by one trainer (TP 1), and
+//   C. by four trainers at TP 2 × DP 2 (two TP groups, two DP groups):
+// the same per-step loss, pg_loss and grad_norm within float32 tolerance, and one checkpoint.
+TEST_F(DriverE2eTest, TensorParallelTrainersMatchOneTrainerAndSyncFullWeights) {
+  const std::string rollouts = (dir_ / "rollouts" / "{rollout_id}.json").string();
+  // A larger learning rate than the other tests: one step moves the log-probs well past the
+  // tolerance below, so weights that did not reach the engines show.
+  const fs::path config =
+      WriteConfig(2, "debug:\n  save_debug_rollout_data: \"" + rollouts +
+                         "\"\n"
+                         "algorithm:\n  get_mismatch_metrics: true\n  entropy_coef: 0.01\n");
+  const std::vector<std::string> common = {"--set", "train.lr=1.0e-3", "--set",
+                                           "eval.interval=null"};
+  std::map<std::string, std::map<int64_t, Json>> steps;  // run -> step -> train/* values
+  {
+    std::vector<std::string> args = {"--config", config.string(),
+                                     "--set",    "cluster.actor_num_gpus_per_node=2",
+                                     "--set",    "train.tensor_model_parallel_size=2"};
+    args.insert(args.end(), common.begin(), common.end());
+    Child a(args, dir_);
+    ASSERT_EQ(a.Wait(std::chrono::seconds(500)), 0) << "stdout:\n"
+                                                    << a.out() << "\nstderr:\n"
+                                                    << ReadLogs(dir_ / "run", a);
+    const std::string logs = ReadLogs(dir_ / "run", a);
+    EXPECT_NE(logs.find("tensor-parallel size 2 × data-parallel size 1"), std::string::npos)
+        << logs;
+    // Each worker's trainer is a TP shard (rank 1: tp rank 1 of DP rank 0), not a DP replica.
+    EXPECT_NE(logs.find("dp rank 0/1, tp rank 1/2"), std::string::npos) << logs;
+    EXPECT_EQ(logs.find("not wired into the trainer"), std::string::npos) << logs;
+    steps["tp2"] = StepValues(dir_ / "run" / "metrics.jsonl");
+    ASSERT_EQ(steps["tp2"].size(), 2u) << "one optimizer step per rollout";
+    // Rollout 1 was generated with the weights synced after step 0.
+    for (const auto& [step, values] : steps["tp2"]) {
+      ASSERT_TRUE(values.contains("train/train_rollout_logprob_abs_diff")) << values.dump();
+      std::cout << "tp2 step " << step << ": train_rollout_logprob_abs_diff "
+                << values["train/train_rollout_logprob_abs_diff"] << "\n";
+      EXPECT_LT(values["train/train_rollout_logprob_abs_diff"].get<double>(), 2e-5)
+          << "step " << step << ": the engines' log-probs differ from the trainer's";
+    }
+    EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "latest_checkpointed_iteration.txt"));
+  }
+  for (const auto& [name, trainers, tp] :
+       std::vector<std::tuple<std::string, int, int>>{{"tp1", 1, 1}, {"tp2dp2", 4, 2}}) {
+    const fs::path run = dir_ / name;
+    fs::create_directories(run);
+    std::vector<std::string> args = {
+        "--config", config.string(),
+        "--set",    "debug.save_debug_rollout_data=null",
+        "--set",    "debug.load_debug_rollout_data=" + rollouts,
+        "--set",    "cluster.rollout_num_gpus=0",
+        "--set",    "cluster.actor_num_gpus_per_node=" + std::to_string(trainers),
+        "--set",    "train.tensor_model_parallel_size=" + std::to_string(tp),
+        "--set",    "cluster.run_dir=" + (run / "run").string(),
+        "--set",    "checkpoint.save=" + (run / "ckpt").string(),
+        "--set",    "checkpoint.load=" + (run / "ckpt").string()};
+    args.insert(args.end(), common.begin(), common.end());
+    Child train(args, run);
+    ASSERT_EQ(train.Wait(std::chrono::seconds(400)), 0) << name << "\nstdout:\n"
+                                                        << train.out() << "\nstderr:\n"
+                                                        << ReadLogs(run / "run", train);
+    if (trainers == 4) {
+      const std::string logs = ReadLogs(run / "run", train);
+      EXPECT_NE(logs.find("tensor-parallel size 2 × data-parallel size 2"), std::string::npos)
+          << logs;
+      // Rank 3 = dp 1, tp 1 (Megatron's order).
+      EXPECT_NE(logs.find("dp rank 1/2, tp rank 1/2"), std::string::npos) << logs;
+    }
+    EXPECT_TRUE(fs::exists(run / "ckpt" / "latest_checkpointed_iteration.txt")) << name;
+    steps[name] = StepValues(run / "run" / "metrics.jsonl");
+  }
+  const std::map<int64_t, Json>& one = steps["tp1"];
+  ASSERT_EQ(one.size(), 2u);
+  for (const std::string run : {"tp2", "tp2dp2"}) {
+    ASSERT_EQ(steps[run].size(), one.size()) << run;
+    for (const auto& [step, ref] : one) {
+      ASSERT_TRUE(steps[run].count(step)) << run << " step " << step;
+      const Json& got = steps[run][step];
+      for (const std::string key :
+           {"train/grad_norm", "train/loss", "train/pg_loss", "train/entropy_loss"}) {
+        ASSERT_TRUE(ref.contains(key)) << key << ": " << ref.dump();
+        ASSERT_TRUE(got.contains(key)) << key << " at step " << step << ": " << got.dump();
+        const double a = ref[key].get<double>(), b = got[key].get<double>();
+        std::cout << run << " step " << step << " " << key << ": " << b << " (tp1 " << a << ")\n";
+        EXPECT_NEAR(a, b, 1e-5 + 1e-4 * std::abs(a)) << key << " at step " << step << ", " << run;
+      }
+      EXPECT_GT(ref["train/grad_norm"].get<double>(), 0.0) << "step " << step;
+    }
+  }
+}
+// The disk transport from a TP=2 trainer: rank 0 writes the full tensors (each all-gathered over
+// the TP group as it is written) and the engines load them; rollout 1's engine log-probs equal
+// the trainer's.
+TEST_F(DriverE2eTest, TensorParallelTrainersSyncThroughTheDiskTransport) {
+  const fs::path config =
+      WriteConfig(2,
+                  "algorithm:\n  get_mismatch_metrics: true\n  entropy_coef: 0.01\n"
+                  "weight_sync:\n  transport: disk\n  disk_dir: " +
+                      (dir_ / "weights").string() + "\n");
+  Child a({"--config", config.string(), "--set", "cluster.actor_num_gpus_per_node=2", "--set",
+           "train.tensor_model_parallel_size=2", "--set", "train.lr=1.0e-3", "--set",
+           "eval.interval=null"},
+          dir_);
+  ASSERT_EQ(a.Wait(std::chrono::seconds(500)), 0) << "stdout:\n"
+                                                  << a.out() << "\nstderr:\n"
+                                                  << ReadLogs(dir_ / "run", a);
+  const std::string logs = ReadLogs(dir_ / "run", a);
+  EXPECT_NE(logs.find("weight sync: disk transport"), std::string::npos) << logs;
+  const std::map<int64_t, Json> steps = StepValues(dir_ / "run" / "metrics.jsonl");
+  ASSERT_EQ(steps.size(), 2u);
+  for (const auto& [step, values] : steps) {
+    ASSERT_TRUE(values.contains("train/train_rollout_logprob_abs_diff")) << values.dump();
+    std::cout << "disk, tp2 step " << step << ": train_rollout_logprob_abs_diff "
+              << values["train/train_rollout_logprob_abs_diff"] << "\n";
+    EXPECT_LT(values["train/train_rollout_logprob_abs_diff"].get<double>(), 2e-5)
+        << "step " << step << ": the engines' log-probs differ from the trainer's";
+  }
+}
 
 #ifdef SLIME_CALC_ENV_BIN_DEFAULT
 // rollout.custom_generate: env — every sample is a multi-turn episode against the example

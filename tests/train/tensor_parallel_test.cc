@@ -8,7 +8,8 @@
 //     (loss, pg_loss, entropy_loss, kl_loss, grad_norm, ...) and, gathering the shards, the same
 //     updated weights within float32 tolerance; replicated parameters identical on TP ranks;
 //   - checkpoints moving between TP sizes (TP=1 -> TP=2 -> TP=1, weights and AdamW state) and
-//     the HF export of a checkpoint saved at TP=2.
+//     the HF export of a checkpoint saved at TP=2;
+//   - the weight export's full tensors (Trainer::FullParameter) at TP=2 against TP=1.
 // Built a second time with SLIME_TP_GPU_TEST (target train_tensor_parallel_gpu_test, label gpu):
 // then only the CUDA case runs — the same TP=2 GRPO comparison with NCCL between cuda:0 and
 // cuda:1 in bfloat16 against a TP=1 trainer on cuda:0 (bf16 tolerance); it skips with a
@@ -22,6 +23,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "slime/comm/process_group.h"
@@ -535,6 +537,47 @@ TEST(TensorParallelTrainerTest, CheckpointsMoveBetweenTensorParallelSizes) {
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_TRUE(torch::equal(hf_weights[i].tensor, trained_full[i])) << specs[i].hf_name;
   }
+}
+
+// Weight export (weight sync): FullParameter(i) on both TP ranks (a collective) gives the TP=1
+// trainer's parameter i — bit for bit, the all-gather only moves bytes — and FullParameterShapes
+// lists the full shapes; tensor_model_parallel_size must match the group's size.
+TEST(TensorParallelTrainerTest, FullParametersEqualTheUnshardedTrainersAndTheSizeIsChecked) {
+  TempDir dir;
+  const std::string model_dir = MakeTpModelDir(dir, 31, /*llama=*/true);
+  config::Config c = TpConfig();
+  auto one = test_util::MakeTrainer(model_dir, c);
+  ASSERT_NE(one, nullptr);
+  const std::vector<torch::Tensor> want = test_util::Weights(*one);
+  c.train.tensor_model_parallel_size = 2;
+  std::vector<std::vector<torch::Tensor>> got(2);
+  OnGrid(2, 1, model_dir, c, [&](int rank, TrainerOptions o) {
+    auto t = Trainer::Create(std::move(o));
+    ASSERT_TRUE(t.ok()) << t.status();
+    const std::vector<model::NamedTensor> shapes = std::as_const(**t).FullParameterShapes();
+    ASSERT_EQ(shapes.size(), want.size());
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      EXPECT_EQ(shapes[i].tensor.sizes(), want[i].sizes()) << shapes[i].name;
+      auto full = (*t)->FullParameter(i);
+      ASSERT_TRUE(full.ok()) << full.status();
+      got[rank].push_back(full->clone());
+    }
+    EXPECT_FALSE((*t)->FullParameter(shapes.size()).ok());
+  });
+  for (int rank : {0, 1}) {
+    ASSERT_EQ(got[rank].size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_TRUE(torch::equal(got[rank][i], want[i])) << "rank " << rank << " parameter " << i;
+    }
+  }
+  c.train.tensor_model_parallel_size = 4;
+  OnGrid(2, 1, model_dir, c, [&](int rank, TrainerOptions o) {
+    auto t = Trainer::Create(std::move(o));
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(std::string(t.status().message()).find("train.tensor_model_parallel_size = 4"),
+              std::string::npos)
+        << t.status();
+  });
 }
 
 TEST(TensorParallelTrainerTest, AVocabThatDoesNotSplitIsRejected) {

@@ -16,9 +16,12 @@
 // buffer's CUDA IPC handle and each tensor's offset; comm/cuda_ipc.h) to every engine, which
 // copies them out before it answers; the buffer is freed when Send returns.
 //
-// The tensors are HF-named and full (unsharded): model::NamedParameters() of a TP-size-1 model.
-// They are moved to the backend's device (CPU for gloo, CUDA for nccl) and, when `dtype` is set,
-// converted, one bucket at a time. Pausing generation and flushing the prefix cache around a
+// The tensors are HF-named and full (unsharded): model::NamedParameters() of a TP-size-1 model,
+// or — the lazy form of Send — their shapes plus a function that produces each one just before
+// its bucket goes out (a tensor-parallel trainer all-gathers each parameter there, so at most
+// one bucket of full tensors exists at a time; workers/workers.h). They are moved to the
+// backend's device (CPU for gloo, CUDA for nccl) and, when `dtype` is set, converted, one
+// bucket at a time. Pausing generation and flushing the prefix cache around a
 // sync (slime's pause → flush → transfer → continue) are the caller's; see PauseEngines() /
 // ContinueEngines().
 //
@@ -51,6 +54,11 @@ std::string DtypeName(torch::ScalarType dtype);
 // tensor larger than that is a bucket of its own. Order is preserved.
 std::vector<std::pair<size_t, size_t>> PlanBuckets(const std::vector<model::NamedTensor>& tensors,
                                                    int64_t bucket_bytes);
+
+// The lazy form's producer: tensor `index` of the list, full and HF-named as listed. Send calls
+// it once per tensor in list order (0, 1, ...), stopping at the first failure; a producer that
+// runs collectives must let its peers finish the sequence when Send stops early.
+using TensorFetchFn = std::function<StatusOr<torch::Tensor>(size_t index)>;
 
 struct EngineEndpoint {
   std::string host = "127.0.0.1";
@@ -86,6 +94,12 @@ class WeightSender {
   // weight_version: stamped by the engines on success (slime sends "1", "2", ...).
   StatusOr<SyncStats> Send(const std::vector<model::NamedTensor>& tensors,
                            const std::string& weight_version, bool flush_cache = true);
+  // The lazy form: `shapes` names every tensor with its full shape and dtype (only sizes and
+  // dtype are read: meta tensors do); `fetch` produces the values (TensorFetchFn). A produced
+  // tensor whose shape or dtype differs from its entry fails the sync, naming it.
+  StatusOr<SyncStats> Send(const std::vector<model::NamedTensor>& shapes,
+                           const TensorFetchFn& fetch, const std::string& weight_version,
+                           bool flush_cache = true);
   Status Disconnect();
 
   // POST /pause_generation {} then GET /flush_cache (retried until 200 or the timeout), and
@@ -102,8 +116,9 @@ class WeightSender {
   Status PostAll(const std::string& path, const std::vector<std::string>& bodies,
                  const std::function<Status()>& during);
   bool ipc() const { return options_.backend == "cuda_ipc"; }
-  StatusOr<SyncStats> SendIpc(const std::vector<model::NamedTensor>& tensors,
-                              const std::string& weight_version, bool flush_cache);
+  StatusOr<SyncStats> SendIpc(const std::vector<model::NamedTensor>& shapes,
+                              const TensorFetchFn& fetch, const std::string& weight_version,
+                              bool flush_cache);
 
   WeightSenderOptions options_;
   std::unique_ptr<ProcessGroup> group_;

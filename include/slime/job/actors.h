@@ -3,19 +3,26 @@
 // slime.v1.TrainBatchProto (proto/slime/v1/job.proto); every other request and every reply is a
 // JSON object.
 //
-// Factory input: ActorSpec.init_payload = {"device": "cpu"|"cuda", "num_threads": N} (JSON; both
-// optional: device from cluster.device, threads from LibTorch) and the job's resolved config.
+// Factory input: ActorSpec.init_payload = {"device": "cpu"|"cuda", "num_threads": N,
+// "world_size": W} (JSON; all optional: device from cluster.device, threads from LibTorch,
+// trainers 1) and the job's resolved config; the actor's rank is ActorSpec.rank.
 //
 //   "engine"   (role engine; restartable) starts the engine and its HTTP server at creation, on
 //              the worker's bind host ($SLIME_BIND_HOST, else 127.0.0.1) and a free port.
 //     address            {} → {"host", "port"}
 //   "trainer"  (role trainer) builds nothing at creation (errors come back from init).
+//     open_groups        {"master_address"} → {"tp"?: {"master_address", "master_port"},
+//                        "dp"?: {...}} (the groups this rank leads)
+//     join_groups        {"tp": [...], "dp": [...]} → TrainerWorker::JoinGroups's reply
+//                        (both before init, world_size > 1; workers/workers.h)
 //     init               {} → TrainerWorker::Init's reply
 //     train              TrainBatchProto → TrainerWorker::Train's reply
 //     save               {"rollout_id", "extra_state"} → {"dir", "seconds"}
 //     connect_engines    {"engines": [{"host", "port", "num_gpus"}], "master_address"} → {}
 //     sync_weights       {"weight_version"} → {"bytes", "tensors", "buckets", "seconds", ...}
+//                        (every rank at once; rank 0 sends)
 //     resync_engine      {"host", "port"} → {"weight_version", "dir", "bytes", "seconds"}
+//                        (every TP rank of DP rank 0 at once; rank 0 writes and answers)
 //     disconnect_engines {} → {}
 //     export_hf          {"dir"} → {"dir", "from"}
 // A request that is not the expected JSON or proto is InvalidArgument naming the method.

@@ -130,6 +130,7 @@
 
 #include "slime/common/status.h"
 #include "slime/config/config.h"
+#include "slime/model/checkpoint.h"
 #include "slime/train/advantages.h"
 #include "slime/train/batching.h"
 #include "slime/train/lr_schedule.h"
@@ -313,6 +314,18 @@ class Trainer {
   // when the LR state alone is rejected after the weights were loaded (then the error says so).
   StatusOr<LoadedTrainerState> Load(const std::string& load_dir,
                                     std::optional<int64_t> ckpt_step = std::nullopt);
+
+  // Weight export (weight sync, HF directories written for the engines): the actor's
+  // parameters as full, unsharded HF tensors, one at a time, so at most one gathered tensor
+  // per call is alive. FullParameterShapes() lists them in model::NamedParameters order (=
+  // model::ParameterSpecs order) as tensors on the meta device (name, full shape, the model's
+  // dtype; no storage). FullParameter(i) is parameter i's values on the model's device: at
+  // TP = 1 the parameter itself (detached, no copy); at TP > 1 a collective of the TP group —
+  // an all-gather of the shards for a sharded parameter, nothing for a replicated one — so
+  // every TP rank must call it with the same indices in the same order (the ranks that only
+  // take part drop the result). The same gather as Save's at TP > 1.
+  std::vector<model::NamedTensor> FullParameterShapes() const;
+  StatusOr<torch::Tensor> FullParameter(size_t index);
 
   // Mutable access marks the CPU backup of the actor stale (the caller may change the weights in
   // place, e.g. a weight load); the next swap backs the actor up again.

@@ -3,8 +3,18 @@
 // includes neither LibTorch nor protobuf, so both sides compile apart — docs/architecture.md,
 // "Build").
 //
-// TrainerWorker: one trainer replica (train::Trainer) plus, on DP rank 0, the trainer side of
-// the weight sync (comm::WeightSender) to the rollout engines.
+// TrainerWorker: one trainer rank (train::Trainer: a full replica at TP 1, else one tensor-
+// parallel shard) plus, on rank 0, the trainer side of the weight sync (comm::WeightSender) to
+// the rollout engines.
+//
+// Rank layout (Megatron's, as runtime/placement.h places them): world_size trainer processes
+// = TP × DP with TP = train.tensor_model_parallel_size; tp_rank = rank % TP, dp_rank = rank / TP
+// (a world_size that TP does not divide is InvalidArgument naming both fields). The ranks of one
+// dp_rank form a TP group (the model's parallel layers run their collectives in it); the ranks
+// of one tp_rank form a DP group (gradients and metric sums are all-reduced in it). Every rank
+// receives the whole rollout and trains its DP index's micro-batches (train/trainer.h, "Data
+// parallelism"), so the TP ranks of a DP index run the same micro-batches.
+//   OpenGroups / JoinGroups   form both kinds of group before Init (below).
 //   Init()            builds the Trainer from the resolved config (model.hf_checkpoint) and, when
 //                     checkpoint.load holds a trainer checkpoint, loads it (model, optimizer,
 //                     RNG, LR state). An empty or missing load directory is a fresh start, as
@@ -14,6 +24,13 @@
 //   ConnectEngines / SyncWeights / DisconnectEngines   SGLang's distributed update: pause the
 //                     engines, flush, broadcast every parameter in buckets, continue.
 //   ResyncEngine      one restarted engine gets the current weights (disk transport).
+// Weight export at TP > 1 (SyncWeights, ResyncEngine): the engines take full HF tensors. Rank 0
+// (TP rank 0 of DP rank 0) is the source; each parameter is all-gathered in the TP group just
+// before it goes into a bucket (Trainer::FullParameter; the lazy WeightSender::Send), or, for
+// the disk transport, just before it is written (then kept on the CPU until the directory is
+// written), so the device holds at most one bucket of gathered tensors. The other TP ranks of
+// DP rank 0 take part in every gather in the same order; the other DP ranks send nothing. If the
+// transfer stops early the source still runs the remaining gathers, so no peer is left waiting.
 //   ExportHf(dir)     the current weights as an HF directory (checkpoint.save_hf).
 // EngineWorker: an inference engine (engine::Engine) and its SGLang-compatible HTTP server on
 // a free port of `host`.
@@ -38,8 +55,8 @@ struct WorkerOptions {
   config::Config config;   // the job's resolved config
   std::string device;      // "cpu" or "cuda" (the process sees its GPUs as cuda:0..)
   int num_threads = 0;     // CPU: LibTorch intra-op threads (0 = LibTorch's default)
-  int rank = 0;            // trainer: DP rank; engine: engine index
-  int world_size = 1;      // trainer: DP size
+  int rank = 0;            // trainer: global rank (layout above); engine: engine index
+  int world_size = 1;      // trainer: the number of trainer processes (TP × DP)
 };
 
 class TrainerWorker {
@@ -52,24 +69,36 @@ class TrainerWorker {
   // {"loaded": bool, "dir": "...", "rollout_id": I, "step": S, "extra_state": {...},
   //  "num_parameters": N, "device": "cpu"}; rollout_id is −1 on a fresh start.
   StatusOr<nlohmann::json> Init();
-  // Data parallelism over world_size trainer processes (after Init): rank 0's OpenDpGroup
-  // ({"master_address": its host}) starts the group's store and answers {"master_address",
-  // "master_port"}; then JoinDpGroup with that answer on every rank at once (rank 0 included)
-  // forms the c10d group (Gloo on CPU, NCCL on CUDA) that gradients and metric sums are
-  // all-reduced in. Train refuses to run on a world_size > 1 trainer before that.
-  StatusOr<nlohmann::json> OpenDpGroup(const nlohmann::json& request);
-  StatusOr<nlohmann::json> JoinDpGroup(const nlohmann::json& request);
+  // The trainer's process groups (world_size > 1), formed BEFORE Init (the model loads its TP
+  // shard and runs its collectives in the TP group). OpenGroups({"master_address": this
+  // rank's host}) on every rank: a group leader — TP rank 0 of a TP group, DP rank 0 of a DP
+  // group (rank 0 leads both of its groups) — starts its groups' stores and answers
+  // {"tp": {"master_address", "master_port"}} and/or {"dp": {...}}; other ranks answer {}.
+  // Then JoinGroups on every rank at once with {"tp": [endpoint of the TP group of dp_rank
+  // d, for d < DP], "dp": [endpoint of the DP group of tp_rank t, for t < TP]} (a kind with
+  // one rank per group is left out): each rank connects to its groups' stores and joins the TP
+  // group, then the DP group (c10d, Gloo on CPU, NCCL on CUDA). Answers {"rank", "world_size",
+  // "tp_size", "dp_size", "tp_rank", "dp_rank", "backend", "seconds"}. Init refuses to run on a
+  // world_size > 1 trainer before that.
+  StatusOr<nlohmann::json> OpenGroups(const nlohmann::json& request);
+  StatusOr<nlohmann::json> JoinGroups(const nlohmann::json& request);
   // {"steps": [{"step", "step_in_rollout", "num_samples", "skipped", "values": {...}}],
   //  "rollout_values": {...}, "dropped_samples": n, "seconds": s}
   StatusOr<nlohmann::json> Train(int64_t rollout_id, const train::RolloutBatch& batch);
   // {"dir": iteration directory, "seconds": s}. FailedPrecondition without checkpoint.save.
-  // Ranks other than 0 write nothing (their state equals rank 0's): {"written": false}.
+  // DP ranks other than 0 write nothing (their state equals DP rank 0's): {"written": false};
+  // with ZeRO-1 they take part (the shards are gathered), and at TP > 1 the TP ranks of DP rank
+  // 0 take part (the TP shards are gathered): TP rank 0 writes, the others answer
+  // {"written": false}. Call it on every rank.
   StatusOr<nlohmann::json> Save(int64_t rollout_id, const nlohmann::json& extra_state);
   // request: {"engines": [{"host", "port", "num_gpus"}], "master_address": host,
-  //           "group_name": "..."}; backend gloo on CPU, nccl on CUDA.
+  //           "group_name": "..."}; backend gloo on CPU, nccl on CUDA. Rank 0 only (the source).
   Status ConnectEngines(const nlohmann::json& request);
-  // Pause → send every parameter (weight_sync.buffer_size buckets) → continue; then the
-  // trainer's keep_old_actor queue. {"bytes", "tensors", "buckets", "seconds", "gb_per_s"}.
+  // Call it on every rank at once. The source (rank 0): pause → send every parameter as a full
+  // tensor (weight_sync.buffer_size buckets, or the disk transport) → continue; {"source": true,
+  // "bytes", "tensors", "buckets", "seconds", "gb_per_s"}. The other TP ranks of DP rank 0 take
+  // part in the gathers; other DP ranks send nothing ({"source": false, "seconds"}). Then, on
+  // every rank, the trainer's keep_old_actor queue (each rank keeps its own).
   StatusOr<nlohmann::json> SyncWeights(const std::string& weight_version);
   // One (restarted) engine, {"host", "port"}, gets the trainer's current weights through the
   // disk transport (an HF directory under weight_sync.disk_dir, default <run_dir>/weight_sync,
@@ -77,6 +106,8 @@ class TrainerWorker {
   // holds these weights), whatever weight_sync.transport is; the weight-update group is not
   // touched. The weights are labelled with the version they are: the last synced one, or
   // rollout_id + 1 once rollout_id was trained. {"weight_version", "dir", "bytes", "seconds"}.
+  // At TP > 1 call it on every TP rank of DP rank 0 at once (the parameters are gathered; the
+  // peers answer {"source": false, "seconds"}); FailedPrecondition on other DP ranks.
   StatusOr<nlohmann::json> ResyncEngine(const nlohmann::json& request);
   // Leaves the weight-update group (ConnectEngines again re-forms it; a failed leave — an
   // engine that died — is logged there, not fatal).
