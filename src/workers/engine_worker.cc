@@ -47,7 +47,16 @@ StatusOr<std::unique_ptr<EngineWorker>> EngineWorker::Start(WorkerOptions option
   if (config.rollout.mem_fraction_static) eo.mem_fraction_static = *config.rollout.mem_fraction_static;
   eo.random_seed = static_cast<uint64_t>(config.rollout.seed + options.rank);
   eo.metrics = &impl->registry;
-  SLIME_ASSIGN_OR_RETURN(impl->engine, engine::Engine::Create(eo));
+  auto engine = engine::Engine::Create(eo);
+  if (!engine.ok()) {
+    if (eo.tp_size > 1 && absl::IsInvalidArgument(engine.status())) {
+      return absl::InvalidArgumentError(fmt::format(
+          "cluster.rollout_num_gpus_per_engine = {} (each engine's tensor-parallel size): {}",
+          eo.tp_size, std::string(engine.status().message())));
+    }
+    return engine.status();
+  }
+  impl->engine = *std::move(engine);
   engine::EngineServerOptions so;
   so.host = host;
   so.port = 0;

@@ -30,11 +30,15 @@
 #include <thread>
 #include <vector>
 
+#include "nlohmann/json.hpp"
 #include "remove_tree.h"
 #include "slime/comm/process_group.h"
 #include "slime/comm/weight_sender.h"
 #include "slime/engine/engine.h"
 #include "slime/engine/model_runner.h"
+#include "slime/engine/server.h"
+#include "slime/http/client.h"
+#include "slime/metrics/registry.h"
 #include "slime/model/checkpoint.h"
 #include "slime/model/config.h"
 #include "slime/model/init_random_model.h"
@@ -406,6 +410,57 @@ TEST(EngineTensorParallelOptionsTest, BadTensorParallelSizesAreNamed) {
   ASSERT_FALSE(e.ok());
   EXPECT_NE(std::string(e.status().message()).find("tp_size must be >= 1"), std::string::npos)
       << e.status();
+}
+
+// The TP=2 engine behind the real HTTP server: /server_info reports tp_size and num_gpus 2, and
+// a batched greedy /generate returns what the TP=1 engine's server returns.
+TEST(EngineTensorParallelHttpTest, ServerReportsTpSizeAndServesTheSameTokens) {
+  if (!fs::exists(TokenizerDir() + "/tokenizer.json")) GTEST_SKIP() << "Qwen3 tokenizer missing";
+  const std::string dir = ModelDir("qwen3", 0);
+  metrics::Registry registry1, registry2;
+  auto one = MakeEngine(dir, 1);
+  auto two = MakeEngine(dir, 2);
+  ASSERT_TRUE(one && two);
+  EngineServerOptions so;
+  so.port = 0;
+  auto s1 = EngineServer::Start(one.get(), &registry1, so);
+  auto s2 = EngineServer::Start(two.get(), &registry2, so);
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  http::Client c1("127.0.0.1", (*s1)->port()), c2("127.0.0.1", (*s2)->port());
+  auto info = c2.Get("/server_info");
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->status, 200) << info->body;
+  EXPECT_EQ(info->Json().value("tp_size", 0), 2) << info->body;
+  EXPECT_EQ(info->Json().value("num_gpus", 0), 2) << info->body;
+  auto info1 = c1.Get("/get_server_info");
+  ASSERT_TRUE(info1.ok()) << info1.status();
+  EXPECT_EQ(info1->Json().value("tp_size", 0), 1) << info1->body;
+  nlohmann::json req = {
+      {"input_ids", {{11, 22, 33, 44, 55, 66, 77}, {5, 4, 3}}},
+      {"sampling_params", {{"max_new_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}}},
+      {"return_logprob", true}};
+  auto g1 = c1.Post("/generate", req.dump());
+  auto g2 = c2.Post("/generate", req.dump());
+  ASSERT_TRUE(g1.ok() && g2.ok());
+  ASSERT_EQ(g1->status, 200) << g1->body;
+  ASSERT_EQ(g2->status, 200) << g2->body;
+  nlohmann::json j1 = g1->Json(), j2 = g2->Json();
+  ASSERT_TRUE(j1.is_array() && j2.is_array() && j1.size() == 2 && j2.size() == 2)
+      << j1.dump() << "\n" << j2.dump();
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(j1[i]["output_ids"], j2[i]["output_ids"]) << "prompt " << i;
+    const nlohmann::json& l1 = j1[i]["meta_info"]["output_token_logprobs"];
+    const nlohmann::json& l2 = j2[i]["meta_info"]["output_token_logprobs"];
+    ASSERT_EQ(l1.size(), 6u) << j1.dump();
+    ASSERT_EQ(l2.size(), 6u) << j2.dump();
+    for (size_t t = 0; t < 6; ++t) {
+      EXPECT_NEAR(l1[t][0].get<double>(), l2[t][0].get<double>(), 2e-4) << "prompt " << i;
+    }
+  }
+  c1.Close();
+  c2.Close();
+  (*s1)->Stop();
+  (*s2)->Stop();
 }
 
 // The runner alone: one chunked prefill + decode sequence, logits of every step at TP=2 equal
