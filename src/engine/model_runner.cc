@@ -259,12 +259,12 @@ StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelRunnerOpti
     SLIME_ASSIGN_OR_RETURN(rank.model, model::DecoderModel::Load(options.model_path, dtype,
                                                                  runner->devices_[r], group));
     if (options.fuse_projections) rank.model->FuseProjections();  // CUDA only; else a no-op
-    const model::ModelConfig& c = rank.model->config();
-    const int64_t per_token = PagedKvCache::BytesPerToken(
-        c.num_hidden_layers, rank.model->local_kv_heads(), c.head_dim, dtype);
     int64_t tokens = options.max_total_tokens > 0 ? options.max_total_tokens : 65536;
 #ifdef SLIME_WITH_CUDA
     if (options.max_total_tokens <= 0 && runner->devices_[r].is_cuda()) {
+      const model::ModelConfig& c = rank.model->config();
+      const int64_t per_token = PagedKvCache::BytesPerToken(
+          c.num_hidden_layers, rank.model->local_kv_heads(), c.head_dim, dtype);
       size_t free_bytes = 0, total_bytes = 0;
       if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
         return absl::InternalError(fmt::format(
@@ -301,8 +301,10 @@ StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelRunnerOpti
   }));
   const int64_t per_token =
       PagedKvCache::BytesPerToken(c.num_hidden_layers, local_kv_heads, c.head_dim, dtype);
-  std::vector<std::string> device_names;
-  for (const torch::Device& d : runner->devices_) device_names.push_back(d.str());
+  std::vector<std::string> device_names;  // "cuda:0, cuda:1"; CPU ranks share one name
+  for (const torch::Device& d : runner->devices_) {
+    if (device_names.empty() || d.is_cuda()) device_names.push_back(d.str());
+  }
   spdlog::info("engine: model {} ({} layers, {:.1f}M parameters) on {}{} in {}; KV cache {} "
                "pages x {} tokens = {} tokens, {:.1f} MiB{}",
                options.model_path, c.num_hidden_layers, c.NumParameters() / 1e6,
