@@ -4,6 +4,7 @@
 // (scripts/device/engine_bench.sh runs both on the GPU machine).
 //
 //   engine_bench --model DIR [--device auto|cpu|cuda|cuda:N] [--dtype auto|bfloat16|float32]
+//                [--tp 1] (tensor-parallel ranks: devices from --device on)
 //                [--prompt-len 128] [--new-tokens 256,1024] [--concurrency 64,256,1024]
 //                [--batch1] [--grpo 64x8] [--greedy] [--warmup 8] [--seed 0]
 //                [--max-seconds 300] [--budget-seconds 0] [--json OUT]
@@ -74,6 +75,7 @@ struct Options {
   std::string model;
   std::string device = "auto";
   std::string dtype = "auto";
+  int tp = 1;
   int64_t page_size = 16;
   int64_t max_total_tokens = 0;
   double mem_fraction_static = 0.85;
@@ -105,6 +107,8 @@ Options ParseArgs(int argc, char** argv) {
       ->check(CLI::ExistingDirectory);
   app.add_option("--device", o.device, "auto | cpu | cuda | cuda:N");
   app.add_option("--dtype", o.dtype, "auto | bfloat16 | float16 | float32");
+  app.add_option("--tp", o.tp, "tensor-parallel size (devices from --device on, one process)")
+      ->check(CLI::Range(1, 64));
   app.add_option("--page-size", o.page_size, "tokens per K/V page")->check(CLI::Range(1, 256));
   app.add_option("--max-total-tokens", o.max_total_tokens,
                  "K/V cache tokens (0 = from --mem-fraction-static on CUDA, 65536 on CPU)");
@@ -297,6 +301,7 @@ class EngineHolder {
     eo.model_path = o_.model;
     eo.device = o_.device;
     eo.dtype = o_.dtype;
+    eo.tp_size = o_.tp;
     eo.page_size = o_.page_size;
     eo.max_total_tokens = o_.max_total_tokens;
     eo.mem_fraction_static = o_.mem_fraction_static;

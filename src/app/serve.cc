@@ -64,7 +64,10 @@ void AddServeOptions(CLI::App* cmd, ServeOptions* o) {
                   "Name reported by /v1/models and /server_info (default: the model path)");
   cmd->add_option("--host", o->host, "Interface to listen on (0.0.0.0 for all)");
   cmd->add_option("--port", o->port, "HTTP port (0 = any free port)")->check(CLI::Range(0, 65535));
-  cmd->add_option("--tp,--tp-size", o->tp_size, "Tensor-parallel size (1 in this version)");
+  cmd->add_option("--tp,--tp-size", o->tp_size,
+                  "Tensor-parallel size: the model split over this many devices (cuda: from "
+                  "--device on; cpu: ranks on threads), one process")
+      ->check(CLI::Range(1, 1024));
   cmd->add_option("--device", o->device, "auto | cpu | cuda | cuda:N");
   cmd->add_option("--dtype", o->dtype, "auto | bfloat16 | float16 | float32");
   cmd->add_option("--page-size", o->page_size, "Tokens per K/V page")->check(CLI::Range(1, 256));
@@ -101,12 +104,6 @@ int RunServe(const ServeOptions& o) {
     std::cerr << "slime_train serve: error: --log-level: " << s.message() << "\n";
     return kExitUsage;
   }
-  if (o.tp_size != 1) {
-    std::cerr << "slime_train serve: error: --tp " << o.tp_size
-              << " is not supported yet (the tensor-parallel engine comes with the model "
-                 "parallelism work); use --tp 1\n";
-    return kExitUsage;
-  }
   LogOptions lo;
   lo.level = o.log_level;
   lo.role = "serve";
@@ -135,6 +132,7 @@ int RunServe(const ServeOptions& o) {
   eo.tokenizer_path = o.tokenizer_path;
   eo.served_model_name = o.served_model_name;
   eo.device = o.device;
+  eo.tp_size = o.tp_size;
   eo.dtype = o.dtype;
   eo.page_size = o.page_size;
   eo.max_total_tokens = o.max_total_tokens;

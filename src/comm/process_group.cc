@@ -315,6 +315,11 @@ StatusOr<torch::Tensor> ProcessGroup::AllGather(const torch::Tensor& tensor, int
   torch::Tensor result;
   Status s = RunCollective("all-gather", name, tensor, timeout_s,
                            [&](std::chrono::milliseconds limit) {
+    // The receive buffers are written in place by the backend, on Gloo from its own worker
+    // thread: they must be normal tensors even when the caller runs under InferenceMode (the
+    // engine's vocab-parallel LM head), since an inference tensor may not be updated in place
+    // outside InferenceMode.
+    c10::InferenceMode normal_tensors(false);
     // c10d gathers flat buffers; Gloo moves raw bytes so every dtype works (as Broadcast).
     at::Tensor in = tensor.to(dev).contiguous();
     const bool bytes = backend_ == "gloo" && in.numel() > 0;

@@ -59,7 +59,12 @@ void AddClusterFields(std::vector<FieldSpec<Config>>* table) {
   b.Add("rollout_num_gpus_per_engine", &ClusterConfig::rollout_num_gpus_per_engine)
       .Slime("--rollout-num-gpus-per-engine")
       .Min(1)
-      .Doc("GPUs per inference engine (its tensor-parallel size).");
+      .Doc(
+          "GPUs per inference engine (its tensor-parallel size): one engine process splits the "
+          "model over them, one thread per device (NCCL between GPUs, Gloo between CPU slots); "
+          "it must divide the model's num_attention_heads, num_key_value_heads, "
+          "intermediate_size and vocab_size (checked when the engines start). External engines: "
+          "each server's GPU count.");
   b.Add("colocate", &ClusterConfig::colocate)
       .Slime("--colocate")
       .Doc(

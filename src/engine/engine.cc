@@ -200,28 +200,39 @@ class Engine::Impl {
   }
 
   // One /update_weights_from_distributed bucket (see Engine::UpdateWeightsFromDistributed).
-  Status ReceiveWeights(const DistributedWeightsUpdate& u, comm::ProcessGroup& group) {
-    const bool nccl = group.backend() == "nccl";
+  // `groups[r]` is TP rank r's member of the weight-update group: every rank receives the full
+  // tensors on its own device (as SGLang's TP workers do) and keeps its shard.
+  Status ReceiveWeights(const DistributedWeightsUpdate& u,
+                        const std::vector<std::shared_ptr<comm::ProcessGroup>>& groups) {
+    const bool nccl = groups.front()->backend() == "nccl";
     if (nccl && !runner_->device().is_cuda()) {
       return absl::FailedPreconditionError(fmt::format(
           "group '{}' uses nccl but this engine runs on {}", u.group_name, runner_->device().str()));
     }
-    std::vector<torch::Tensor> buffers;
-    std::vector<model::NamedTensor> named;
-    try {
-      for (size_t i = 0; i < u.names.size(); ++i) {
-        SLIME_ASSIGN_OR_RETURN(torch::ScalarType dtype, comm::ParseDtypeName(u.dtypes[i]));
-        buffers.push_back(torch::empty(
-            u.shapes[i], torch::TensorOptions().dtype(dtype).device(
-                             nccl ? runner_->device() : torch::Device(torch::kCPU))));
-      }
-    } catch (const std::exception& e) {
-      return absl::ResourceExhaustedError(
-          fmt::format("allocating receive buffers: {}", std::string(e.what()).substr(0, 300)));
+    std::vector<torch::ScalarType> dtypes;
+    for (size_t i = 0; i < u.names.size(); ++i) {
+      SLIME_ASSIGN_OR_RETURN(torch::ScalarType dtype, comm::ParseDtypeName(u.dtypes[i]));
+      dtypes.push_back(dtype);
     }
-    SLIME_RETURN_IF_ERROR(group.Broadcast(buffers, 0, u.names));
-    for (size_t i = 0; i < u.names.size(); ++i) named.push_back({u.names[i], buffers[i]});
-    SLIME_RETURN_IF_ERROR(runner_->UpdateWeights(named));
+    // Each rank receives the bucket before it checks it, so a rejected update still leaves the
+    // group in step with the sender; the lowest rank's error is reported.
+    SLIME_RETURN_IF_ERROR(runner_->OnEveryRank([&](int rank) -> Status {
+      std::vector<torch::Tensor> buffers;
+      try {
+        for (size_t i = 0; i < u.names.size(); ++i) {
+          buffers.push_back(torch::empty(
+              u.shapes[i], torch::TensorOptions().dtype(dtypes[i]).device(
+                               nccl ? runner_->device(rank) : torch::Device(torch::kCPU))));
+        }
+      } catch (const std::exception& e) {
+        return absl::ResourceExhaustedError(
+            fmt::format("allocating receive buffers: {}", std::string(e.what()).substr(0, 300)));
+      }
+      SLIME_RETURN_IF_ERROR(groups[rank]->Broadcast(buffers, 0, u.names));
+      std::vector<model::NamedTensor> named;
+      for (size_t i = 0; i < u.names.size(); ++i) named.push_back({u.names[i], buffers[i]});
+      return runner_->UpdateRankWeights(rank, named);
+    }));
     if (u.flush_cache) {
       if (live_.empty()) radix_.Reset();  // cached K/V came from the old weights
       else flush_when_idle_ = true;
@@ -232,6 +243,12 @@ class Engine::Impl {
 
   // One /update_weights_from_tensor bucket (see Engine::UpdateWeightsFromTensor).
   Status ReceiveIpc(const TensorWeightsUpdate& u) {
+    if (runner_->tp_size() > 1) {
+      return absl::FailedPreconditionError(fmt::format(
+          "/update_weights_from_tensor (CUDA IPC) serves engines of one GPU; this engine has "
+          "tp_size {}: use /update_weights_from_distributed or /update_weights_from_disk",
+          runner_->tp_size()));
+    }
     {
       SLIME_ASSIGN_OR_RETURN(std::unique_ptr<comm::IpcImportedBucket> mapped,
                              comm::IpcImportedBucket::Open(*u.bucket, runner_->device()));
@@ -285,12 +302,8 @@ class Engine::Impl {
   Status HealthCheck() {
     if (kv_released_ || runner_->weights_offloaded()) return absl::OkStatus();
     if (!live_.empty() && Seconds(Clock::now() - last_step_end_) < 30.0) return absl::OkStatus();
-    // One-token forward without touching the K/V cache.
-    torch::Tensor ids = torch::zeros({1}, torch::kLong);
-    auto hidden = runner_->model().ForwardPacked(ids, {0, 1});
-    if (!hidden.ok()) return hidden.status();
-    auto logits = runner_->Logits(*hidden, {0});
-    return logits.ok() ? absl::OkStatus() : logits.status();
+    // One-token forward (every TP rank) without touching the K/V cache.
+    return runner_->HealthCheck();
   }
 
   void AbortAll(const std::string& why) {
@@ -494,7 +507,7 @@ bool Engine::Impl::Step() {
   for (size_t i = 0; decode_only && i < to_sample.size(); ++i) {
     decode_only = to_sample[i].row == static_cast<int64_t>(i);
   }
-  StatusOr<torch::Tensor> hidden = absl::NotFoundError("not run");
+  StatusOr<HiddenStates> hidden = absl::NotFoundError("not run");
   if (decode_only) {
     StatusOr<torch::Tensor> logits = runner_->DecodeLogits(input_ids, items);
     if (logits.ok()) {
@@ -639,6 +652,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   ro.max_total_tokens = options.max_total_tokens;
   ro.mem_fraction_static = options.mem_fraction_static;
   ro.fuse_projections = options.fuse_projections;
+  ro.tp_size = options.tp_size;
   SLIME_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::Create(ro));
   const model::ModelConfig& mc = runner->config();
   engine->context_length_ =
@@ -773,23 +787,59 @@ std::future<Status> Engine::UpdateWeightsFromDisk(std::string model_path,
 }
 
 std::future<Status> Engine::InitWeightsUpdateGroup(const comm::ProcessGroupOptions& opts) {
-  comm::ProcessGroupOptions options = opts;
-  const torch::Device device = impl_->runner()->device();  // immutable after Create
-  if (device.is_cuda()) options.cuda_device = device.has_index() ? device.index() : 0;
-  return std::async(std::launch::async, [this, options]() -> Status {
+  // TP rank r joins as rank_offset + r on its own device (SGLang's layout: an engine of N GPUs
+  // takes N consecutive ranks). The runner's devices are immutable after Create.
+  const ModelRunner& runner = *impl_->runner();
+  const int tp = runner.tp_size();
+  std::vector<comm::ProcessGroupOptions> per_rank;
+  for (int r = 0; r < tp; ++r) {
+    comm::ProcessGroupOptions o = opts;
+    o.rank = opts.rank + r;
+    const torch::Device device = runner.device(r);
+    if (device.is_cuda()) o.cuda_device = device.has_index() ? device.index() : 0;
+    per_rank.push_back(std::move(o));
+  }
+  if (opts.rank + tp > opts.world_size) {
+    std::promise<Status> refused;
+    refused.set_value(absl::InvalidArgumentError(fmt::format(
+        "rank_offset {} + tp_size {} exceeds world_size {}: this engine takes {} ranks of "
+        "weight update group '{}'",
+        opts.rank, tp, opts.world_size, tp, opts.group_name)));
+    return refused.get_future();
+  }
+  return std::async(std::launch::async, [this, per_rank]() -> Status {
+    const std::string& name = per_rank.front().group_name;
     {
       std::lock_guard<std::mutex> lock(groups_mu_);
-      if (weight_groups_.count(options.group_name) || joining_groups_.count(options.group_name)) {
+      if (weight_groups_.count(name) || joining_groups_.count(name)) {
         return absl::AlreadyExistsError(fmt::format(
-            "weight update group '{}' already exists (destroy it first)", options.group_name));
+            "weight update group '{}' already exists (destroy it first)", name));
       }
-      joining_groups_.insert(options.group_name);
+      joining_groups_.insert(name);
     }
-    StatusOr<std::unique_ptr<comm::ProcessGroup>> group = comm::ProcessGroup::Create(options);
+    // Every rank joins at once (each blocks until the whole group is there).
+    std::vector<std::future<StatusOr<std::unique_ptr<comm::ProcessGroup>>>> joins;
+    for (const comm::ProcessGroupOptions& o : per_rank) {
+      joins.push_back(std::async(std::launch::async, [o] { return comm::ProcessGroup::Create(o); }));
+    }
+    std::vector<std::shared_ptr<comm::ProcessGroup>> groups;
+    Status status = absl::OkStatus();
+    for (size_t r = 0; r < joins.size(); ++r) {
+      StatusOr<std::unique_ptr<comm::ProcessGroup>> group = joins[r].get();
+      if (group.ok()) {
+        groups.push_back(std::move(*group));
+      } else if (status.ok()) {
+        status = per_rank.size() == 1
+                     ? group.status()
+                     : absl::Status(group.status().code(),
+                                    fmt::format("TP rank {}: {}", r,
+                                                std::string(group.status().message())));
+      }
+    }
     std::lock_guard<std::mutex> lock(groups_mu_);
-    joining_groups_.erase(options.group_name);
-    if (!group.ok()) return group.status();
-    weight_groups_[options.group_name] = std::shared_ptr<comm::ProcessGroup>(std::move(*group));
+    joining_groups_.erase(name);
+    if (!status.ok()) return status;
+    weight_groups_[name] = std::move(groups);
     return absl::OkStatus();
   });
 }
@@ -804,36 +854,36 @@ std::future<Status> Engine::UpdateWeightsFromTensor(TensorWeightsUpdate update) 
 std::future<Status> Engine::UpdateWeightsFromDistributed(DistributedWeightsUpdate update) {
   auto promise = std::make_shared<std::promise<Status>>();
   auto f = promise->get_future();
-  std::shared_ptr<comm::ProcessGroup> group;
+  std::vector<std::shared_ptr<comm::ProcessGroup>> groups;  // one per TP rank
   {
     std::lock_guard<std::mutex> lock(groups_mu_);
     auto it = weight_groups_.find(update.group_name);
-    if (it != weight_groups_.end()) group = it->second;
+    if (it != weight_groups_.end()) groups = it->second;
   }
-  if (!group) {
+  if (groups.empty()) {
     promise->set_value(absl::FailedPreconditionError(fmt::format(
         "weight update group '{}' does not exist (call /init_weights_update_group first)",
         update.group_name)));
     return f;
   }
-  Post([promise, group, u = std::move(update)](Impl& impl) {
-    promise->set_value(impl.ReceiveWeights(u, *group));
+  Post([promise, groups = std::move(groups), u = std::move(update)](Impl& impl) {
+    promise->set_value(impl.ReceiveWeights(u, groups));
   });
   return f;
 }
 
 Status Engine::DestroyWeightsUpdateGroup(const std::string& group_name) {
-  std::shared_ptr<comm::ProcessGroup> group;
+  std::vector<std::shared_ptr<comm::ProcessGroup>> groups;
   {
     std::lock_guard<std::mutex> lock(groups_mu_);
     auto it = weight_groups_.find(group_name);
     if (it == weight_groups_.end()) {
       return absl::NotFoundError("The group to be destroyed does not exist.");
     }
-    group = std::move(it->second);
+    groups = std::move(it->second);
     weight_groups_.erase(it);
   }
-  group.reset();  // outside the lock: a c10d backend may take a while to shut down
+  groups.clear();  // outside the lock: a c10d backend may take a while to shut down
   return absl::OkStatus();
 }
 

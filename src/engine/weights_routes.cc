@@ -76,7 +76,7 @@ StatusOr<comm::ProcessGroupOptions> ParseInit(const json& body, double timeout_s
   if (o.group_name.empty()) return absl::InvalidArgumentError("group_name must not be empty");
   o.master_port = static_cast<int>(port);
   o.world_size = static_cast<int>(world);
-  o.rank = static_cast<int>(offset);  // one GPU per engine: our rank is rank_offset + 0
+  o.rank = static_cast<int>(offset);  // the first of this engine's tp_size ranks (Engine adds r)
   o.timeout_s = timeout_s;
   return o;
 }

@@ -39,19 +39,32 @@ StatusOr<std::unique_ptr<EngineWorker>> EngineWorker::Start(WorkerOptions option
   eo.model_path = config.model.hf_checkpoint;
   eo.served_model_name = config.model.model_name.value_or(config.model.hf_checkpoint);
   eo.device = options.device == "cuda" ? "cuda" : "cpu";
+  // slime's --rollout-num-gpus-per-engine is the engine's tensor-parallel size; the head made
+  // this worker's bundle exactly that many devices (CUDA_VISIBLE_DEVICES), so ranks take
+  // cuda:0..N-1 (or N Gloo ranks on CPU slots).
+  eo.tp_size = config.cluster.rollout_num_gpus_per_engine;
   eo.dtype = "auto";
   if (config.rollout.mem_fraction_static) eo.mem_fraction_static = *config.rollout.mem_fraction_static;
   eo.random_seed = static_cast<uint64_t>(config.rollout.seed + options.rank);
   eo.metrics = &impl->registry;
-  SLIME_ASSIGN_OR_RETURN(impl->engine, engine::Engine::Create(eo));
+  auto engine = engine::Engine::Create(eo);
+  if (!engine.ok()) {
+    if (eo.tp_size > 1 && absl::IsInvalidArgument(engine.status())) {
+      return absl::InvalidArgumentError(fmt::format(
+          "cluster.rollout_num_gpus_per_engine = {} (each engine's tensor-parallel size): {}",
+          eo.tp_size, std::string(engine.status().message())));
+    }
+    return engine.status();
+  }
+  impl->engine = *std::move(engine);
   engine::EngineServerOptions so;
   so.host = host;
   so.port = 0;
   so.weights_group_timeout_s = 60.0 * config.cluster.distributed_timeout_minutes;
   SLIME_ASSIGN_OR_RETURN(impl->server,
                          engine::EngineServer::Start(impl->engine.get(), &impl->registry, so));
-  spdlog::info("engine {}: serving {} on http://{}:{} ({})", options.rank, eo.model_path, host,
-               impl->server->port(), eo.device);
+  spdlog::info("engine {}: serving {} on http://{}:{} ({}, tp_size {})", options.rank,
+               eo.model_path, host, impl->server->port(), eo.device, eo.tp_size);
   return std::unique_ptr<EngineWorker>(new EngineWorker(std::move(impl)));
 }
 

@@ -1,8 +1,9 @@
 // Runs the real `slime_train serve` (SLIME_TRAIN_BIN, set by ctest) on a tiny random-weight
 // Qwen3 (real Qwen3 tokenizer) on CPU: it must print its address, answer /health, /server_info
-// and a /generate with log-probs, stop on SIGTERM with exit code 0 and "stopped", and refuse
-// bad configurations (--tp 2, a missing model directory, a port in use) with exit code 2 and a
-// message naming the problem.
+// and a /generate with log-probs, stop on SIGTERM with exit code 0 and "stopped", serve at
+// --tp 2 (two Gloo ranks in the one process) the same greedy tokens as at --tp 1, and refuse
+// bad configurations (a --tp that does not divide the model, a missing model directory, a port
+// in use) with exit code 2 and a message naming the problem.
 //
 // Every server runs in its own process group; a ServeProcess kills that group on every path
 // out of a test (failed assertions included), so no process is left behind.
@@ -333,11 +334,72 @@ TEST_F(ServeTest, ServesHealthInfoAndGenerateThenStopsOnSigterm) {
   EXPECT_FALSE(server.GroupAlive()) << "a process of the server's group is still running";
 }
 
-TEST_F(ServeTest, TensorParallelTwoIsAUsageError) {
-  RunResult r = RunToExit(ServeArgs({"--tp", "2"}), std::chrono::seconds(60));
+// A started server's client (or a failed assertion naming what the server printed).
+struct Started {
+  std::string host;
+  int port = 0;
+};
+
+std::optional<Started> WaitListening(ServeProcess& server) {
+  auto line = server.WaitForLine("listening on", std::chrono::seconds(180));
+  EXPECT_TRUE(line.has_value()) << "no 'listening on' line; stderr:\n" << server.Stderr();
+  if (!line) return std::nullopt;
+  Started s;
+  EXPECT_TRUE(ParseAddress(*line, &s.host, &s.port)) << *line;
+  return s;
+}
+
+TEST_F(ServeTest, TensorParallelTwoServesWhatOneServes) {
+  ServeProcess one(ServeArgs());
+  ServeProcess two(ServeArgs({"--tp", "2"}));
+  auto a = WaitListening(one);
+  auto b = WaitListening(two);
+  ASSERT_TRUE(a && b);
+  slime::http::Client ca(a->host, a->port), cb(b->host, b->port);
+  auto info = cb.Get("/server_info");
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->status, 200) << info->body;
+  EXPECT_EQ(info->Json().value("tp_size", 0), 2) << info->body;
+  EXPECT_EQ(info->Json().value("num_gpus", 0), 2) << info->body;
+  auto info1 = ca.Get("/get_server_info");
+  ASSERT_TRUE(info1.ok()) << info1.status();
+  EXPECT_EQ(info1->Json().value("tp_size", 0), 1) << info1->body;
+
+  json req = {{"input_ids", {{11, 22, 33, 44, 55, 66, 77}, {5, 4, 3}}},
+              {"sampling_params", {{"max_new_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}}},
+              {"return_logprob", true}};
+  auto ga = ca.Post("/generate", req.dump());
+  auto gb = cb.Post("/generate", req.dump());
+  ASSERT_TRUE(ga.ok() && gb.ok());
+  ASSERT_EQ(ga->status, 200) << ga->body;
+  ASSERT_EQ(gb->status, 200) << gb->body;
+  json ja = ga->Json(), jb = gb->Json();
+  ASSERT_TRUE(ja.is_array() && jb.is_array() && ja.size() == 2 && jb.size() == 2)
+      << ja.dump() << "\n" << jb.dump();
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(ja[i]["output_ids"], jb[i]["output_ids"]) << "prompt " << i;
+    const json& la = ja[i]["meta_info"]["output_token_logprobs"];
+    const json& lb = jb[i]["meta_info"]["output_token_logprobs"];
+    ASSERT_EQ(la.size(), lb.size()) << "prompt " << i;
+    for (size_t t = 0; t < la.size(); ++t) {
+      EXPECT_NEAR(la[t][0].get<double>(), lb[t][0].get<double>(), 2e-4) << "prompt " << i;
+    }
+  }
+  ca.Close();
+  cb.Close();
+  two.Signal(SIGTERM);
+  auto code = two.Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(code.has_value()) << "serve --tp 2 did not exit within 60 s of SIGTERM";
+  EXPECT_EQ(*code, 0) << two.Stderr();
+  EXPECT_FALSE(two.GroupAlive()) << "a process of the --tp 2 server's group is still running";
+}
+
+TEST_F(ServeTest, TensorParallelSizeThatDoesNotDivideTheModelIsAUsageError) {
+  RunResult r = RunToExit(ServeArgs({"--tp", "3"}), std::chrono::seconds(60));
   ASSERT_TRUE(r.exit_code.has_value());
   EXPECT_EQ(*r.exit_code, 2) << r.err;
-  EXPECT_NE(r.err.find("--tp 2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tp_size 3"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("num_attention_heads = 4 is not divisible"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("listening on"), std::string::npos) << r.out;
 }
 

@@ -20,6 +20,12 @@
 // helper thread; generation goes on), UpdateWeightsFromDistributed receives one bucket on the
 // engine thread between steps — requests in flight wait for it and continue on the new weights
 // (slime pauses first, so normally there are none) — and swaps it in all-or-nothing.
+//
+// Tensor parallelism (options.tp_size = N > 1): the scheduler, sampler, detokenizer and HTTP
+// stay single; the ModelRunner drives N model shards, one thread per rank, inside this process
+// (model_runner.h). In a weight-update group the engine takes N consecutive ranks
+// (rank_offset .. rank_offset + N - 1, one per device, as an SGLang engine of N GPUs does) and
+// every rank keeps its shard of the full tensors it receives.
 #ifndef SLIME_ENGINE_ENGINE_H_
 #define SLIME_ENGINE_ENGINE_H_
 
@@ -63,7 +69,11 @@ struct EngineOptions {
   std::string tokenizer_path;      // default: model_path
   std::string served_model_name;   // default: model_path
   std::string dtype = "auto";
-  std::string device = "auto";
+  std::string device = "auto";  // with tp_size > 1 on CUDA: rank 0's device (cuda = cuda:0)
+  // Tensor-parallel ranks (devices on CUDA, threads with Gloo on CPU); must divide the model's
+  // heads, KV heads, intermediate size and vocabulary (`serve --tp`,
+  // cluster.rollout_num_gpus_per_engine in a job).
+  int tp_size = 1;
   int64_t page_size = 16;
   int64_t max_total_tokens = 0;    // K/V token slots; 0 = from mem_fraction_static / CPU default
   double mem_fraction_static = 0.85;
@@ -133,17 +143,20 @@ class Engine {
   std::future<bool> FlushCache();
   // Loads new weights from an HF directory between steps; sets the weight version on success.
   std::future<Status> UpdateWeightsFromDisk(std::string model_path, std::string weight_version);
-  // Joins weight-update group `options.group_name` (blocks a helper thread until every rank has
-  // joined or options.timeout_s passes). AlreadyExists when the name is taken.
+  // Joins weight-update group `options.group_name` as ranks options.rank .. options.rank +
+  // tp_size - 1 (blocks helper threads until every rank has joined or options.timeout_s
+  // passes). AlreadyExists when the name is taken; InvalidArgument when the ranks do not fit
+  // options.world_size.
   std::future<Status> InitWeightsUpdateGroup(const comm::ProcessGroupOptions& options);
-  // Receives one bucket from rank 0 into fresh buffers on the engine thread, then replaces the
-  // named weights (all or none: an unknown name or a shape/dtype mismatch changes nothing and
-  // names the tensor), flushes the prefix cache if asked and stamps the version. The bucket is
-  // received even when it is then rejected, so the group stays in step with the sender.
+  // Receives one bucket from rank 0 into fresh buffers on the engine thread (every TP rank on its
+  // own device), then replaces the named weights (all or none: an unknown name or a shape/dtype
+  // mismatch changes nothing and names the tensor), flushes the prefix cache if asked and stamps
+  // the version. The bucket is received even when it is then rejected, so the group stays in
+  // step with the sender.
   std::future<Status> UpdateWeightsFromDistributed(DistributedWeightsUpdate update);
   // Maps the bucket's buffer (the same GPU only), copies its tensors into the weights on the
   // engine thread (all or none, as above), waits for the copies and unmaps it; flushes the
-  // prefix cache if asked and stamps the version.
+  // prefix cache if asked and stamps the version. FailedPrecondition at tp_size > 1.
   std::future<Status> UpdateWeightsFromTensor(TensorWeightsUpdate update);
   // NotFound when no such group exists.
   Status DestroyWeightsUpdateGroup(const std::string& group_name);
@@ -185,8 +198,10 @@ class Engine {
   std::string weight_version_;                        // guarded by mu_
   EngineLoad load_;                                   // guarded by mu_
   std::mutex groups_mu_;
-  std::map<std::string, std::shared_ptr<comm::ProcessGroup>> weight_groups_;  // guarded by groups_mu_
-  std::set<std::string> joining_groups_;                                      // guarded by groups_mu_
+  // Per group name, TP rank r's member at [r].
+  std::map<std::string, std::vector<std::shared_ptr<comm::ProcessGroup>>>
+      weight_groups_;                     // guarded by groups_mu_
+  std::set<std::string> joining_groups_;  // guarded by groups_mu_
   std::atomic<uint64_t> next_id_{1};
   std::atomic<bool> paused_{false};
   std::atomic<bool> memory_released_{false};
