@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -368,6 +369,32 @@ StatusOr<std::map<std::string, int>> StageOwners(const model::ModelConfig& confi
 // Every stage sends its parameters and AdamW state to stage 0, in HF parameter order (the tied
 // LM head copy is not sent: the first stage's table is the same); stage 0 writes the whole
 // model as a PP=1 checkpoint; a broadcast from stage 0 tells every stage the outcome.
+// The collective end of a save that one rank (`writer`, named `writer_name` in the error) wrote:
+// a one-element float64 flag, 1 where the writer succeeded and 0 elsewhere, goes through `share`
+// (a broadcast from the writer or a sum over the group), so every rank returns the writer's
+// outcome instead of one rank failing alone. `dir` is this rank's own outcome.
+StatusOr<std::string> AgreeOnSaveOutcome(
+    const StatusOr<std::string>& dir, bool writer, const std::string& writer_name,
+    const SaveCheckpointOptions& o, const std::function<Status(torch::Tensor& flag)>& share) {
+  double written = writer && dir.ok() ? 1.0 : 0.0;
+  Status told = GuardTorch(
+      fmt::format("trainer: share the checkpoint outcome of {}", writer_name), [&]() -> Status {
+        torch::Tensor flag = torch::full({1}, written, torch::kFloat64);
+        SLIME_RETURN_IF_ERROR(share(flag));
+        written = flag.item<double>();
+        return absl::OkStatus();
+      });
+  SLIME_RETURN_IF_ERROR(told);
+  if (!dir.ok()) return dir;
+  if (written != 1.0) {
+    return absl::InternalError(fmt::format(
+        "trainer: {} failed to save the checkpoint of iteration {} under {} (its log has the "
+        "error)",
+        writer_name, o.iteration, o.save_dir));
+  }
+  return dir;
+}
+
 StatusOr<std::string> SavePipelined(SaveCheckpointOptions o, const TrainerProgress& progress,
                                     const model::DecoderModel& model, const AdamW& optimizer,
                                     model::PipelineParallelGroup& pp) {
@@ -442,22 +469,8 @@ StatusOr<std::string> SavePipelined(SaveCheckpointOptions o, const TrainerProgre
     });
     SLIME_RETURN_IF_ERROR(sent);
   }
-  double written = stage.is_first() && dir.ok() ? 1.0 : 0.0;
-  Status told = GuardTorch("trainer: share the checkpoint outcome over the pipeline", [&]() -> Status {
-    torch::Tensor flag = torch::full({1}, written, torch::kFloat64);
-    SLIME_RETURN_IF_ERROR(pp.Broadcast(flag, 0));
-    written = flag.item<double>();
-    return absl::OkStatus();
-  });
-  SLIME_RETURN_IF_ERROR(told);
-  if (!dir.ok()) return dir;
-  if (written != 1.0) {
-    return absl::InternalError(fmt::format(
-        "trainer: pipeline stage 0 failed to save the checkpoint of iteration {} under {} (its "
-        "log has the error)",
-        o.iteration, o.save_dir));
-  }
-  return dir;
+  return AgreeOnSaveOutcome(dir, stage.is_first(), "pipeline stage 0", o,
+                            [&](torch::Tensor& flag) { return pp.Broadcast(flag, 0); });
 }
 
 }  // namespace
@@ -560,23 +573,12 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
     }
     if (dir.ok()) dir = SaveTrainerCheckpoint(o, full, config, full_optimizer.get(), progress);
   }
-  double written = tp.rank() == 0 && dir.ok() ? 1.0 : 0.0;
-  Status told = GuardTorch("trainer: share the checkpoint outcome over the TP group", [&]() -> Status {
-    torch::Tensor flag = torch::full({1}, tp.rank() == 0 ? written : 0.0, torch::kFloat64)
-                             .to(model_->device());
-    tp.AllReduceSum(flag);
-    written = flag.item<double>();
-    return absl::OkStatus();
-  });
-  SLIME_RETURN_IF_ERROR(told);
-  if (!dir.ok()) return dir;
-  if (written != 1.0) {
-    return absl::InternalError(fmt::format(
-        "trainer: tensor-parallel rank 0 failed to save the checkpoint of iteration {} under {} "
-        "(its log has the error)",
-        rollout_id, save_dir));
-  }
-  return dir;
+  return AgreeOnSaveOutcome(dir, tp.rank() == 0, "tensor-parallel rank 0", o,
+                            [&](torch::Tensor& flag) -> Status {
+                              flag = flag.to(model_->device());
+                              tp.AllReduceSum(flag);
+                              return absl::OkStatus();
+                            });
 }
 
 StatusOr<LoadedTrainerState> Trainer::Load(const std::string& load_dir,

@@ -14,10 +14,12 @@
 // then only the CUDA case runs — the same TP=2 GRPO comparison with NCCL between cuda:0 and
 // cuda:1 in bfloat16 against a TP=1 trainer on cuda:0 (bf16 tolerance); it skips with a
 // message on a machine with fewer than two CUDA devices.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
@@ -537,6 +539,28 @@ TEST(TensorParallelTrainerTest, CheckpointsMoveBetweenTensorParallelSizes) {
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_TRUE(torch::equal(hf_weights[i].tensor, trained_full[i])) << specs[i].hf_name;
   }
+}
+
+// A save that TP rank 0 cannot write (the save directory is a regular file) fails on both
+// ranks: rank 0 with its own error, rank 1 naming rank 0 — neither returns a directory that
+// holds no checkpoint, and neither hangs.
+TEST(TensorParallelTrainerTest, AFailedWriteOnRankZeroFailsTheSaveOnEveryRank) {
+  TempDir dir;
+  const std::string model_dir = MakeTpModelDir(dir, 23);
+  const config::Config c = TpConfig();
+  const std::string not_a_dir = dir.Join("a-file");
+  std::ofstream(not_a_dir) << "not a directory\n";
+  std::vector<std::string> errors(2);
+  OnGrid(2, 1, model_dir, c, [&](int rank, TrainerOptions o) {
+    auto t = Trainer::Create(std::move(o));
+    ASSERT_TRUE(t.ok()) << t.status();
+    auto saved = (*t)->Save(not_a_dir, 0);
+    ASSERT_FALSE(saved.ok()) << "rank " << rank << " returned " << *saved;
+    errors[rank] = std::string(saved.status().message());
+  });
+  EXPECT_THAT(errors[1], ::testing::HasSubstr("tensor-parallel rank 0 failed to save"));
+  EXPECT_THAT(errors[1], ::testing::HasSubstr(not_a_dir));
+  EXPECT_THAT(errors[0], ::testing::Not(::testing::HasSubstr("tensor-parallel rank 0 failed")));
 }
 
 // Weight export (weight sync): FullParameter(i) on both TP ranks (a collective) gives the TP=1
