@@ -83,6 +83,42 @@ __device__ __forceinline__ void NormRopeHead(const T* __restrict__ head, const f
   }
 }
 
+// Split-K merge of one output element: every split's (max, sum, accumulator) partial of head
+// `hp` (splits <= kMaxSplits) combined into one value. The loads of all splits are issued before
+// any is used (one memory round trip instead of one per split: the loop bound is a compile-time
+// constant and the split count a predicate); the arithmetic runs in split order, so the result
+// is the same as a plain loop over the splits. CG: read through L2 (written by other blocks).
+constexpr int kMaxSplits = 16;
+
+template <bool CG>
+__device__ __forceinline__ float MergeSplitPartials(const float* hp, int splits, int d, int D) {
+  float ms[kMaxSplits], ls[kMaxSplits], as[kMaxSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    if (s < splits) {
+      const float* ps = hp + s * (D + 2);
+      ms[s] = CG ? __ldcg(ps + D) : ps[D];
+      ls[s] = CG ? __ldcg(ps + D + 1) : ps[D + 1];
+      as[s] = CG ? __ldcg(ps + d) : ps[d];
+    }
+  }
+  float mx = -FLT_MAX;
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    if (s < splits) mx = fmaxf(mx, ms[s]);
+  }
+  float num = 0.f, den = 0.f;
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    if (s < splits) {
+      const float f = ls[s] > 0.f ? __expf(ms[s] - mx) : 0.f;
+      num += f * as[s];
+      den += f * ls[s];
+    }
+  }
+  return den > 0.f ? num / den : 0.f;
+}
+
 // PREFETCH is a template parameter, not a flag: with a run-time flag the main loop's loads became
 // conditional and lost their batching (256 x 256 decode fell from 47k to 30k output tok/s).
 template <typename T, int VEC, int G, bool RAW, bool PREFETCH>
@@ -310,18 +346,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int g = idx / D;
     const int d = idx % D;
     const int64_t head = static_cast<int64_t>(b) * num_heads + kvh * G + g;
-    const float* hp = part + head * splits * (D + 2);
-    float mx = -FLT_MAX;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(hp + s * (D + 2) + D));
-    float num = 0.f, den = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      const float* ps = hp + s * (D + 2);
-      const float ls = __ldcg(ps + D + 1);
-      const float f = ls > 0.f ? __expf(__ldcg(ps + D) - mx) : 0.f;
-      num += f * __ldcg(ps + d);
-      den += f * ls;
-    }
-    FromFloat(den > 0.f ? num / den : 0.f, out + head * D + d);
+    FromFloat(MergeSplitPartials<true>(part + head * splits * (D + 2), splits, d, D),
+              out + head * D + d);
   }
   if (threadIdx.x == 0) *counter = 0;
 }
@@ -333,22 +359,17 @@ __global__ void CombineSplitsKernel(const float* __restrict__ part, T* __restric
   slime::model::cuda::GridDependencyWait();
   slime::model::cuda::GridDependencyLaunch();
   const int64_t head = blockIdx.x;
-  const float* pp = part + head * splits * (d + 2);
-  float mx = -FLT_MAX;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, pp[s * (d + 2) + d]);
-  float num = 0.f, den = 0.f;
-  for (int s = 0; s < splits; ++s) {
-    const float* ps = pp + s * (d + 2);
-    const float f = ps[d + 1] > 0.f ? __expf(ps[d] - mx) : 0.f;
-    num += f * ps[threadIdx.x];
-    den += f * ps[d + 1];
-  }
-  FromFloat(den > 0.f ? num / den : 0.f, out + head * d + threadIdx.x);
+  FromFloat(MergeSplitPartials<false>(part + head * splits * (d + 2), splits,
+                                      static_cast<int>(threadIdx.x), d),
+            out + head * d + threadIdx.x);
 }
 
 template <typename T, int VEC>
 int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
-  const int splits = a.num_splits > 1 && a.partials != nullptr ? a.num_splits : 1;
+  // At most kMaxSplits (PagedDecodeSplits never asks for more; fewer shares fit the caller's
+  // partials buffer too).
+  const int splits =
+      a.num_splits > 1 && a.partials != nullptr ? std::min(a.num_splits, kMaxSplits) : 1;
   static const bool merge_in_kernel = slime::model::cuda::DecodeFusionEnabled("attn_merge");
   int32_t* counters = splits > 1 && merge_in_kernel ? a.split_counters : nullptr;
   // K/V prefetch before the grid dependency wait only for split (small) batches: a full grid
@@ -424,7 +445,7 @@ int Launch(const PagedDecodeArgs& a, cudaStream_t stream) {
 int PagedDecodeSplits(int batch, int num_kv_heads) {
   const int blocks = batch * num_kv_heads;
   if (blocks >= 128) return 1;
-  return std::min(16, (256 + blocks - 1) / blocks);
+  return std::min(kMaxSplits, (256 + blocks - 1) / blocks);
 }
 
 bool PagedDecodeRawQkvEnabled(int64_t rows) {
