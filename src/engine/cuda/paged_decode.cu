@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cstdlib>
 
 #include "dtype.cuh"
 #include "pdl.cuh"
@@ -443,9 +444,15 @@ int Launch(const PagedDecodeArgs& a, cudaStream_t stream) {
 }  // namespace
 
 int PagedDecodeSplits(int batch, int num_kv_heads) {
+  // Blocks aimed for (SLIME_DECODE_SPLIT_TARGET overrides, to measure other split counts).
+  static const int target = [] {
+    const char* env = std::getenv("SLIME_DECODE_SPLIT_TARGET");
+    const int v = env != nullptr ? std::atoi(env) : 0;
+    return v > 0 ? v : 256;
+  }();
   const int blocks = batch * num_kv_heads;
   if (blocks >= 128) return 1;
-  return std::min(kMaxSplits, (256 + blocks - 1) / blocks);
+  return std::max(1, std::min(kMaxSplits, (target + blocks - 1) / blocks));
 }
 
 bool PagedDecodeRawQkvEnabled(int64_t rows) {
