@@ -89,7 +89,7 @@ __device__ __forceinline__ void NormRopeHead(const T* __restrict__ head, const f
 // any is used (one memory round trip instead of one per split: the loop bound is a compile-time
 // constant and the split count a predicate); the arithmetic runs in split order, so the result
 // is the same as a plain loop over the splits. CG: read through L2 (written by other blocks).
-constexpr int kMaxSplits = 16;
+constexpr int kMaxSplits = 32;
 
 template <bool CG>
 __device__ __forceinline__ float MergeSplitPartials(const float* hp, int splits, int d, int D) {
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                       const int32_t* __restrict__ page_table, const int32_t* __restrict__ seq_lens,
                       int64_t q_row_stride, int num_heads, int num_kv_heads, int page_size,
                       int max_pages, float scale, float* __restrict__ part,
-                      int32_t* __restrict__ counters, RawQkvParams raw) {
+                      int32_t* __restrict__ counters, RawQkvParams raw, int min_share) {
   using P = Pack<T, VEC>;
   constexpr int D = VEC * 32;
   const int kvh = blockIdx.x;
@@ -139,8 +139,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int seq_len = seq_lens[b];
-  // Split-K (small batches): block `split` takes positions [start, len) of its share.
-  const int share = (seq_len + splits - 1) / splits;
+  // Split-K (small batches): block `split` takes positions [start, len) of its share, at least
+  // min_share positions (short contexts leave the last splits empty: they publish an empty
+  // partial).
+  const int share = max(min_share, (seq_len + splits - 1) / splits);
   const int start = min(seq_len, split * share);
   const int len = min(seq_len, start + share);
   const int32_t* pages = page_table + static_cast<int64_t>(b) * max_pages;
@@ -365,6 +367,16 @@ __global__ void CombineSplitsKernel(const float* __restrict__ part, T* __restric
             out + head * d + threadIdx.x);
 }
 
+// Positions a split takes at least (SLIME_DECODE_MIN_SHARE overrides, to measure; read once).
+int PagedDecodeMinShare() {
+  static const int v = [] {
+    const char* env = std::getenv("SLIME_DECODE_MIN_SHARE");
+    const int x = env != nullptr ? std::atoi(env) : 0;
+    return x > 0 ? x : 1;
+  }();
+  return v;
+}
+
 template <typename T, int VEC>
 int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
   // At most kMaxSplits (PagedDecodeSplits never asks for more; fewer shares fit the caller's
@@ -390,7 +402,7 @@ int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
   slime::model::cuda::LaunchKernel(PagedDecodeKernel<T, VEC, G, RAW, PRE>, grid, block, 0, stream, \
                                    q, k, v, o, a.page_table, a.seq_lens, q_stride, a.num_heads,    \
                                    a.num_kv_heads, a.page_size, a.max_pages, a.scale, a.partials,  \
-                                   counters, raw)
+                                   counters, raw, PagedDecodeMinShare())
 #define SLIME_LAUNCH(G)                  \
   if (a.raw_qkv && prefetch) {           \
     SLIME_LAUNCH_RAW(G, true, true);     \
