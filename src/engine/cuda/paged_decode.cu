@@ -89,7 +89,7 @@ __device__ __forceinline__ void NormRopeHead(const T* __restrict__ head, const f
 // any is used (one memory round trip instead of one per split: the loop bound is a compile-time
 // constant and the split count a predicate); the arithmetic runs in split order, so the result
 // is the same as a plain loop over the splits. CG: read through L2 (written by other blocks).
-constexpr int kMaxSplits = 32;
+constexpr int kMaxSplits = 16;
 
 template <bool CG>
 __device__ __forceinline__ float MergeSplitPartials(const float* hp, int splits, int d, int D) {
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                       const int32_t* __restrict__ page_table, const int32_t* __restrict__ seq_lens,
                       int64_t q_row_stride, int num_heads, int num_kv_heads, int page_size,
                       int max_pages, float scale, float* __restrict__ part,
-                      int32_t* __restrict__ counters, RawQkvParams raw, int min_share) {
+                      int32_t* __restrict__ counters, RawQkvParams raw) {
   using P = Pack<T, VEC>;
   constexpr int D = VEC * 32;
   const int kvh = blockIdx.x;
@@ -139,10 +139,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int seq_len = seq_lens[b];
-  // Split-K (small batches): block `split` takes positions [start, len) of its share, at least
-  // min_share positions (short contexts leave the last splits empty: they publish an empty
-  // partial).
-  const int share = max(min_share, (seq_len + splits - 1) / splits);
+  // Split-K (small batches): block `split` takes positions [start, len) of its share.
+  const int share = (seq_len + splits - 1) / splits;
   const int start = min(seq_len, split * share);
   const int len = min(seq_len, start + share);
   const int32_t* pages = page_table + static_cast<int64_t>(b) * max_pages;
@@ -333,26 +331,30 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  if (splits == 1 || counters == nullptr) return;
-  // The last block of this (sequence, KV head) to arrive merges every split's partials (the
-  // classic threadfence-reduction pattern: publish, fence, count; the last reader fences again
-  // and reads through L2).
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  int32_t* counter = counters + static_cast<int64_t>(b) * num_kv_heads + kvh;
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == splits - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const int g = idx / D;
-    const int d = idx % D;
-    const int64_t head = static_cast<int64_t>(b) * num_heads + kvh * G + g;
-    FromFloat(MergeSplitPartials<true>(part + head * splits * (D + 2), splits, d, D),
-              out + head * D + d);
+  // The in-kernel merge exists only in the split (PREFETCH) instantiations, so the kernels that
+  // large batches run carry none of its registers.
+  if constexpr (PREFETCH) {
+    if (splits == 1 || counters == nullptr) return;
+    // The last block of this (sequence, KV head) to arrive merges every split's partials (the
+    // classic threadfence-reduction pattern: publish, fence, count; the last reader fences again
+    // and reads through L2).
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    int32_t* counter = counters + static_cast<int64_t>(b) * num_kv_heads + kvh;
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+      const int g = idx / D;
+      const int d = idx % D;
+      const int64_t head = static_cast<int64_t>(b) * num_heads + kvh * G + g;
+      FromFloat(MergeSplitPartials<true>(part + head * splits * (D + 2), splits, d, D),
+                out + head * D + d);
+    }
+    if (threadIdx.x == 0) *counter = 0;
   }
-  if (threadIdx.x == 0) *counter = 0;
 }
 
 // Merges the splits' partials of one (sequence, head): one thread per element of the head.
@@ -367,16 +369,6 @@ __global__ void CombineSplitsKernel(const float* __restrict__ part, T* __restric
             out + head * d + threadIdx.x);
 }
 
-// Positions a split takes at least (SLIME_DECODE_MIN_SHARE overrides, to measure; read once).
-int PagedDecodeMinShare() {
-  static const int v = [] {
-    const char* env = std::getenv("SLIME_DECODE_MIN_SHARE");
-    const int x = env != nullptr ? std::atoi(env) : 0;
-    return x > 0 ? x : 1;
-  }();
-  return v;
-}
-
 template <typename T, int VEC>
 int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
   // At most kMaxSplits (PagedDecodeSplits never asks for more; fewer shares fit the caller's
@@ -384,11 +376,12 @@ int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
   const int splits =
       a.num_splits > 1 && a.partials != nullptr ? std::min(a.num_splits, kMaxSplits) : 1;
   static const bool merge_in_kernel = slime::model::cuda::DecodeFusionEnabled("attn_merge");
-  int32_t* counters = splits > 1 && merge_in_kernel ? a.split_counters : nullptr;
   // K/V prefetch before the grid dependency wait only for split (small) batches: a full grid
   // has no idle SMs for the early blocks to use.
   static const bool prefetch_enabled = slime::model::cuda::DecodeFusionEnabled("attn_prefetch");
   const bool prefetch = prefetch_enabled && splits > 1;
+  // The in-kernel merge comes with the prefetch instantiations (see the kernel's tail).
+  int32_t* counters = splits > 1 && merge_in_kernel && prefetch ? a.split_counters : nullptr;
   const dim3 grid(a.num_kv_heads, a.batch, splits);
   const dim3 block(kWarps * 32);
   const T* q = static_cast<const T*>(a.q);
@@ -402,7 +395,7 @@ int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
   slime::model::cuda::LaunchKernel(PagedDecodeKernel<T, VEC, G, RAW, PRE>, grid, block, 0, stream, \
                                    q, k, v, o, a.page_table, a.seq_lens, q_stride, a.num_heads,    \
                                    a.num_kv_heads, a.page_size, a.max_pages, a.scale, a.partials,  \
-                                   counters, raw, PagedDecodeMinShare())
+                                   counters, raw)
 #define SLIME_LAUNCH(G)                  \
   if (a.raw_qkv && prefetch) {           \
     SLIME_LAUNCH_RAW(G, true, true);     \
