@@ -699,6 +699,11 @@ Status ModelRunner::CaptureDecodeGraphs(int64_t max_batch, int64_t context_lengt
           m->ForwardUnchecked(gp->ids.narrow(0, 0, b), lay.positions, attention);
       return m->Logits(hidden).value().to(torch::kFloat32);
     };
+    // The input buffers were zeroed on the current stream; the warm-up and capture run on a
+    // side stream that does not wait for it. Without this wait a warm-up forward after a
+    // release/resume cycle read the reused memory's old contents as token ids (an
+    // out-of-range embedding gather).
+    c10::cuda::getCurrentCUDAStream().synchronize();
     c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
     {
       c10::cuda::CUDAStreamGuard guard(stream);
