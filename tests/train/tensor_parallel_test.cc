@@ -381,10 +381,12 @@ std::vector<model::ParamSpec> Specs(const std::string& model_dir) {
 
 // Compares a TP × DP run with the TP=1 one: metrics per step, gathered weights, replicated
 // parameters equal on the TP ranks.
-void ExpectMatchesOneRank(int tp, int dp, bool llama = false, const Placement& where = {}) {
+void ExpectMatchesOneRank(int tp, int dp, bool llama = false, const Placement& where = {},
+                          bool sequence_parallel = false) {
   TempDir dir;
   const std::string model_dir = MakeTpModelDir(dir, 14, llama);
-  const config::Config c = TpConfig();
+  config::Config c = TpConfig();
+  c.train.sequence_parallel = sequence_parallel;  // the TP=1 reference ignores it
   const RolloutBatch batch = MakeBatch(8, 15);
   constexpr int kRollouts = 2;
 
@@ -457,6 +459,17 @@ TEST(TensorParallelGpuTest, TwoGpuTensorParallelMatchesOneGpuInBf16) {
 }
 #else
 TEST(TensorParallelTrainerTest, TwoTensorParallelRanksMatchOneRank) { ExpectMatchesOneRank(2, 1); }
+
+// Sequence parallelism: the residual stream and norms hold half the tokens per rank (the
+// micro-batches have an odd token count, so the shards are uneven); same function, same
+// gradients (the norm weights' partial gradients summed over the TP ranks).
+TEST(TensorParallelTrainerTest, SequenceParallelMatchesOneRank) {
+  ExpectMatchesOneRank(2, 1, /*llama=*/false, {}, /*sequence_parallel=*/true);
+}
+
+TEST(TensorParallelTrainerTest, SequenceParallelWithBiasesTiedEmbeddingsAndDataParallel) {
+  ExpectMatchesOneRank(2, 2, /*llama=*/true, {}, /*sequence_parallel=*/true);
+}
 
 TEST(TensorParallelTrainerTest, TwoTensorParallelRanksMatchOneRankWithBiasesAndTiedEmbeddings) {
   ExpectMatchesOneRank(2, 1, /*llama=*/true);
