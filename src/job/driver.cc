@@ -699,7 +699,8 @@ StatusOr<Json> Driver::SyncWeights(const std::string& version) {
   // An engine restarted since the last sync: the group is re-formed with its new address.
   if (engines_ != nullptr) SLIME_RETURN_IF_ERROR(engines_->ReconnectIfChanged());
   // Every rank: rank 0 sends, its TP peers take part in the gathers and the later pipeline
-  // stages send their parameters to it, and each rank advances its own keep_old_actor queue. Rank 0's reply has the transfer's numbers.
+  // stages send their parameters to it, and each rank advances its own keep_old_actor queue.
+  // Rank 0's reply has the transfer's numbers.
   runtime::CallOptions co;
   co.timeout = LongCall();
   SLIME_ASSIGN_OR_RETURN(

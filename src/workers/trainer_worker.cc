@@ -122,7 +122,9 @@ struct TrainerWorker::Impl {
   static constexpr Kind kKinds[3] = {Kind::kTp, Kind::kDp, Kind::kPp};
   static const char* Key(Kind k) { return k == Kind::kTp ? "tp" : k == Kind::kDp ? "dp" : "pp"; }
   static const char* KindName(Kind k) {
-    return k == Kind::kTp ? "tensor-parallel" : k == Kind::kDp ? "data-parallel" : "pipeline-parallel";
+    return k == Kind::kTp   ? "tensor-parallel"
+           : k == Kind::kDp ? "data-parallel"
+                            : "pipeline-parallel";
   }
   std::shared_ptr<comm::ProcessGroup> tp_group;
   std::shared_ptr<comm::ProcessGroup> dp_group;
@@ -133,8 +135,12 @@ struct TrainerWorker::Impl {
   const std::shared_ptr<comm::ProcessGroup>& Group(Kind k) const {
     return k == Kind::kTp ? tp_group : k == Kind::kDp ? dp_group : pp_group;
   }
-  int GroupSize(Kind k) const { return k == Kind::kTp ? tp_size : k == Kind::kDp ? dp_size : pp_size; }
-  int GroupRank(Kind k) const { return k == Kind::kTp ? tp_rank : k == Kind::kDp ? dp_rank : pp_rank; }
+  int GroupSize(Kind k) const {
+    return k == Kind::kTp ? tp_size : k == Kind::kDp ? dp_size : pp_size;
+  }
+  int GroupRank(Kind k) const {
+    return k == Kind::kTp ? tp_rank : k == Kind::kDp ? dp_rank : pp_rank;
+  }
   int GroupIndex(Kind k) const {
     return k == Kind::kTp   ? pp_rank * dp_size + dp_rank
            : k == Kind::kDp ? pp_rank * tp_size + tp_rank

@@ -240,8 +240,8 @@ TEST(ConfigResolveCluster, ActorGpusDivisibleByModelParallelism) {
                                      "train.pipeline_model_parallel_size=2"}),
                         {"the actor's GPUs", "= 3", "train.pipeline_model_parallel_size",
                          "1 × 2 × 1 = 2"}));
-  auto pp = LoadMinimal({"cluster.actor_num_gpus_per_node=4", "train.pipeline_model_parallel_size=2",
-                         "data.rollout_batch_size=8"});
+  auto pp = LoadMinimal({"cluster.actor_num_gpus_per_node=4",
+                         "train.pipeline_model_parallel_size=2", "data.rollout_batch_size=8"});
   ASSERT_TRUE(pp.ok()) << pp.status();
   EXPECT_EQ(DataParallelSize(*pp), 2);
   EXPECT_TRUE(FailsWith(LoadMinimal({"cluster.actor_num_nodes=2"}),

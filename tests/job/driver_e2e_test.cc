@@ -7,9 +7,10 @@
 // An engine worker killed mid-rollout is restarted, resynced and its groups retried, unless
 // restarts are off (then the job fails naming it). Two data-parallel trainer processes (Gloo
 // all-reduce) train saved rollouts exactly as one trainer does; so do tensor-parallel ones (TP=2,
-// TP=2 × DP=2), whose weight sync (Gloo group, disk) gives the engines the trainer's weights; so do
-// pipeline-parallel ones (PP=2, PP=2 × DP=2; stage 1 sends its layers to rank 0 for the sync,
-// also for a restarted engine's resync), and bad pipeline layouts fail naming the settings. A multi-turn GRPO job runs its
+// TP=2 × DP=2), whose weight sync (Gloo group, disk) gives the engines the trainer's weights;
+// so do pipeline-parallel ones (PP=2, PP=2 × DP=2; stage 1 sends its layers to rank 0 for the
+// sync, also for a restarted engine's resync), and bad pipeline layouts fail naming the
+// settings. A multi-turn GRPO job runs its
 // episodes against the example calculator environment (real HTTP) and trains on them.
 #include <fcntl.h>
 #include <signal.h>
@@ -910,8 +911,9 @@ TEST_F(DriverE2eTest, PipelineParallelTrainersMatchOneTrainerAndSyncFullWeights)
                                                     << a.out() << "\nstderr:\n"
                                                     << ReadLogs(dir_ / "run", a);
     const std::string logs = ReadLogs(dir_ / "run", a);
-    EXPECT_NE(logs.find("tensor-parallel size 1 × data-parallel size 1 × pipeline-parallel size 2"),
-              std::string::npos)
+    EXPECT_NE(
+        logs.find("tensor-parallel size 1 × data-parallel size 1 × pipeline-parallel size 2"),
+        std::string::npos)
         << logs;
     // Each worker's trainer is a pipeline stage, not a DP replica.
     EXPECT_NE(logs.find("dp rank 0/1, tp rank 0/1, pp stage 1/2"), std::string::npos) << logs;
