@@ -311,16 +311,19 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
       .Doc(
           "Tensor-parallel size of the trainer (Megatron-style: attention heads, MLP columns "
           "and the vocabulary split over TP ranks). The actor's trainer processes "
-          "(actor_num_nodes × actor_num_gpus_per_node) are TP × DP ranks, rank = dp·TP + tp; "
+          "(actor_num_nodes × actor_num_gpus_per_node) are PP × DP × TP ranks, rank = "
+          "pp·DP·TP + dp·TP + tp; "
           "each TP group gathers its shards for checkpoints and for the weight sync (the engines "
           "get full tensors). Not yet with advantage_estimator ppo or, at DP > 1, "
           "use_distributed_optimizer.");
   b.Add("pipeline_model_parallel_size", &TrainConfig::pipeline_model_parallel_size)
       .Slime("--pipeline-model-parallel-size")
       .Min(1)
-      .Doc("Pipeline-parallel size of the trainer. Pipeline parallelism is not implemented "
-           "yet: the value only enters the placement arithmetic (data-parallel size = actor GPUs "
-           "/ (TP × PP × CP)).");
+      .Doc("Pipeline-parallel size of the trainer: the decoder layers are split into this many "
+           "stages (at most the model's layer count), trained with the 1F1B schedule; trainer "
+           "ranks are PP × DP × TP in Megatron's order (data-parallel size = actor GPUs / (TP × "
+           "PP × CP)). Not yet combined with tensor_model_parallel_size > 1, PPO, or "
+           "use_distributed_optimizer over several DP ranks (the trainers' init fails naming it).");
   b.Add("context_parallel_size", &TrainConfig::context_parallel_size)
       .Slime("--context-parallel-size")
       .Min(1)

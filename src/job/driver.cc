@@ -554,16 +554,20 @@ Status Driver::FormTrainerGroups() {
   SLIME_ASSIGN_OR_RETURN(std::vector<std::string> opened, runtime::WaitAll(opening));
   const int world = static_cast<int>(trainer_ids_.size());
   const int tp = std::max(1, config_.train.tensor_model_parallel_size);
-  // join_groups' request: tp[d] = the TP group of DP index d (led by rank d·TP), dp[t] = the
-  // DP group of TP index t (led by rank t).
-  Json join = {{"tp", Json::array()}, {"dp", Json::array()}};
+  const int pp = std::max(1, config_.train.pipeline_model_parallel_size);
+  // join_groups' request (rank = p·DP·TP + d·TP + t): tp[p·DP + d] = the TP group of stage p
+  // and DP index d (led by rank p·DP·TP + d·TP), dp[p·TP + t] = the DP group of stage p and TP
+  // index t (led by rank p·DP·TP + t), pp[d·TP + t] = the pipeline of DP index d and TP index t
+  // (led by rank d·TP + t). Each kind's leaders come in rank order in that index order, so the
+  // replies are appended as they come.
+  Json join = {{"tp", Json::array()}, {"dp", Json::array()}, {"pp", Json::array()}};
   for (int rank = 0; rank < world; ++rank) {
     Json reply = Json::parse(opened[rank], nullptr, false);
     if (!reply.is_object()) {
       return absl::InternalError(
           fmt::format("open_groups on {}: reply is not JSON", trainer_ids_[rank]));
     }
-    for (const char* key : {"tp", "dp"}) {
+    for (const char* key : {"tp", "dp", "pp"}) {
       if (reply.contains(key)) join[key].push_back(reply[key]);
     }
   }
@@ -571,9 +575,9 @@ Status Driver::FormTrainerGroups() {
                          trainers.CallAll("join_groups", join.dump(), co));
   Json first = Json::parse(joined.front(), nullptr, false);
   spdlog::info(
-      "trainers: tensor-parallel size {} × data-parallel size {} ({} ranks): groups formed in "
-      "{:.1f} s ({})",
-      tp, world / tp, world, Since(t),
+      "trainers: tensor-parallel size {} × data-parallel size {} × pipeline-parallel size {} ({} "
+      "ranks): groups formed in {:.1f} s ({})",
+      tp, world / (tp * pp), pp, world, Since(t),
       first.is_object() ? first.value("backend", std::string("?")) : "?");
   return absl::OkStatus();
 }
@@ -623,12 +627,20 @@ Status Driver::InitTrainers() {
     eo.head = head_.get();
     eo.engine_ids = engine_ids_;
     eo.addresses = engine_addresses_;
-    // The weight exporters: the TP ranks of DP rank 0 (ranks 0..TP-1), rank 0 the source.
-    eo.trainer_ids.assign(
-        trainer_ids_.begin(),
-        trainer_ids_.begin() +
-            std::min<size_t>(trainer_ids_.size(),
-                             std::max(1, config_.train.tensor_model_parallel_size)));
+    // The weight exporters: every rank of DP rank 0 — the TP ranks of each pipeline stage (ranks
+    // p·DP·TP + t, workers.h) — rank 0 first, the source.
+    {
+      const int tp = std::max(1, config_.train.tensor_model_parallel_size);
+      const int pp = std::max(1, config_.train.pipeline_model_parallel_size);
+      const int world = static_cast<int>(trainer_ids_.size());
+      const int dp = std::max(1, world / (tp * pp));
+      for (int p = 0; p < pp; ++p) {
+        for (int t = 0; t < tp; ++t) {
+          const int rank = p * dp * tp + t;
+          if (rank < world) eo.trainer_ids.push_back(trainer_ids_[rank]);
+        }
+      }
+    }
     eo.num_gpus_per_engine = config_.cluster.rollout_num_gpus_per_engine;
     eo.max_restarts = config_.fault_tolerance.max_engine_restarts;
     eo.restart_backoff_s = config_.fault_tolerance.restart_backoff;
@@ -686,8 +698,9 @@ Status Driver::TrainerMemory(bool release, const char* metric, MetricValues* val
 StatusOr<Json> Driver::SyncWeights(const std::string& version) {
   // An engine restarted since the last sync: the group is re-formed with its new address.
   if (engines_ != nullptr) SLIME_RETURN_IF_ERROR(engines_->ReconnectIfChanged());
-  // Every rank: rank 0 sends, its TP peers take part in the gathers, and each rank advances its
-  // own keep_old_actor queue. Rank 0's reply has the transfer's numbers.
+  // Every rank: rank 0 sends, its TP peers take part in the gathers and the later pipeline
+  // stages send their parameters to it, and each rank advances its own keep_old_actor queue.
+  // Rank 0's reply has the transfer's numbers.
   runtime::CallOptions co;
   co.timeout = LongCall();
   SLIME_ASSIGN_OR_RETURN(

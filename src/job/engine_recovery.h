@@ -13,7 +13,8 @@
 //      or no new process within the head's whole restart schedule, is an error naming it.
 //   2. ask the new process for its HTTP address (the engine actor's `address`);
 //   3. have trainer rank 0 push its weights to that engine alone (`resync_engine`, called on
-//      every TP rank of DP rank 0, which take part in gathering the shards: the disk
+//      every rank of DP rank 0 — every TP rank of every pipeline stage — which take part in
+//      gathering the shards and sending the stages' parameters to rank 0: the disk
 //      transport — an HF directory the engine loads with /update_weights_from_disk — whatever
 //      weight_sync.transport is; see docs/operations.md, "Engine failures", for why), stamped
 //      with the version the trainer's weights are (the engines' current version unless the
@@ -50,9 +51,10 @@ struct EngineRecoveryOptions {
   std::vector<std::string> engine_ids;         // engine-0 ..., in the coordinator's order; ""
                                                // for an external engine (no actor of ours)
   std::vector<std::string> addresses;          // host:port of each, as resolved at start
-  // The trainers of DP rank 0 (TP ranks 0..TP-1); [0] is rank 0, the weight source (it holds
-  // the weight-update group). Concurrent resyncs are safe at TP > 1: every resync runs the same
-  // collectives (every parameter's gather), so two in different orders on two ranks still match.
+  // The trainers of DP rank 0 (the TP ranks of every pipeline stage, workers.h); [0] is rank 0,
+  // the weight source (it holds the weight-update group). Concurrent resyncs are safe at TP > 1
+  // or PP > 1: every resync runs the same collectives (every parameter's gather and send to
+  // stage 0), so two in different orders on two ranks still match.
   std::vector<std::string> trainer_ids;
   int num_gpus_per_engine = 1;
   int max_restarts = 3;                        // fault_tolerance.max_engine_restarts

@@ -244,9 +244,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
         "trainer: train.pipeline_model_parallel_size = {}, but the pipeline group has {} "
         "stage(s){}",
         config.train.pipeline_model_parallel_size, pp_size,
-        pp_size == 1 ? " (TrainerOptions::pp_group is unset; the slime_train trainer workers do "
-                       "not build pipeline groups yet)"
-                     : ""));
+        pp_size == 1 ? " (TrainerOptions::pp_group is unset)" : ""));
   }
   if (pp_size > 1) {
     const char* unsupported = nullptr;

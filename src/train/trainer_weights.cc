@@ -344,24 +344,35 @@ StatusOr<std::unique_ptr<AdamW>> FullSizeOptimizer(const model::ModelWeights& fu
 // The stage that owns each parameter (by HF name) in a pipeline of `stages`: a layer's stage, 0
 // for the embedding (also when the last stage holds a tied copy), the last for the final norm
 // and lm_head.
-StatusOr<std::map<std::string, int>> StageOwners(const model::ModelConfig& config, int stages) {
+int StageOwner(const model::ParamSpec& spec, const std::vector<model::PipelineStage>& split) {
+  const int stages = static_cast<int>(split.size());
+  int owner = stages - 1;
+  if (spec.layer >= 0) {
+    for (int r = 0; r < stages; ++r) {
+      if (split[r].HasLayer(spec.layer)) owner = r;
+    }
+  } else if (spec.model_slot == &model::ModelWeights::embed_tokens) {
+    owner = 0;
+  }
+  return owner;
+}
+
+StatusOr<std::vector<model::PipelineStage>> StageSplit(const model::ModelConfig& config,
+                                                       int stages) {
   std::vector<model::PipelineStage> split;
   for (int r = 0; r < stages; ++r) {
     SLIME_ASSIGN_OR_RETURN(model::PipelineStage st,
                            model::MakePipelineStage(config.num_hidden_layers, r, stages));
     split.push_back(st);
   }
+  return split;
+}
+
+StatusOr<std::map<std::string, int>> StageOwners(const model::ModelConfig& config, int stages) {
+  SLIME_ASSIGN_OR_RETURN(const std::vector<model::PipelineStage> split, StageSplit(config, stages));
   std::map<std::string, int> out;
   for (const model::ParamSpec& spec : model::ParameterSpecs(config)) {
-    int owner = stages - 1;
-    if (spec.layer >= 0) {
-      for (int r = 0; r < stages; ++r) {
-        if (split[r].HasLayer(spec.layer)) owner = r;
-      }
-    } else if (spec.model_slot == &model::ModelWeights::embed_tokens) {
-      owner = 0;
-    }
-    out[spec.hf_name] = owner;
+    out[spec.hf_name] = StageOwner(spec, split);
   }
   return out;
 }
@@ -493,10 +504,33 @@ StatusOr<torch::Tensor> Trainer::FullParameter(size_t index) {
         fmt::format("trainer: parameter index {} of {}", index, specs.size()));
   }
   const model::ParamSpec& spec = specs[index];
+  const model::PipelineStage& stage = model_->stage();
+  int owner = 0;
+  if (!stage.whole()) {
+    SLIME_ASSIGN_OR_RETURN(const std::vector<model::PipelineStage> split,
+                           StageSplit(model_->config(), stage.size));
+    owner = StageOwner(spec, split);
+  }
   return GuardTorch(fmt::format("trainer: the full tensor of {}", spec.hf_name),
                     [&]() -> StatusOr<torch::Tensor> {
-                      return GatherOnDevice(model::ParamSlot(model_->weights(), spec),
-                                            static_cast<int64_t>(spec.shard), model_->tp_group());
+                      if (stage.rank != owner && !stage.is_first()) return torch::Tensor();
+                      if (stage.rank != owner) {
+                        // Stage 0 receives the owner's tensor (a tied LM head copy on the
+                        // last stage is never sent: stage 0 owns the table).
+                        torch::NoGradGuard no_grad;
+                        torch::Tensor full = torch::empty(
+                            spec.shape,
+                            torch::TensorOptions().dtype(model_->dtype()).device(model_->device()));
+                        SLIME_RETURN_IF_ERROR(options_.pp_group->Recv(full, owner));
+                        return full;
+                      }
+                      torch::Tensor full =
+                          GatherOnDevice(model::ParamSlot(model_->weights(), spec),
+                                         static_cast<int64_t>(spec.shard), model_->tp_group());
+                      if (!stage.is_first()) {
+                        SLIME_RETURN_IF_ERROR(options_.pp_group->Send(full.contiguous(), 0));
+                      }
+                      return full;
                     });
 }
 

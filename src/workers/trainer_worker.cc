@@ -76,77 +76,125 @@ struct TrainerWorker::Impl {
            (c.cluster.colocate && options.device == "cuda" && !UseIpc());
   }
 
-  // Megatron's rank layout (workers.h): world_size = tp_size × dp_size, tp_rank = rank % tp_size,
-  // dp_rank = rank / tp_size. `layout` is the error when train.tensor_model_parallel_size does
-  // not divide world_size (returned by every call that needs the layout).
-  int tp_size = 1, dp_size = 1, tp_rank = 0, dp_rank = 0;
+  // Megatron's rank layout (workers.h): world_size = pp_size × dp_size × tp_size, tp fastest:
+  // rank = pp_rank·(dp_size·tp_size) + dp_rank·tp_size + tp_rank. `layout` is the error when
+  // train.tensor_model_parallel_size × train.pipeline_model_parallel_size does not divide
+  // world_size, or either is < 1 (returned by every call that needs the layout).
+  int tp_size = 1, dp_size = 1, pp_size = 1, tp_rank = 0, dp_rank = 0, pp_rank = 0;
   Status layout;
   void ComputeLayout() {
     const int tp = options.config.train.tensor_model_parallel_size;
-    if (tp < 1 || options.world_size < 1 || options.world_size % tp != 0) {
+    const int pp = options.config.train.pipeline_model_parallel_size;
+    if (tp < 1 || pp < 1 || options.world_size < 1 || options.world_size % (tp * pp) != 0 ||
+        options.rank < 0 || options.rank >= options.world_size) {
       layout = absl::InvalidArgumentError(fmt::format(
-          "trainer rank {}: train.tensor_model_parallel_size = {} must divide the number of "
+          "trainer rank {} of {}: train.tensor_model_parallel_size ({}) × "
+          "train.pipeline_model_parallel_size ({}) must be >= 1 and divide the number of "
           "trainer processes, {} (cluster.actor_num_nodes × cluster.actor_num_gpus_per_node)",
-          options.rank, tp, options.world_size));
+          options.rank, options.world_size, tp, pp, options.world_size));
       return;
     }
     tp_size = tp;
-    dp_size = options.world_size / tp;
+    pp_size = pp;
+    dp_size = options.world_size / (tp * pp);
     tp_rank = options.rank % tp;
-    dp_rank = options.rank / tp;
+    dp_rank = (options.rank / tp) % dp_size;
+    pp_rank = options.rank / (tp * dp_size);
   }
-  // The weight source: tensor-parallel rank 0 of data-parallel rank 0 (global rank 0) sends the
-  // engines full HF tensors; the other TP ranks of DP rank 0 take part in each tensor's gather.
-  bool WeightSource() const { return tp_rank == 0 && dp_rank == 0; }
+  // The weight source: tensor-parallel rank 0 of pipeline stage 0 of data-parallel rank 0
+  // (global rank 0) sends the engines full HF tensors. The weight exporters are the ranks of DP
+  // rank 0 (tp_size × pp_size of them): each tensor is all-gathered in the TP group and sent by
+  // its stage to stage 0 (Trainer::FullParameter) as the source needs it.
+  bool WeightSource() const { return tp_rank == 0 && dp_rank == 0 && pp_rank == 0; }
+  int Exporters() const { return tp_size * pp_size; }
 
   // The trainer's process groups, formed before Init by OpenGroups (group leaders) and
-  // JoinGroups (every rank): the TP group (the tp_size ranks of this dp_rank; tp_size > 1), in
-  // which the model's parallel layers run, and the DP group (the dp_size ranks of this
-  // tp_rank; dp_size > 1), in which gradients and metric sums are all-reduced. Gloo on CPU,
-  // NCCL on CUDA.
+  // JoinGroups (every rank), each kind only where it has more than one rank: the TP group (the
+  // tp_size ranks of this stage and dp_rank), in which the model's parallel layers run; the DP
+  // group (the dp_size ranks of this stage and tp_rank), in which gradients and metric sums are
+  // all-reduced; the PP group (the pp_size stages of this dp_rank and tp_rank), which carries
+  // the pipeline schedule's sends and receives, the stages' sums and broadcasts, the pipelined
+  // save and the weight export to stage 0. Gloo on CPU, NCCL on CUDA. A group's index among
+  // those of its kind (GroupIndex) is its place in join_groups' request and its name's suffix:
+  // slime_trainer_tp<pp·DP + dp>, slime_trainer_dp<pp·TP + tp>, slime_trainer_pp<dp·TP + tp>
+  // (at PP = 1 the names and indices are those of the TP × DP layout).
+  enum class Kind { kTp, kDp, kPp };
+  static constexpr Kind kKinds[3] = {Kind::kTp, Kind::kDp, Kind::kPp};
+  static const char* Key(Kind k) { return k == Kind::kTp ? "tp" : k == Kind::kDp ? "dp" : "pp"; }
+  static const char* KindName(Kind k) {
+    return k == Kind::kTp   ? "tensor-parallel"
+           : k == Kind::kDp ? "data-parallel"
+                            : "pipeline-parallel";
+  }
   std::shared_ptr<comm::ProcessGroup> tp_group;
   std::shared_ptr<comm::ProcessGroup> dp_group;
-  comm::ProcessGroupOptions GroupOptions(bool tp) const {
+  std::shared_ptr<comm::ProcessGroup> pp_group;
+  std::shared_ptr<comm::ProcessGroup>& Group(Kind k) {
+    return k == Kind::kTp ? tp_group : k == Kind::kDp ? dp_group : pp_group;
+  }
+  const std::shared_ptr<comm::ProcessGroup>& Group(Kind k) const {
+    return k == Kind::kTp ? tp_group : k == Kind::kDp ? dp_group : pp_group;
+  }
+  int GroupSize(Kind k) const {
+    return k == Kind::kTp ? tp_size : k == Kind::kDp ? dp_size : pp_size;
+  }
+  int GroupRank(Kind k) const {
+    return k == Kind::kTp ? tp_rank : k == Kind::kDp ? dp_rank : pp_rank;
+  }
+  int GroupIndex(Kind k) const {
+    return k == Kind::kTp   ? pp_rank * dp_size + dp_rank
+           : k == Kind::kDp ? pp_rank * tp_size + tp_rank
+                            : dp_rank * tp_size + tp_rank;
+  }
+  comm::ProcessGroupOptions GroupOptions(Kind k) const {
     comm::ProcessGroupOptions o;
-    o.world_size = tp ? tp_size : dp_size;
-    o.rank = tp ? tp_rank : dp_rank;
-    o.group_name = tp ? fmt::format("slime_trainer_tp{}", dp_rank)
-                      : fmt::format("slime_trainer_dp{}", tp_rank);
+    o.world_size = GroupSize(k);
+    o.rank = GroupRank(k);
+    o.group_name = fmt::format("slime_trainer_{}{}", Key(k), GroupIndex(k));
     o.backend = options.device == "cuda" ? "nccl" : "gloo";
     o.timeout_s = 60.0 * options.config.cluster.distributed_timeout_minutes;
     return o;
   }
+  std::string LayoutName() const {
+    return fmt::format("tensor-parallel {} × data-parallel {} × pipeline-parallel {}", tp_size,
+                       dp_size, pp_size);
+  }
   Status CheckGroups() const {
-    const bool tp_ok = tp_size == 1 || (tp_group != nullptr && tp_group->joined());
-    const bool dp_ok = dp_size == 1 || (dp_group != nullptr && dp_group->joined());
-    if (!tp_ok || !dp_ok) {
+    for (const Kind k : kKinds) {
+      const std::shared_ptr<comm::ProcessGroup>& g = Group(k);
+      if (GroupSize(k) == 1 || (g != nullptr && g->joined())) continue;
       return absl::FailedPreconditionError(fmt::format(
-          "trainer rank {} of {} (tensor-parallel {} × data-parallel {}): the {} group is not "
-          "formed (open_groups on every rank, then join_groups on every rank, before init)",
-          options.rank, options.world_size, tp_size, dp_size,
-          !tp_ok ? "tensor-parallel" : "data-parallel"));
+          "trainer rank {} of {} ({}): the {} group is not formed (open_groups on every rank, "
+          "then join_groups on every rank, before init)",
+          options.rank, options.world_size, LayoutName(), KindName(k)));
     }
     return absl::OkStatus();
   }
 
-  // Weight export at TP > 1: parameter i's full tensor is an all-gather in the TP group, so
-  // every TP rank of DP rank 0 gathers every parameter in order. The source gathers inside the
-  // transfer (Trainer::FullParameter through `Fetch`); when a transfer stops early the source
-  // finishes the sequence (FinishGathers) so its peers are not left waiting in a collective.
-  // The peers run FinishGathers(0) and drop the tensors.
+  // Weight export at TP > 1 or PP > 1: parameter i's full tensor is an all-gather in the TP
+  // group and, at PP > 1, a send from its stage to stage 0 (Trainer::FullParameter), so every
+  // exporter (every rank of DP rank 0) fetches every parameter in order. The source fetches
+  // inside the transfer (through `fetch`); when a transfer stops early the source finishes the
+  // sequence (FinishGathers) so its peers are not left waiting in a collective. The peers run
+  // FinishGathers(0) and drop the tensors.
   Status FinishGathers(size_t from) {
-    if (tp_size == 1) return absl::OkStatus();
+    if (Exporters() == 1) return absl::OkStatus();
     const size_t n = std::as_const(*trainer).FullParameterShapes().size();
     for (size_t i = from; i < n; ++i) SLIME_RETURN_IF_ERROR(trainer->FullParameter(i).status());
     return absl::OkStatus();
   }
-  // TP > 1: `value` of the source, told to its TP peers (one all-reduce of the TP group, every
-  // TP rank calls it). TP = 1: `value`.
+  // `value` of the source, told to the other exporters (every exporter calls it): at PP > 1 a
+  // sum over the PP group of stage 0's value (so each stage has its stage-0 peer's), then at
+  // TP > 1 a sum over the TP group of TP rank 0's. One exporter: `value`.
   StatusOr<bool> FromSource(bool value) {
-    if (tp_size == 1) return value;
-    torch::Tensor flag = torch::full({1}, tp_rank == 0 && value ? 1.0 : 0.0, torch::kFloat64);
-    SLIME_RETURN_IF_ERROR(tp_group->AllReduceSum(flag, "weight sync: the source's decision"));
-    return flag.item<double>() > 0.5;
+    double v = value ? 1.0 : 0.0;
+    for (const Kind k : {Kind::kPp, Kind::kTp}) {
+      if (GroupSize(k) == 1) continue;
+      torch::Tensor flag = torch::full({1}, GroupRank(k) == 0 ? v : 0.0, torch::kFloat64);
+      SLIME_RETURN_IF_ERROR(Group(k)->AllReduceSum(flag, "weight sync: the source's decision"));
+      v = flag.item<double>();
+    }
+    return v > 0.5;
   }
   // After the engines took the weights (every rank): the version they are, and the trainer's
   // keep_old_actor queue, which every rank keeps for its own shard and micro-batches.
@@ -233,6 +281,9 @@ StatusOr<nlohmann::json> TrainerWorker::Init() {
   if (impl_->tp_size > 1) {
     to.tp_group = std::make_shared<comm::ProcessGroupTensorParallel>(impl_->tp_group);
   }
+  if (impl_->pp_size > 1) {
+    to.pp_group = std::make_shared<comm::ProcessGroupPipelineParallel>(impl_->pp_group);
+  }
   to.dp_size = impl_->dp_size;
   to.dp_rank = impl_->dp_rank;
   if (impl_->dp_size > 1) {
@@ -271,6 +322,7 @@ StatusOr<nlohmann::json> TrainerWorker::Init() {
   reply["num_parameters"] = num_parameters;
   reply["tp_size"] = impl_->tp_size;
   reply["dp_size"] = impl_->dp_size;
+  reply["pp_size"] = impl_->pp_size;
   const std::optional<std::string>& load = config.checkpoint.load;
   std::optional<int64_t> ckpt_step;
   if (config.checkpoint.ckpt_step) ckpt_step = *config.checkpoint.ckpt_step;
@@ -314,16 +366,15 @@ StatusOr<nlohmann::json> TrainerWorker::OpenGroups(const nlohmann::json& request
   }
   nlohmann::json reply = nlohmann::json::object();
   const std::string address = request.value("master_address", std::string("127.0.0.1"));
-  for (const bool tp : {true, false}) {
-    const bool leader =
-        tp ? impl.tp_size > 1 && impl.tp_rank == 0 : impl.dp_size > 1 && impl.dp_rank == 0;
+  for (const Impl::Kind k : Impl::kKinds) {
+    const bool leader = impl.GroupSize(k) > 1 && impl.GroupRank(k) == 0;
     if (!leader) continue;
-    std::shared_ptr<comm::ProcessGroup>& group = tp ? impl.tp_group : impl.dp_group;
+    std::shared_ptr<comm::ProcessGroup>& group = impl.Group(k);
     if (group != nullptr) return absl::AlreadyExistsError("open_groups: already open");
-    comm::ProcessGroupOptions po = impl.GroupOptions(tp);
+    comm::ProcessGroupOptions po = impl.GroupOptions(k);
     po.master_address = address;
     SLIME_ASSIGN_OR_RETURN(group, comm::ProcessGroup::Open(po));
-    reply[tp ? "tp" : "dp"] = {{"master_address", address}, {"master_port", group->port()}};
+    reply[Impl::Key(k)] = {{"master_address", address}, {"master_port", group->port()}};
   }
   return reply;
 }
@@ -334,38 +385,46 @@ StatusOr<nlohmann::json> TrainerWorker::JoinGroups(const nlohmann::json& request
   const WorkerOptions& o = impl.options;
   const auto start = std::chrono::steady_clock::now();
   std::string backend = "none";
-  // The TP group first, then the DP group, on every rank: each Join waits for its group's ranks
-  // only, and every rank takes them in the same order, so no rank waits on a peer that waits on it.
-  for (const bool tp : {true, false}) {
-    if ((tp ? impl.tp_size : impl.dp_size) == 1) continue;
-    const bool leader = tp ? impl.tp_rank == 0 : impl.dp_rank == 0;
-    const int index = tp ? impl.dp_rank : impl.tp_rank;  // which group of its kind
-    const char* key = tp ? "tp" : "dp";
-    std::shared_ptr<comm::ProcessGroup>& group = tp ? impl.tp_group : impl.dp_group;
+  // The TP group first, then the DP group, then the PP group, on every rank: each Join waits for
+  // its group's ranks only, and every rank takes them in the same order, so no rank waits on a
+  // peer that waits on it.
+  for (const Impl::Kind k : Impl::kKinds) {
+    if (impl.GroupSize(k) == 1) continue;
+    const bool leader = impl.GroupRank(k) == 0;
+    const int index = impl.GroupIndex(k);  // which group of its kind
+    const char* key = Impl::Key(k);
+    std::shared_ptr<comm::ProcessGroup>& group = impl.Group(k);
     if (!leader) {
       if (group != nullptr) return absl::AlreadyExistsError("join_groups: already joined");
-      comm::ProcessGroupOptions po = impl.GroupOptions(tp);
+      comm::ProcessGroupOptions po = impl.GroupOptions(k);
       try {
         const nlohmann::json& e = request.at(key).at(index);
         po.master_address = e.at("master_address").get<std::string>();
         po.master_port = e.at("master_port").get<int>();
       } catch (const nlohmann::json::exception& e) {
         return absl::InvalidArgumentError(
-            fmt::format("join_groups: bad request for trainer rank {} ({}[{}]): {}", o.rank, key,
-                        index, e.what()));
+            fmt::format("join_groups: bad request for trainer rank {} ({}[{}]; {}): {}", o.rank,
+                        key, index, impl.LayoutName(), e.what()));
       }
       SLIME_ASSIGN_OR_RETURN(group, comm::ProcessGroup::Open(po));
     } else if (group == nullptr) {
       return absl::FailedPreconditionError(fmt::format(
           "join_groups: trainer rank {} leads {} group {} and must run open_groups first", o.rank,
-          tp ? "tensor-parallel" : "data-parallel", index));
+          Impl::KindName(k), index));
+    }
+    if (group->world_size() != impl.GroupSize(k)) {  // CHECK-worthy, but a Status is cheap
+      return absl::InternalError(fmt::format("join_groups: trainer rank {}: the {} group has {} "
+                                             "ranks, the layout ({}) says {}",
+                                             o.rank, Impl::KindName(k), group->world_size(),
+                                             impl.LayoutName(), impl.GroupSize(k)));
     }
     SLIME_RETURN_IF_ERROR(group->Join());
     backend = group->backend();
   }
   return nlohmann::json{{"rank", o.rank},          {"world_size", o.world_size},
                         {"tp_size", impl.tp_size}, {"dp_size", impl.dp_size},
-                        {"tp_rank", impl.tp_rank}, {"dp_rank", impl.dp_rank},
+                        {"pp_size", impl.pp_size}, {"tp_rank", impl.tp_rank},
+                        {"dp_rank", impl.dp_rank}, {"pp_rank", impl.pp_rank},
                         {"backend", backend},      {"seconds", SecondsSince(start)}};
 }
 
@@ -398,7 +457,9 @@ StatusOr<nlohmann::json> TrainerWorker::Save(int64_t rollout_id, const nlohmann:
   // Data parallel without sharded state: every DP rank holds the same weights and optimizer
   // state, so DP rank 0 writes the checkpoint alone. With the distributed optimizer (ZeRO-1) the
   // save is collective: every rank gathers the shards, rank 0 writes (Trainer::Save). At TP > 1
-  // the TP ranks of DP rank 0 all take part (the shards are gathered), TP rank 0 writes.
+  // the TP ranks of DP rank 0 all take part (the shards are gathered), TP rank 0 writes; at
+  // PP > 1 the stages of DP rank 0 all take part (each sends its parameters to stage 0), stage 0
+  // writes. Global rank 0 answers with the directory.
   const bool sharded = std::as_const(*impl_->trainer).optimizer().distributed();
   if (impl_->dp_rank != 0 && !sharded) {
     return nlohmann::json{{"dir", ""}, {"seconds", 0.0}, {"written", false}};
@@ -407,7 +468,7 @@ StatusOr<nlohmann::json> TrainerWorker::Save(int64_t rollout_id, const nlohmann:
   const auto start = std::chrono::steady_clock::now();
   SLIME_ASSIGN_OR_RETURN(std::string dir,
                          impl_->trainer->Save(*save, rollout_id, extra_state.dump()));
-  if (dir.empty() || impl_->tp_rank != 0) {  // it took part; rank 0 wrote
+  if (dir.empty() || impl_->tp_rank != 0 || impl_->pp_rank != 0) {  // it took part; rank 0 wrote
     return nlohmann::json{{"dir", ""}, {"seconds", SecondsSince(start)}, {"written", false}};
   }
   return nlohmann::json{{"dir", dir}, {"seconds", SecondsSince(start)}};
@@ -417,8 +478,8 @@ Status TrainerWorker::ConnectEngines(const nlohmann::json& request) {
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
   if (!impl_->WeightSource()) {
     return absl::FailedPreconditionError(fmt::format(
-        "connect_engines: trainer rank {} asked; rank 0 (tensor-parallel rank 0 of data-parallel "
-        "rank 0) sends the weights",
+        "connect_engines: trainer rank {} asked; rank 0 (tensor-parallel rank 0 of pipeline "
+        "stage 0 of data-parallel rank 0) sends the weights",
         impl_->options.rank));
   }
   if (impl_->sender != nullptr) {
@@ -468,7 +529,8 @@ StatusOr<nlohmann::json> TrainerWorker::SyncWeights(const std::string& weight_ve
     return nlohmann::json{{"source", false}, {"seconds", SecondsSince(start)}};
   }
   if (!impl.WeightSource()) {
-    // A TP peer of the source: every parameter's gather, in the source's order.
+    // A TP peer or a later stage of the source: every parameter's gather / send, in the
+    // source's order.
     SLIME_RETURN_IF_ERROR(impl.FinishGathers(0));
     SLIME_RETURN_IF_ERROR(impl.WeightsSynced(weight_version));
     return nlohmann::json{{"source", false}, {"seconds", SecondsSince(start)}};
@@ -520,9 +582,10 @@ StatusOr<int64_t> TrainerWorker::Impl::WriteWeightsDir(const std::string& dir,
   int64_t bytes = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     SLIME_ASSIGN_OR_RETURN(torch::Tensor full, fetch(i));
-    // At TP = 1 the parameter itself (WriteCheckpoint copies what it writes); at TP > 1 the
-    // gathered tensor goes to the CPU now, so the device holds one at a time.
-    tensors[i].tensor = tp_size > 1 ? full.to(torch::kCPU) : full;
+    // At TP = 1 and PP = 1 the parameter itself (WriteCheckpoint copies what it writes);
+    // otherwise the gathered or received tensor goes to the CPU now, so the device holds one at
+    // a time.
+    tensors[i].tensor = Exporters() > 1 ? full.to(torch::kCPU) : full;
     bytes += full.numel() * full.element_size();
   }
   SLIME_RETURN_IF_ERROR(model::WriteCheckpoint(dir, tensors));
@@ -599,14 +662,14 @@ StatusOr<nlohmann::json> TrainerWorker::ResyncEngine(const nlohmann::json& reque
   if (impl.dp_rank != 0) {
     return absl::FailedPreconditionError(fmt::format(
         "resync_engine: trainer rank {} is data-parallel rank {}; the ranks of data-parallel "
-        "rank 0 export the weights",
+        "rank 0 (every tensor-parallel rank of every pipeline stage) export the weights",
         impl.options.rank, impl.dp_rank));
   }
   if (impl.weights_version.empty()) {
     return absl::FailedPreconditionError(
         "resync_engine: the engines were never given weights (sync_weights has not run)");
   }
-  // A bad request is reported after the collectives below, so the TP peers are not left
+  // A bad request is reported after the collectives below, so the other exporters are not left
   // waiting in them.
   comm::EngineEndpoint e;
   Status request_ok = absl::OkStatus();
@@ -619,11 +682,11 @@ StatusOr<nlohmann::json> TrainerWorker::ResyncEngine(const nlohmann::json& reque
           absl::InvalidArgumentError(fmt::format("resync_engine: bad request: {}", ex.what()));
     }
   }
-  if (!request_ok.ok() && impl.tp_size == 1) return request_ok;
+  if (!request_ok.ok() && impl.Exporters() == 1) return request_ok;
   const auto start = std::chrono::steady_clock::now();
   const std::string version = impl.weights_version;
-  // The disk transport's directory of this version is still there: load it as it is. At TP > 1
-  // the source decides and its peers learn whether to take part in a gather.
+  // The disk transport's directory of this version is still there: load it as it is. With
+  // several exporters the source decides and its peers learn whether to take part in a gather.
   SLIME_ASSIGN_OR_RETURN(const bool reuse,
                          impl.FromSource(request_ok.ok() && !impl.last_disk_dir.empty() &&
                                          version == impl.synced_version));

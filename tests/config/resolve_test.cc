@@ -235,6 +235,15 @@ TEST(ConfigResolveCluster, ActorGpusDivisibleByModelParallelism) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(ActorNumGpus(*c), 8);
   EXPECT_EQ(DataParallelSize(*c), 2);
+  // Pipeline stages count like tensor-parallel ranks: 3 trainers cannot hold pipelines of 2.
+  EXPECT_TRUE(FailsWith(LoadMinimal({"cluster.actor_num_gpus_per_node=3",
+                                     "train.pipeline_model_parallel_size=2"}),
+                        {"the actor's GPUs", "= 3", "train.pipeline_model_parallel_size",
+                         "1 × 2 × 1 = 2"}));
+  auto pp = LoadMinimal({"cluster.actor_num_gpus_per_node=4",
+                         "train.pipeline_model_parallel_size=2", "data.rollout_batch_size=8"});
+  ASSERT_TRUE(pp.ok()) << pp.status();
+  EXPECT_EQ(DataParallelSize(*pp), 2);
   EXPECT_TRUE(FailsWith(LoadMinimal({"cluster.actor_num_nodes=2"}),
                         {"cluster.actor_num_nodes (2) exceeds cluster.num_nodes (1)"}));
 }

@@ -7,7 +7,10 @@
 // An engine worker killed mid-rollout is restarted, resynced and its groups retried, unless
 // restarts are off (then the job fails naming it). Two data-parallel trainer processes (Gloo
 // all-reduce) train saved rollouts exactly as one trainer does; so do tensor-parallel ones (TP=2,
-// TP=2 × DP=2), whose weight sync (Gloo group, disk) gives the engines the trainer's weights. A multi-turn GRPO job runs its
+// TP=2 × DP=2), whose weight sync (Gloo group, disk) gives the engines the trainer's weights;
+// so do pipeline-parallel ones (PP=2, PP=2 × DP=2; stage 1 sends its layers to rank 0 for the
+// sync, also for a restarted engine's resync), and bad pipeline layouts fail naming the
+// settings. A multi-turn GRPO job runs its
 // episodes against the example calculator environment (real HTTP) and trains on them.
 #include <fcntl.h>
 #include <signal.h>
@@ -873,6 +876,225 @@ TEST_F(DriverE2eTest, TensorParallelTrainersSyncThroughTheDiskTransport) {
               << values["train/train_rollout_logprob_abs_diff"] << "\n";
     EXPECT_LT(values["train/train_rollout_logprob_abs_diff"].get<double>(), 2e-5)
         << "step " << step << ": the engines' log-probs differ from the trainer's";
+  }
+}
+
+// Pipeline parallelism across trainer processes (Megatron's layout: rank = pp·DP + dp at TP 1;
+// workers.h):
+//   A. train.pipeline_model_parallel_size 2 on two trainer processes with two engines: the
+//      pipeline group (1F1B over Gloo send / recv) and the weight sync from rank 0, to which
+//      stage 1 sends its layers (and the final norm; the tied LM head copy is not sent, stage 0
+//      sends the table). After rollout 0 the engines' log-probs of rollout 1's samples equal the
+//      trainer's recomputed ones, so both stages' updated layers reached them.
+//   B. the same rollouts (saved by A) trained by one trainer (PP 1), and
+//   C. by four trainers at PP 2 × DP 2 (two pipelines, two DP groups of one stage each):
+// the same per-step loss, pg_loss, entropy_loss and grad_norm within float32 tolerance, and one
+// checkpoint (a whole model: it loads at any layout).
+TEST_F(DriverE2eTest, PipelineParallelTrainersMatchOneTrainerAndSyncFullWeights) {
+  const std::string rollouts = (dir_ / "rollouts" / "{rollout_id}.json").string();
+  // The larger learning rate of the TP test: one step moves the log-probs well past the
+  // tolerance below (the disk test shows how far).
+  const fs::path config =
+      WriteConfig(2, "debug:\n  save_debug_rollout_data: \"" + rollouts +
+                         "\"\n"
+                         "algorithm:\n  get_mismatch_metrics: true\n  entropy_coef: 0.01\n");
+  const std::vector<std::string> common = {"--set", "train.lr=1.0e-3", "--set",
+                                           "eval.interval=null"};
+  std::map<std::string, std::map<int64_t, Json>> steps;  // run -> step -> train/* values
+  {
+    std::vector<std::string> args = {"--config", config.string(),
+                                     "--set",    "cluster.actor_num_gpus_per_node=2",
+                                     "--set",    "train.pipeline_model_parallel_size=2"};
+    args.insert(args.end(), common.begin(), common.end());
+    Child a(args, dir_);
+    ASSERT_EQ(a.Wait(std::chrono::seconds(500)), 0) << "stdout:\n"
+                                                    << a.out() << "\nstderr:\n"
+                                                    << ReadLogs(dir_ / "run", a);
+    const std::string logs = ReadLogs(dir_ / "run", a);
+    EXPECT_NE(
+        logs.find("tensor-parallel size 1 × data-parallel size 1 × pipeline-parallel size 2"),
+        std::string::npos)
+        << logs;
+    // Each worker's trainer is a pipeline stage, not a DP replica.
+    EXPECT_NE(logs.find("dp rank 0/1, tp rank 0/1, pp stage 1/2"), std::string::npos) << logs;
+    steps["pp2"] = StepValues(dir_ / "run" / "metrics.jsonl");
+    ASSERT_EQ(steps["pp2"].size(), 2u) << "one optimizer step per rollout";
+    // Rollout 1 was generated with the weights synced after step 0.
+    for (const auto& [step, values] : steps["pp2"]) {
+      ASSERT_TRUE(values.contains("train/train_rollout_logprob_abs_diff")) << values.dump();
+      std::cout << "pp2 step " << step << ": train_rollout_logprob_abs_diff "
+                << values["train/train_rollout_logprob_abs_diff"] << "\n";
+      EXPECT_LT(values["train/train_rollout_logprob_abs_diff"].get<double>(), 2e-5)
+          << "step " << step << ": the engines' log-probs differ from the trainer's";
+    }
+    EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "latest_checkpointed_iteration.txt"));
+  }
+  for (const auto& [name, trainers, pp] :
+       std::vector<std::tuple<std::string, int, int>>{{"pp1", 1, 1}, {"pp2dp2", 4, 2}}) {
+    const fs::path run = dir_ / name;
+    fs::create_directories(run);
+    std::vector<std::string> args = {
+        "--config", config.string(),
+        "--set",    "debug.save_debug_rollout_data=null",
+        "--set",    "debug.load_debug_rollout_data=" + rollouts,
+        "--set",    "cluster.rollout_num_gpus=0",
+        "--set",    "cluster.actor_num_gpus_per_node=" + std::to_string(trainers),
+        "--set",    "train.pipeline_model_parallel_size=" + std::to_string(pp),
+        "--set",    "cluster.run_dir=" + (run / "run").string(),
+        "--set",    "checkpoint.save=" + (run / "ckpt").string(),
+        "--set",    "checkpoint.load=" + (run / "ckpt").string()};
+    args.insert(args.end(), common.begin(), common.end());
+    Child train(args, run);
+    ASSERT_EQ(train.Wait(std::chrono::seconds(400)), 0) << name << "\nstdout:\n"
+                                                        << train.out() << "\nstderr:\n"
+                                                        << ReadLogs(run / "run", train);
+    if (trainers == 4) {
+      const std::string logs = ReadLogs(run / "run", train);
+      EXPECT_NE(logs.find("data-parallel size 2 × pipeline-parallel size 2"), std::string::npos)
+          << logs;
+      // Every (dp, stage) pair exists once; rank 1 = dp 1 of stage 0, rank 2 = dp 0 of stage 1
+      // (Megatron's order: the DP index runs faster than the stage).
+      for (const char* who : {"dp rank 0/2, tp rank 0/1, pp stage 0/2",
+                              "dp rank 1/2, tp rank 0/1, pp stage 0/2",
+                              "dp rank 0/2, tp rank 0/1, pp stage 1/2",
+                              "dp rank 1/2, tp rank 0/1, pp stage 1/2"}) {
+        EXPECT_NE(logs.find(who), std::string::npos) << who << "\n" << logs;
+      }
+    }
+    EXPECT_TRUE(fs::exists(run / "ckpt" / "latest_checkpointed_iteration.txt")) << name;
+    steps[name] = StepValues(run / "run" / "metrics.jsonl");
+  }
+  const std::map<int64_t, Json>& one = steps["pp1"];
+  ASSERT_EQ(one.size(), 2u);
+  for (const std::string run : {"pp2", "pp2dp2"}) {
+    ASSERT_EQ(steps[run].size(), one.size()) << run;
+    for (const auto& [step, ref] : one) {
+      ASSERT_TRUE(steps[run].count(step)) << run << " step " << step;
+      const Json& got = steps[run][step];
+      for (const std::string key :
+           {"train/grad_norm", "train/loss", "train/pg_loss", "train/entropy_loss"}) {
+        ASSERT_TRUE(ref.contains(key)) << key << ": " << ref.dump();
+        ASSERT_TRUE(got.contains(key)) << key << " at step " << step << ": " << got.dump();
+        const double a = ref[key].get<double>(), b = got[key].get<double>();
+        std::cout << run << " step " << step << " " << key << ": " << b << " (pp1 " << a << ")\n";
+        EXPECT_NEAR(a, b, 1e-5 + 1e-4 * std::abs(a)) << key << " at step " << step << ", " << run;
+      }
+      EXPECT_GT(ref["train/grad_norm"].get<double>(), 0.0) << "step " << step;
+    }
+  }
+}
+
+// The disk transport from a PP=2 trainer: rank 0 writes one HF directory of full tensors (stage
+// 1's arrive over the pipeline group as they are written) and the engines load it. Three
+// rollouts with weight_sync.interval 2: the engines get the weights after rollout 1 only, so
+// rollout 1 is generated with the initial weights while the trainer has stepped once (its log-
+// probs differ clearly: the check can fail), and rollout 2 with the weights of after step 1
+// (they agree).
+TEST_F(DriverE2eTest, PipelineParallelTrainersSyncThroughTheDiskTransport) {
+  const fs::path config =
+      WriteConfig(3,
+                  "algorithm:\n  get_mismatch_metrics: true\n  entropy_coef: 0.01\n"
+                  "weight_sync:\n  transport: disk\n  interval: 2\n  disk_dir: " +
+                      (dir_ / "weights").string() + "\n");
+  Child a({"--config", config.string(), "--set", "cluster.actor_num_gpus_per_node=2", "--set",
+           "train.pipeline_model_parallel_size=2", "--set", "train.lr=1.0e-3", "--set",
+           "eval.interval=null"},
+          dir_);
+  ASSERT_EQ(a.Wait(std::chrono::seconds(500)), 0) << "stdout:\n"
+                                                  << a.out() << "\nstderr:\n"
+                                                  << ReadLogs(dir_ / "run", a);
+  const std::string logs = ReadLogs(dir_ / "run", a);
+  EXPECT_NE(logs.find("weight sync: disk transport"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("pipeline-parallel size 2"), std::string::npos) << logs;
+  const std::map<int64_t, Json> steps = StepValues(dir_ / "run" / "metrics.jsonl");
+  ASSERT_EQ(steps.size(), 3u);
+  std::map<int64_t, double> diff;
+  for (const auto& [step, values] : steps) {
+    ASSERT_TRUE(values.contains("train/train_rollout_logprob_abs_diff")) << values.dump();
+    diff[step] = values["train/train_rollout_logprob_abs_diff"].get<double>();
+    std::cout << "disk, pp2 step " << step << ": train_rollout_logprob_abs_diff " << diff[step]
+              << "\n";
+  }
+  EXPECT_LT(diff[0], 2e-5) << "the initial weights";
+  EXPECT_GT(diff[1], 1e-3) << "rollout 1 came from the initial weights (no sync after step 0)";
+  EXPECT_LT(diff[2], 2e-5) << "the weights synced after step 1 did not all reach the engines";
+}
+
+// A restarted engine gets a PP=2 trainer's weights: resync_engine runs on both stages (the
+// exporters; stage 1 sends its layers to rank 0, which writes the directory the new engine
+// loads), so rollout 1 — partly generated by the restarted engine after step 0 — still has the
+// trainer's log-probs, and the job finishes.
+TEST_F(DriverE2eTest, APipelineParallelTrainerResyncsARestartedEngine) {
+  const fs::path config = WriteConfig(
+      3, "fault_tolerance:\n  max_engine_restarts: 2\n  restart_backoff: 0.5\n"
+         "algorithm:\n  get_mismatch_metrics: true\n  entropy_coef: 0.01\n");
+  Child run({"--config", config.string(), "--set", "rollout.max_response_len=64", "--set",
+             "rollout.engine_concurrency=1", "--set", "eval.interval=null", "--set",
+             "train.lr=1.0e-3", "--set", "cluster.actor_num_gpus_per_node=2", "--set",
+             "train.pipeline_model_parallel_size=2"},
+            dir_);
+  const pid_t killed = KillEngineOneDuringRolloutOne(run, dir_ / "run");
+  ASSERT_GT(killed, 0) << "engine-1's worker was not found\nstdout:\n" << run.out() << "\nstderr:\n"
+                       << run.err();
+  std::optional<int> code = run.Wait(std::chrono::seconds(500));
+  ASSERT_EQ(code, 0) << "stdout:\n" << run.out() << "\nstderr:\n" << ReadLogs(dir_ / "run", run);
+  const std::string logs = ReadLogs(dir_ / "run", run);
+  EXPECT_NE(logs.find("engine engine-1 restarted (restart 1/2)"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("resynced to weight_version 1"), std::string::npos) << logs;
+  std::map<int64_t, Json> rollouts;
+  for (const Json& r : ReadJsonl(dir_ / "run" / "metrics.jsonl")) {
+    if (r.contains("rollout/raw_reward")) rollouts[r.at("rollout_id").get<int64_t>()] = r;
+  }
+  ASSERT_EQ(rollouts.size(), 3u);
+  EXPECT_EQ(rollouts[1].value("rollout/engine_restarts", -1.0), 1.0) << rollouts[1].dump();
+  const std::map<int64_t, Json> steps = StepValues(dir_ / "run" / "metrics.jsonl");
+  ASSERT_EQ(steps.size(), 3u);
+  for (const auto& [step, values] : steps) {
+    ASSERT_TRUE(values.contains("train/train_rollout_logprob_abs_diff")) << values.dump();
+    std::cout << "resync, pp2 step " << step << ": train_rollout_logprob_abs_diff "
+              << values["train/train_rollout_logprob_abs_diff"] << "\n";
+    EXPECT_LT(values["train/train_rollout_logprob_abs_diff"].get<double>(), 2e-5)
+        << "step " << step << ": the engines' log-probs differ from the trainer's";
+  }
+}
+
+// Layouts the trainers cannot run fail with errors that name the settings: a trainer count that
+// train.pipeline_model_parallel_size does not divide (before any worker starts), and pipeline
+// parallelism with tensor parallelism (not supported yet: the trainers refuse at init, and the
+// job fails with their error).
+TEST_F(DriverE2eTest, BadPipelineLayoutsFailNamingTheSettings) {
+  // Train-only (no engines): the rollouts would come from files, but init fails first.
+  const fs::path config = WriteConfig(
+      1, "debug:\n  load_debug_rollout_data: \"" + (dir_ / "none" / "{rollout_id}.json").string() +
+             "\"\n");
+  {
+    Child run({"--config", config.string(), "--set", "cluster.actor_num_gpus_per_node=3", "--set",
+               "cluster.rollout_num_gpus=0", "--set", "train.pipeline_model_parallel_size=2"},
+              dir_);
+    std::optional<int> code = run.Wait(std::chrono::seconds(60));
+    ASSERT_TRUE(code.has_value());
+    EXPECT_NE(*code, 0);
+    const std::string err = run.err();
+    EXPECT_NE(err.find("train.pipeline_model_parallel_size"), std::string::npos) << err;
+    EXPECT_NE(err.find("1 × 2 × 1 = 2"), std::string::npos) << err;
+    EXPECT_EQ(err.find("started trainer-"), std::string::npos) << "no worker: " << err;
+  }
+  {
+    const fs::path run_dir = dir_ / "pptp";
+    fs::create_directories(run_dir);
+    Child run({"--config", config.string(), "--set", "cluster.actor_num_gpus_per_node=4", "--set",
+               "cluster.rollout_num_gpus=0", "--set", "train.pipeline_model_parallel_size=2",
+               "--set", "train.tensor_model_parallel_size=2", "--set",
+               "cluster.run_dir=" + (run_dir / "run").string()},
+              run_dir);
+    std::optional<int> code = run.Wait(std::chrono::seconds(300));
+    ASSERT_TRUE(code.has_value());
+    EXPECT_NE(*code, 0);
+    const std::string logs = ReadLogs(run_dir / "run", run);
+    EXPECT_NE(logs.find("pipeline parallelism (2 stages) is not supported yet with tensor "
+                        "parallelism"),
+              std::string::npos)
+        << logs;
   }
 }
 

@@ -13,6 +13,8 @@
 //     DP=2;
 //   - a PP=2 checkpoint loads at PP=1 (weights bit for bit, AdamW moments: the continuation
 //     tracks the run that stayed at PP=1) and a PP=1 checkpoint at PP=2;
+//   - the weight export (FullParameter) at PP=2 / PP=3, tied and untied: every full tensor
+//     reaches stage 0 once, bit for bit;
 //   - Create's refusals: fewer layers than stages, PP × TP, PP × PPO.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -23,6 +25,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "slime/comm/process_group.h"
@@ -379,6 +382,59 @@ TEST(PipelineParallelTrainerTest, TwoStagesWithTiedEmbeddingsMatchOneStage) {
 
 TEST(PipelineParallelTrainerTest, TwoStagesTimesTwoDataParallelMatchOneStage) {
   ExpectMatchesOneStage(2, 2, false);
+}
+
+// Weight export (the workers' weight sync) at PP > 1: FullParameter(i) on every stage at once (a
+// collective of the pipeline group) gives stage 0 the one-stage trainer's parameter i bit for
+// bit, whichever stage owns it — also the tied table, sent once by stage 0 — the owner its own
+// tensor, and the other stages nothing; FullParameterShapes lists the whole model everywhere.
+void ExpectFullParametersReachStageZero(int pp, bool tied) {
+  TempDir dir;
+  const std::string model_dir = MakePpModelDir(dir, 21, tied);
+  const config::Config c = PpConfig();
+  auto single = test_util::MakeTrainer(model_dir, c);
+  ASSERT_NE(single, nullptr);
+  const std::vector<model::NamedTensor> want = std::as_const(*single).FullParameterShapes();
+  std::vector<std::vector<torch::Tensor>> got(pp);
+  std::vector<size_t> shapes(pp);
+  std::vector<Status> past_end(pp);
+  OnGrid(pp, 1, model_dir, c, [&](int rank, TrainerOptions o) {
+    auto trainer = Trainer::Create(std::move(o));
+    ASSERT_TRUE(trainer.ok()) << "rank " << rank << ": " << trainer.status();
+    shapes[rank] = std::as_const(**trainer).FullParameterShapes().size();
+    for (size_t i = 0; i < want.size(); ++i) {
+      auto full = (*trainer)->FullParameter(i);
+      ASSERT_TRUE(full.ok()) << "rank " << rank << " parameter " << i << ": " << full.status();
+      got[rank].push_back(full->defined() ? full->clone() : torch::Tensor());
+    }
+    past_end[rank] = (*trainer)->FullParameter(want.size()).status();
+  });
+  for (int s = 0; s < pp; ++s) {
+    EXPECT_EQ(shapes[s], want.size()) << "stage " << s;
+    EXPECT_EQ(past_end[s].code(), absl::StatusCode::kOutOfRange) << past_end[s];
+    ASSERT_EQ(got[s].size(), want.size()) << "stage " << s;
+  }
+  std::vector<int> owned(pp, 0);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const std::string& name = want[i].name;
+    auto expected = single->FullParameter(i);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    ASSERT_TRUE(got[0][i].defined()) << name << " did not reach stage 0";
+    EXPECT_TRUE(torch::equal(got[0][i], *expected)) << name << " at stage 0";
+    for (int s = 1; s < pp; ++s) {
+      if (!got[s][i].defined()) continue;
+      ++owned[s];
+      EXPECT_TRUE(torch::equal(got[s][i], *expected)) << name << " at its owner, stage " << s;
+      EXPECT_NE(name, "model.embed_tokens.weight") << "stage " << s << " sent the table";
+    }
+  }
+  for (int s = 1; s < pp; ++s) EXPECT_GT(owned[s], 0) << "stage " << s << " owns parameters";
+}
+
+TEST(PipelineParallelTrainerTest, FullParametersOfEveryStageReachStageZero) {
+  ExpectFullParametersReachStageZero(2, false);
+  ExpectFullParametersReachStageZero(3, false);
+  ExpectFullParametersReachStageZero(2, true);
 }
 
 // A checkpoint saved at PP=2 (gathered to stage 0, written as one model) loads at PP=1 with the

@@ -12,8 +12,9 @@
 //     address            {} → {"host", "port"}
 //   "trainer"  (role trainer) builds nothing at creation (errors come back from init).
 //     open_groups        {"master_address"} → {"tp"?: {"master_address", "master_port"},
-//                        "dp"?: {...}} (the groups this rank leads)
-//     join_groups        {"tp": [...], "dp": [...]} → TrainerWorker::JoinGroups's reply
+//                        "dp"?: {...}, "pp"?: {...}} (the groups this rank leads)
+//     join_groups        {"tp": [...], "dp": [...], "pp": [...]} → TrainerWorker::JoinGroups's
+//                        reply
 //                        (both before init, world_size > 1; workers/workers.h)
 //     init               {} → TrainerWorker::Init's reply
 //     train              TrainBatchProto → TrainerWorker::Train's reply
@@ -22,7 +23,7 @@
 //     sync_weights       {"weight_version"} → {"bytes", "tensors", "buckets", "seconds", ...}
 //                        (every rank at once; rank 0 sends)
 //     resync_engine      {"host", "port"} → {"weight_version", "dir", "bytes", "seconds"}
-//                        (every TP rank of DP rank 0 at once; rank 0 writes and answers)
+//                        (every rank of DP rank 0 at once; rank 0 writes and answers)
 //     disconnect_engines {} → {}
 //     export_hf          {"dir"} → {"dir", "from"}
 // A request that is not the expected JSON or proto is InvalidArgument naming the method.

@@ -323,7 +323,12 @@ class Trainer {
   // TP = 1 the parameter itself (detached, no copy); at TP > 1 a collective of the TP group —
   // an all-gather of the shards for a sharded parameter, nothing for a replicated one — so
   // every TP rank must call it with the same indices in the same order (the ranks that only
-  // take part drop the result). The same gather as Save's at TP > 1.
+  // take part drop the result). The same gather as Save's at TP > 1. At PP > 1 it is a
+  // collective of the pipeline group too: the stage that owns parameter i (its layer's stage;
+  // stage 0 for the embedding — a tied LM head copy on the last stage is never sent — the last
+  // stage for the final norm and lm_head) sends it to stage 0, which returns it; the owner
+  // returns its own tensor and the other stages an undefined one. Every stage must call it with
+  // the same indices in the same order (workers/workers.h: the weight sync's exporters).
   std::vector<model::NamedTensor> FullParameterShapes() const;
   StatusOr<torch::Tensor> FullParameter(size_t index);
 

@@ -3,18 +3,26 @@
 // includes neither LibTorch nor protobuf, so both sides compile apart — docs/architecture.md,
 // "Build").
 //
-// TrainerWorker: one trainer rank (train::Trainer: a full replica at TP 1, else one tensor-
-// parallel shard) plus, on rank 0, the trainer side of the weight sync (comm::WeightSender) to
-// the rollout engines.
+// TrainerWorker: one trainer rank (train::Trainer: a full replica at TP 1 and PP 1, else one
+// tensor-parallel shard and / or one pipeline stage) plus, on rank 0, the trainer side of the
+// weight sync (comm::WeightSender) to the rollout engines.
 //
 // Rank layout (Megatron's, as runtime/placement.h places them): world_size trainer processes
-// = TP × DP with TP = train.tensor_model_parallel_size; tp_rank = rank % TP, dp_rank = rank / TP
-// (a world_size that TP does not divide is InvalidArgument naming both fields). The ranks of one
-// dp_rank form a TP group (the model's parallel layers run their collectives in it); the ranks
-// of one tp_rank form a DP group (gradients and metric sums are all-reduced in it). Every rank
-// receives the whole rollout and trains its DP index's micro-batches (train/trainer.h, "Data
-// parallelism"), so the TP ranks of a DP index run the same micro-batches.
-//   OpenGroups / JoinGroups   form both kinds of group before Init (below).
+// = PP × DP × TP with TP = train.tensor_model_parallel_size and PP =
+// train.pipeline_model_parallel_size, TP fastest: tp_rank = rank % TP, dp_rank = (rank / TP) %
+// DP, pp_rank = rank / (TP·DP) (a world_size that TP × PP does not divide is InvalidArgument
+// naming the fields). The ranks of one (pp_rank, dp_rank) form a TP group (the model's
+// parallel layers run their collectives in it); the ranks of one (pp_rank, tp_rank) a DP group
+// (gradients and metric sums are all-reduced in it, stage by stage); the ranks of one
+// (dp_rank, tp_rank) a pipeline group (stage pp_rank of PP: the 1F1B schedule's activations
+// and gradients, the pipelined save, the weight export to stage 0; train/trainer.h, "Pipeline
+// parallelism"). Every rank receives the whole rollout and trains its DP index's micro-batches
+// (train/trainer.h, "Data parallelism"), so the TP ranks and the pipeline stages of a DP index
+// run the same micro-batches: stage 0 embeds their tokens, the last stage computes the loss on
+// their labels, advantages and masks. The last stage's step metrics are broadcast over the
+// pipeline, so every rank's Train reply holds them; the driver reads rank 0's. (The Trainer
+// still refuses PP × TP, PP × ZeRO-1 over DP > 1 and PP × PPO at Init.)
+//   OpenGroups / JoinGroups   form the three kinds of group before Init (below).
 //   Init()            builds the Trainer from the resolved config (model.hf_checkpoint) and, when
 //                     checkpoint.load holds a trainer checkpoint, loads it (model, optimizer,
 //                     RNG, LR state). An empty or missing load directory is a fresh start, as
@@ -24,13 +32,17 @@
 //   ConnectEngines / SyncWeights / DisconnectEngines   SGLang's distributed update: pause the
 //                     engines, flush, broadcast every parameter in buckets, continue.
 //   ResyncEngine      one restarted engine gets the current weights (disk transport).
-// Weight export at TP > 1 (SyncWeights, ResyncEngine): the engines take full HF tensors. Rank 0
-// (TP rank 0 of DP rank 0) is the source; each parameter is all-gathered in the TP group just
-// before it goes into a bucket (Trainer::FullParameter; the lazy WeightSender::Send), or, for
-// the disk transport, just before it is written (then kept on the CPU until the directory is
-// written), so the device holds at most one bucket of gathered tensors. The other TP ranks of
-// DP rank 0 take part in every gather in the same order; the other DP ranks send nothing. If the
-// transfer stops early the source still runs the remaining gathers, so no peer is left waiting.
+// Weight export at TP > 1 or PP > 1 (SyncWeights, ResyncEngine): the engines take full HF
+// tensors, each exactly once. Rank 0 (TP rank 0 of stage 0 of DP rank 0) is the source and the
+// only member of the weight-update group; each parameter is all-gathered in the TP group and,
+// when a later pipeline stage owns it, sent by that stage to stage 0 over the pipeline group
+// just before it goes into a bucket (Trainer::FullParameter; the lazy WeightSender::Send), or,
+// for the disk transport, just before it is written (then kept on the CPU until the directory
+// is written), so the device holds at most one bucket of gathered tensors. A tied embedding
+// goes once, from stage 0 (the last stage's LM head copy is not sent). The other ranks of DP
+// rank 0 (the exporters) take part in every gather and send in the same order; the other DP
+// ranks send nothing. If the transfer stops early the source still runs the remaining gathers,
+// so no peer is left waiting.
 //   ExportHf(dir)     the current weights as an HF directory (checkpoint.save_hf).
 // EngineWorker: an inference engine (engine::Engine) and its SGLang-compatible HTTP server on
 // a free port of `host`.
@@ -56,7 +68,7 @@ struct WorkerOptions {
   std::string device;      // "cpu" or "cuda" (the process sees its GPUs as cuda:0..)
   int num_threads = 0;     // CPU: LibTorch intra-op threads (0 = LibTorch's default)
   int rank = 0;            // trainer: global rank (layout above); engine: engine index
-  int world_size = 1;      // trainer: the number of trainer processes (TP × DP)
+  int world_size = 1;      // trainer: the number of trainer processes (PP × DP × TP)
 };
 
 class TrainerWorker {
@@ -74,12 +86,15 @@ class TrainerWorker {
   // rank's host}) on every rank: a group leader — TP rank 0 of a TP group, DP rank 0 of a DP
   // group (rank 0 leads both of its groups) — starts its groups' stores and answers
   // {"tp": {"master_address", "master_port"}} and/or {"dp": {...}}; other ranks answer {}.
-  // Then JoinGroups on every rank at once with {"tp": [endpoint of the TP group of dp_rank
-  // d, for d < DP], "dp": [endpoint of the DP group of tp_rank t, for t < TP]} (a kind with
-  // one rank per group is left out): each rank connects to its groups' stores and joins the TP
-  // group, then the DP group (c10d, Gloo on CPU, NCCL on CUDA). Answers {"rank", "world_size",
-  // "tp_size", "dp_size", "tp_rank", "dp_rank", "backend", "seconds"}. Init refuses to run on a
-  // world_size > 1 trainer before that.
+  // Then JoinGroups on every rank at once with {"tp": [endpoint of the TP group of stage p and
+  // dp_rank d at index p·DP + d], "dp": [endpoint of the DP group of stage p and tp_rank t at
+  // index p·TP + t], "pp": [endpoint of the pipeline of dp_rank d and tp_rank t at index
+  // d·TP + t]} (a kind with one rank per group is left out; each kind's leaders, taken in rank
+  // order, come in index order): each rank connects to its groups' stores and joins the TP
+  // group, then the DP group, then the pipeline group (c10d, Gloo on CPU, NCCL on CUDA).
+  // Answers {"rank", "world_size", "tp_size", "dp_size", "pp_size", "tp_rank", "dp_rank",
+  // "pp_rank", "backend", "seconds"}. Init refuses to run on a world_size > 1 trainer before
+  // that.
   StatusOr<nlohmann::json> OpenGroups(const nlohmann::json& request);
   StatusOr<nlohmann::json> JoinGroups(const nlohmann::json& request);
   // {"steps": [{"step", "step_in_rollout", "num_samples", "skipped", "values": {...}}],
@@ -87,17 +102,19 @@ class TrainerWorker {
   StatusOr<nlohmann::json> Train(int64_t rollout_id, const train::RolloutBatch& batch);
   // {"dir": iteration directory, "seconds": s}. FailedPrecondition without checkpoint.save.
   // DP ranks other than 0 write nothing (their state equals DP rank 0's): {"written": false};
-  // with ZeRO-1 they take part (the shards are gathered), and at TP > 1 the TP ranks of DP rank
-  // 0 take part (the TP shards are gathered): TP rank 0 writes, the others answer
-  // {"written": false}. Call it on every rank.
+  // with ZeRO-1 they take part (the shards are gathered), and at TP > 1 or PP > 1 the ranks of
+  // DP rank 0 take part (the TP shards are gathered, the stages send theirs to stage 0): rank 0
+  // writes, the others answer {"written": false}. Call it on every rank.
   StatusOr<nlohmann::json> Save(int64_t rollout_id, const nlohmann::json& extra_state);
   // request: {"engines": [{"host", "port", "num_gpus"}], "master_address": host,
-  //           "group_name": "..."}; backend gloo on CPU, nccl on CUDA. Rank 0 only (the source).
+  //           "group_name": "..."}; backend gloo on CPU, nccl on CUDA. Rank 0 only (the source;
+  //           the engines join one weight-update group whatever the trainer's layout).
   Status ConnectEngines(const nlohmann::json& request);
   // Call it on every rank at once. The source (rank 0): pause → send every parameter as a full
   // tensor (weight_sync.buffer_size buckets, or the disk transport) → continue; {"source": true,
-  // "bytes", "tensors", "buckets", "seconds", "gb_per_s"}. The other TP ranks of DP rank 0 take
-  // part in the gathers; other DP ranks send nothing ({"source": false, "seconds"}). Then, on
+  // "bytes", "tensors", "buckets", "seconds", "gb_per_s"}. The other ranks of DP rank 0 take
+  // part in the gathers and sends to stage 0; other DP ranks send nothing ({"source": false,
+  // "seconds"}). Then, on
   // every rank, the trainer's keep_old_actor queue (each rank keeps its own).
   StatusOr<nlohmann::json> SyncWeights(const std::string& weight_version);
   // One (restarted) engine, {"host", "port"}, gets the trainer's current weights through the
@@ -106,8 +123,9 @@ class TrainerWorker {
   // holds these weights), whatever weight_sync.transport is; the weight-update group is not
   // touched. The weights are labelled with the version they are: the last synced one, or
   // rollout_id + 1 once rollout_id was trained. {"weight_version", "dir", "bytes", "seconds"}.
-  // At TP > 1 call it on every TP rank of DP rank 0 at once (the parameters are gathered; the
-  // peers answer {"source": false, "seconds"}); FailedPrecondition on other DP ranks.
+  // At TP > 1 or PP > 1 call it on every rank of DP rank 0 at once (the parameters are gathered
+  // and sent to stage 0; the peers answer {"source": false, "seconds"}); FailedPrecondition on
+  // other DP ranks.
   StatusOr<nlohmann::json> ResyncEngine(const nlohmann::json& request);
   // Leaves the weight-update group (ConnectEngines again re-forms it; a failed leave — an
   // engine that died — is logged there, not fatal).
