@@ -313,8 +313,8 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
           "and the vocabulary split over TP ranks). The actor's trainer processes "
           "(actor_num_nodes × actor_num_gpus_per_node) are TP × DP ranks, rank = dp·TP + tp; "
           "each TP group gathers its shards for checkpoints and for the weight sync (the engines "
-          "get full tensors). Not yet with advantage_estimator ppo or, at DP > 1, "
-          "use_distributed_optimizer.");
+          "get full tensors). Works with use_distributed_optimizer (each TP rank's DP group "
+          "shards that rank's tensors). Not yet with advantage_estimator ppo.");
   b.Add("pipeline_model_parallel_size", &TrainConfig::pipeline_model_parallel_size)
       .Slime("--pipeline-model-parallel-size")
       .Min(1)
