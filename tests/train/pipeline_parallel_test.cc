@@ -15,7 +15,8 @@
 //     DP=2 with the distributed optimizer (ZeRO-1 per stage);
 //   - a PP=2 checkpoint loads at PP=1 (weights bit for bit, AdamW moments: the continuation
 //     tracks the run that stayed at PP=1) and a PP=1 checkpoint at PP=2; the same between
-//     PP=1 × TP=1 and PP=2 × TP=2, and PP=2 × TP=2 × DP=2 with ZeRO-1;
+//     PP=1 × TP=1 and PP=2 × TP=2, and PP=2 × TP=2 × DP=2 with ZeRO-1; a failed write at
+//     PP=2 × TP=2 fails the save on every rank;
 //   - Create's refusals: fewer layers than stages, PP × PPO.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -591,6 +592,36 @@ TEST(PipelineParallelTrainerTest, CheckpointsMoveBetweenOneRankAndTwoStagesTimes
 // TP shards, then the stages.
 TEST(PipelineParallelTrainerTest, CheckpointsMoveBetweenOneRankAndAFullGridWithZeroOne) {
   ExpectCheckpointsMoveBetweenLayouts(Grid{2, 2, 2}, /*zero=*/true);
+}
+
+// A save that stage 0's TP rank 0 cannot write (the save directory is a regular file) fails on
+// all four ranks of a PP=2 × TP=2 grid — the writer with its own error, stage 1's TP rank 0
+// naming pipeline stage 0, the other TP ranks naming their TP rank 0 — and nobody hangs.
+TEST(PipelineParallelTrainerTest, AFailedWriteFailsTheSaveOnEveryRankOfAPipelineOfTensorParallelStages) {
+  TempDir dir;
+  const std::string model_dir = MakePpModelDir(dir, 23, /*tied=*/false, /*tp=*/2);
+  const std::string not_a_dir = dir.Join("a-file");
+  model::testing::WriteFile(not_a_dir, "not a directory\n");
+  const Grid g{2, 1, 2};
+  std::vector<std::string> errors(g.world());
+  OnGrid(g, model_dir, PpConfig(), [&](int rank, TrainerOptions o) {
+    auto t = Trainer::Create(std::move(o));
+    ASSERT_TRUE(t.ok()) << t.status();
+    auto saved = (*t)->Save(not_a_dir, 0);
+    ASSERT_FALSE(saved.ok()) << "rank " << rank << " returned " << *saved;
+    errors[rank] = std::string(saved.status().message());
+  });
+  const int writer = g.rank(0, 0, 0);
+  EXPECT_EQ(errors[writer].find("pipeline stage 0 failed"), std::string::npos) << errors[writer];
+  EXPECT_EQ(errors[writer].find("tensor-parallel rank 0 failed"), std::string::npos)
+      << errors[writer];
+  EXPECT_NE(errors[g.rank(0, 0, 1)].find("pipeline stage 0 failed to save"), std::string::npos)
+      << errors[g.rank(0, 0, 1)];
+  for (int s = 0; s < g.pp; ++s) {
+    const std::string& e = errors[g.rank(0, 1, s)];
+    EXPECT_NE(e.find("tensor-parallel rank 0 failed to save"), std::string::npos) << e;
+    EXPECT_NE(e.find(not_a_dir), std::string::npos) << e;
+  }
 }
 
 // ---- refusals at Create (no peer is contacted: a stand-in group is enough)
