@@ -10,8 +10,9 @@
 //     the 1F1B warm-up / steady / cool-down phases all run; the same metrics on every stage,
 //     the same updated weights, the same forward-only log-probs; with tied embeddings too (the
 //     last stage's LM head copy and the gradient sum between the first and last stage); PP=2 ×
-//     DP=2; PP=2 × TP=2 (tensor-parallel stages: losses, gradient norm, weights with the TP
-//     shards gathered, vocab-parallel log-probs from the last stage; untied and tied); PP=2 ×
+//     DP=2; PP=2 × TP=2 (tensor-parallel stages: losses, gradient norm, the raw gradients and
+//     the weights with the TP shards gathered, vocab-parallel log-probs from the last stage;
+//     untied and tied); PP=2 ×
 //     DP=2 with the distributed optimizer (ZeRO-1 per stage);
 //   - a PP=2 checkpoint loads at PP=1 (weights bit for bit, AdamW moments: the continuation
 //     tracks the run that stayed at PP=1) and a PP=1 checkpoint at PP=2; the same between
@@ -319,8 +320,21 @@ config::Config PpConfig() {
 struct StageResult {
   std::vector<TrainRolloutResult> rollouts;
   std::map<std::string, torch::Tensor> weights;  // this stage's, by HF name
+  std::map<std::string, torch::Tensor> grads;    // RecordGradients' sums, by HF name
   SampleLogProbs log_probs;                      // ComputeLogProbs after training
 };
+
+// Adds every gradient that a backward pass delivers to a parameter of `t` into grads[name]:
+// the raw gradients of every micro-batch of the run (this rank's backward only: before the DP
+// sums, the tied-table exchange and clipping). Hooks on the model's leaf tensors, called on the
+// thread that runs the backward (the rank's own).
+void RecordGradients(const Trainer& t, std::map<std::string, torch::Tensor>& grads) {
+  for (const auto& nt : model::NamedParameters(t.model().weights(), t.model().config())) {
+    torch::Tensor& sum = grads[nt.name];
+    sum = torch::zeros_like(nt.tensor);
+    nt.tensor.register_hook([&sum](const torch::Tensor& g) { sum.add_(g.detach()); });
+  }
+}
 
 std::map<std::string, torch::Tensor> WeightsByName(const Trainer& t) {
   std::map<std::string, torch::Tensor> out;
@@ -387,6 +401,8 @@ void ExpectMatchesOneStage(const Grid& g, bool tied, bool zero = false) {
 
   auto single = test_util::MakeTrainer(model_dir, c);
   ASSERT_NE(single, nullptr);
+  std::map<std::string, torch::Tensor> want_grads;
+  RecordGradients(*single, want_grads);
   std::vector<TrainRolloutResult> want;
   for (int r = 0; r < kRollouts; ++r) want.push_back(Train(*single, r, batch));
   const std::map<std::string, torch::Tensor> want_weights = WeightsByName(*single);
@@ -402,6 +418,7 @@ void ExpectMatchesOneStage(const Grid& g, bool tied, bool zero = false) {
     auto trainer = Trainer::Create(std::move(o));
     ASSERT_TRUE(trainer.ok()) << "rank " << rank << ": " << trainer.status();
     EXPECT_EQ((*trainer)->optimizer().distributed(), zero && g.dp > 1);
+    RecordGradients(**trainer, got[rank].grads);
     for (int r = 0; r < kRollouts; ++r) {
       auto result = (*trainer)->TrainRollout(r, batch);
       ASSERT_TRUE(result.ok()) << "rank " << rank << ": " << result.status();
@@ -463,6 +480,25 @@ void ExpectMatchesOneStage(const Grid& g, bool tied, bool zero = false) {
       const bool is_table = name == "model.embed_tokens.weight";
       EXPECT_EQ(seen[name], tied && is_table && g.pp > 1 ? 2 : 1) << name;
     }
+  }
+  // Gradients: the raw micro-batch gradients of the run, TP shards gathered, summed over the DP
+  // ranks (each trains its own micro-batches) and over the tied table's two copies, equal the
+  // one-rank run's.
+  std::vector<std::map<std::string, torch::Tensor>> rank_grads;
+  for (const StageResult& r : got) rank_grads.push_back(r.grads);
+  std::map<std::string, torch::Tensor> grads;
+  for (int d = 0; d < g.dp; ++d) {
+    for (const StageWeight& w : GatherStages(rank_grads, g, d, dims)) {
+      torch::Tensor& sum = grads[w.name];
+      sum = sum.defined() ? sum + w.full : w.full;
+    }
+  }
+  ASSERT_EQ(grads.size(), want_grads.size());
+  for (const auto& [name, want_g] : want_grads) {
+    ASSERT_EQ(grads.count(name), 1u) << name;
+    EXPECT_GT(want_g.abs().max().item<double>(), 0.0) << name << " got no gradient";
+    ExpectClose(grads.at(name), want_g, "gradient of " + name,
+                kTol * (1.0 + want_g.abs().max().item<double>()));
   }
   // The weights moved (the comparison is not of two untouched copies).
   auto initial = test_util::MakeTrainer(model_dir, c);
