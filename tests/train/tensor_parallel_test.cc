@@ -13,8 +13,9 @@
 //   - the weight export's full tensors (Trainer::FullParameter) at TP=2 against TP=1.
 // Built a second time with SLIME_TP_GPU_TEST (target train_tensor_parallel_gpu_test, label gpu):
 // then only the CUDA case runs — the same TP=2 GRPO comparison with NCCL between cuda:0 and
-// cuda:1 in bfloat16 against a TP=1 trainer on cuda:0 (bf16 tolerance); it skips with a
-// message on a machine with fewer than two CUDA devices.
+// cuda:1 in bfloat16 against a TP=1 trainer on cuda:0 (bf16 tolerance), and TP=2 × DP=2 with
+// the distributed optimizer on cuda:0..3; each skips with a message on a machine with too few
+// CUDA devices.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -472,6 +473,18 @@ TEST(TensorParallelGpuTest, TwoGpuTensorParallelMatchesOneGpuInBf16) {
   where.dtype = torch::kBFloat16;
   where.tol = 3e-2;
   ExpectMatchesOneRank(2, 1, /*llama=*/false, where);
+}
+
+// TP=2 × DP=2 with the distributed optimizer on cuda:0..3 (NCCL reduce-scatter / all-gather of
+// the ZeRO-1 buckets in bf16) against TP=1 on cuda:0.
+TEST(TensorParallelGpuTest, TwoByTwoGpusWithTheDistributedOptimizerMatchOneGpuInBf16) {
+  const int64_t gpus = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
+  if (gpus < 4) GTEST_SKIP() << "needs four CUDA devices (found " << gpus << ")";
+  Placement where;
+  where.cuda = true;
+  where.dtype = torch::kBFloat16;
+  where.tol = 3e-2;
+  ExpectMatchesOneRank(2, 2, /*llama=*/true, where, /*zero=*/true);
 }
 #else
 TEST(TensorParallelTrainerTest, TwoTensorParallelRanksMatchOneRank) { ExpectMatchesOneRank(2, 1); }
