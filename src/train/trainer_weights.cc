@@ -548,7 +548,7 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
   };
   model::ModelWeights full;
   std::optional<OptimizerState> full_state;
-  Status tp_gathered = GuardTorch("trainer: gather the tensor-parallel shards to save", [&]() -> Status {
+  Status tp_gathered = GuardTorch("trainer: gather this stage's shards to save", [&]() -> Status {
     full.layers.resize(config.num_hidden_layers);
     for (const model::ParamSpec& spec : model::StageParameterSpecs(config, stage)) {
       model::ParamSlot(full, spec) = full_tensor(model::ParamSlot(model_->weights(), spec),

@@ -390,8 +390,8 @@ struct StageWeight {
 
 // The parameters of DP rank d's stages, TP shards gathered; the tied table appears twice (the
 // first stage's and the last stage's copy).
-std::vector<StageWeight> GatherStages(const std::vector<std::map<std::string, torch::Tensor>>& ranks,
-                                      const Grid& g, int d,
+using RankTensors = std::map<std::string, torch::Tensor>;  // one rank's tensors by HF name
+std::vector<StageWeight> GatherStages(const std::vector<RankTensors>& ranks, const Grid& g, int d,
                                       const std::map<std::string, int64_t>& dims) {
   std::vector<StageWeight> out;
   for (int s = 0; s < g.pp; ++s) {
@@ -677,7 +677,7 @@ TEST(PipelineParallelTrainerTest, CheckpointsMoveBetweenOneRankAndAFullGridWithZ
 // A save that stage 0's TP rank 0 cannot write (the save directory is a regular file) fails on
 // all four ranks of a PP=2 × TP=2 grid — the writer with its own error, stage 1's TP rank 0
 // naming pipeline stage 0, the other TP ranks naming their TP rank 0 — and nobody hangs.
-TEST(PipelineParallelTrainerTest, AFailedWriteFailsTheSaveOnEveryRankOfAPipelineOfTensorParallelStages) {
+TEST(PipelineParallelTrainerTest, AFailedWriteFailsTheSaveOnEveryRankOfTensorParallelStages) {
   TempDir dir;
   const std::string model_dir = MakePpModelDir(dir, 23, /*tied=*/false, /*tp=*/2);
   const std::string not_a_dir = dir.Join("a-file");
