@@ -543,6 +543,12 @@ at::Tensor ProcessGroupTensorParallel::AllGather(const at::Tensor& tensor, int64
   return *std::move(out);
 }
 
+at::Tensor ProcessGroupTensorParallel::ReduceScatterSum(const at::Tensor& tensor) {
+  StatusOr<torch::Tensor> out = group_->ReduceScatterSum(tensor, "tensor-parallel");
+  if (!out.ok()) throw std::runtime_error(std::string(out.status().message()));
+  return *std::move(out);
+}
+
 }  // namespace slime::comm
 
 // ---- ProcessGroupPipelineParallel (include/slime/comm/tensor_parallel_group.h)

@@ -607,12 +607,16 @@ struct ModelRunner::DecodeGraphs {
   std::map<int64_t, std::unique_ptr<at::cuda::CUDAGraph>> graphs;
   std::map<int64_t, torch::Tensor> logits;  // per size: [B, vocab] float32, graph-owned
   int64_t max_pages = 0;
-  torch::Tensor ids, positions, slots;  // [max_B] int64 on the device
-  torch::Tensor page_table;             // [max_B, max_pages] int32
-  torch::Tensor seq_lens;               // [max_B] int32
+  // The step's inputs live in one device buffer, filled by one copy from one pinned host buffer
+  // of the same layout (one H2D copy per step instead of five): int64 ids, positions, slots
+  // ([max_B] each), then int32 seq_lens [max_B] and page_table [max_B, max_pages]. A step of
+  // B rows copies the prefix up to the end of page_table's first B rows.
+  torch::Tensor device_inputs;          // [input_longs] int64 (the int32 part viewed as int32)
+  torch::Tensor host_inputs;            // pinned, the same size
+  torch::Tensor ids, positions, slots;  // views of device_inputs
+  torch::Tensor seq_lens;               // [max_B] int32, view
+  torch::Tensor page_table;             // [max_B, max_pages] int32, view
   torch::Tensor decode_rows;            // [max_B] int64 = 0..max_B-1
-  torch::Tensor host_long;              // pinned [3, max_B] int64: ids, positions, slots
-  torch::Tensor host_int;               // pinned [max_B * max_pages + max_B] int32
 };
 #else
 struct ModelRunner::DecodeGraphs {};
@@ -665,16 +669,18 @@ Status ModelRunner::CaptureDecodeGraphs(int64_t max_batch, int64_t context_lengt
     const int64_t page = cache->page_size();
     g->max_pages = (context_length + page - 1) / page;
     auto lopts = torch::TensorOptions().dtype(torch::kLong).device(device());
-    auto iopts = torch::TensorOptions().dtype(torch::kInt).device(device());
-    g->ids = torch::zeros({n}, lopts);
-    g->positions = torch::zeros({n}, lopts);
-    g->slots = torch::zeros({n}, lopts);
-    g->page_table = torch::zeros({n, g->max_pages}, iopts);
-    g->seq_lens = torch::ones({n}, iopts);
+    const int64_t ints = n + n * g->max_pages;
+    const int64_t longs = 3 * n + (ints + 1) / 2;
+    g->device_inputs = torch::zeros({longs}, lopts);
+    g->host_inputs = torch::zeros({longs}, torch::TensorOptions().dtype(torch::kLong).pinned_memory(true));
+    g->ids = g->device_inputs.narrow(0, 0, n);
+    g->positions = g->device_inputs.narrow(0, n, n);
+    g->slots = g->device_inputs.narrow(0, 2 * n, n);
+    torch::Tensor int_part = g->device_inputs.narrow(0, 3 * n, longs - 3 * n).view(torch::kInt);
+    g->seq_lens = int_part.narrow(0, 0, n);
+    g->seq_lens.fill_(1);
+    g->page_table = int_part.narrow(0, n, n * g->max_pages).view({n, g->max_pages});
     g->decode_rows = torch::arange(n, lopts);
-    g->host_long = torch::zeros({3, n}, torch::TensorOptions().dtype(torch::kLong).pinned_memory(true));
-    g->host_int = torch::zeros({n * g->max_pages + n},
-                               torch::TensorOptions().dtype(torch::kInt).pinned_memory(true));
 
     c10::InferenceMode inference;
     DecodeGraphs* gp = g.get();
@@ -693,6 +699,11 @@ Status ModelRunner::CaptureDecodeGraphs(int64_t max_batch, int64_t context_lengt
           m->ForwardUnchecked(gp->ids.narrow(0, 0, b), lay.positions, attention);
       return m->Logits(hidden).value().to(torch::kFloat32);
     };
+    // The input buffers were zeroed on the current stream; the warm-up and capture run on a
+    // side stream that does not wait for it. Without this wait a warm-up forward after a
+    // release/resume cycle read the reused memory's old contents as token ids (an
+    // out-of-range embedding gather).
+    c10::cuda::getCurrentCUDAStream().synchronize();
     c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
     {
       c10::cuda::CUDAStreamGuard guard(stream);
@@ -739,9 +750,9 @@ StatusOr<torch::Tensor> ModelRunner::DecodeLogits(const std::vector<int32_t>& in
   }
   return Guard("engine graph decode", [&]() -> StatusOr<torch::Tensor> {
     const int64_t n = g.ids.size(0);
-    int64_t* hl = g.host_long.data_ptr<int64_t>();
-    int32_t* hi = g.host_int.data_ptr<int32_t>();
-    int32_t* lens = hi + n * g.max_pages;
+    int64_t* hl = g.host_inputs.data_ptr<int64_t>();
+    int32_t* lens = reinterpret_cast<int32_t*>(hl + 3 * n);
+    int32_t* hi = lens + n;  // page table rows
     for (int64_t i = 0; i < bg; ++i) {
       if (i < b) {
         const PagedItem& item = items[i];
@@ -762,12 +773,9 @@ StatusOr<torch::Tensor> ModelRunner::DecodeLogits(const std::vector<int32_t>& in
       }
     }
     c10::InferenceMode inference;
-    g.ids.narrow(0, 0, bg).copy_(g.host_long[0].narrow(0, 0, bg), /*non_blocking=*/true);
-    g.positions.narrow(0, 0, bg).copy_(g.host_long[1].narrow(0, 0, bg), true);
-    g.slots.narrow(0, 0, bg).copy_(g.host_long[2].narrow(0, 0, bg), true);
-    g.page_table.view({-1}).narrow(0, 0, bg * g.max_pages)
-        .copy_(g.host_int.narrow(0, 0, bg * g.max_pages), true);
-    g.seq_lens.narrow(0, 0, bg).copy_(g.host_int.narrow(0, n * g.max_pages, bg), true);
+    const int64_t used = 3 * n + (n + bg * g.max_pages + 1) / 2;  // int64 words up to row bg
+    g.device_inputs.narrow(0, 0, used)
+        .copy_(g.host_inputs.narrow(0, 0, used), /*non_blocking=*/true);
     g.graphs.at(bg)->replay();
     return g.logits.at(bg).narrow(0, 0, b);
   });

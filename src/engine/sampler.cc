@@ -108,7 +108,16 @@ SamplerOutput SampleFused(const torch::Tensor& logits, const std::vector<Sampler
   a.scratch = scratch.data_ptr();
   const int err = cuda::LaunchFusedSample(a, at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == 0, "fused sampling kernel failed with CUDA error ", err);
-  torch::Tensor packed = out.cpu();
+  // Read back through a reused pinned buffer (a pageable .cpu() copy stages through a bounce
+  // buffer and allocates every step).
+  thread_local torch::Tensor pinned;
+  if (!pinned.defined() || pinned.numel() < out.numel()) {
+    pinned = torch::empty({std::max<int64_t>(out.numel(), 64)},
+                          torch::TensorOptions().dtype(torch::kFloat64).pinned_memory(true));
+  }
+  torch::Tensor packed = pinned.narrow(0, 0, out.numel());
+  packed.copy_(out.view({-1}), /*non_blocking=*/true);
+  at::cuda::getCurrentCUDAStream().synchronize();
   SamplerOutput res;
   res.tokens.resize(batch);
   res.logprobs.resize(batch);

@@ -219,13 +219,26 @@ torch::Tensor DecoderModel::Layer(int index, const torch::Tensor& x, const torch
                                   const torch::Tensor& sin, AttentionBackend& attention) {
   const LayerWeights& w = weights_.layers[index];
   const double eps = config_.rms_norm_eps;
-  const int64_t t = x.size(0);
+  const int64_t t = cos.size(0);  // all T tokens (x holds this rank's rows under SP)
   const int64_t d = config_.head_dim;
   TensorParallelGroup& tp = *tp_;
+  const bool sp = sequence_parallel();
+  // The input of the column-parallel layers: normed x entering the TP region once for q/k/v
+  // (one all-reduce of its gradient in training) or, under SP, all-gathered from the sequence
+  // shards (reduce-scatter of the gradient; the norm weight then sees only this rank's rows).
+  auto region_input = [&](const torch::Tensor& in, const torch::Tensor& norm) {
+    if (!sp) return CopyToTensorParallelRegion(RmsNorm(in, norm, eps), tp);
+    return GatherFromSequenceParallelRegion(
+        RmsNorm(in, CopyToTensorParallelRegion(norm, tp), eps), tp, t, /*reduce_grad=*/true);
+  };
+  auto row_parallel = [&](const torch::Tensor& in, const torch::Tensor& weight,
+                          const torch::Tensor& bias) {
+    return sp ? RowParallelLinearToSequenceShard(in, weight, bias, tp)
+              : RowParallelLinear(in, weight, bias, tp);
+  };
 
   // Attention block.
-  // h enters the TP region once for q/k/v (one all-reduce of its gradient in training).
-  torch::Tensor h = CopyToTensorParallelRegion(RmsNorm(x, w.input_norm, eps), tp);  // [T, hidden]
+  torch::Tensor h = region_input(x, w.input_norm);  // [T, hidden]
   torch::Tensor q = ColumnParallelLinear(h, w.q_proj, w.q_bias, tp, false, true).view({t, -1, d});
   torch::Tensor k = ColumnParallelLinear(h, w.k_proj, w.k_bias, tp, false, true).view({t, -1, d});
   torch::Tensor v = ColumnParallelLinear(h, w.v_proj, w.v_bias, tp, false, true).view({t, -1, d});
@@ -240,28 +253,36 @@ torch::Tensor DecoderModel::Layer(int index, const torch::Tensor& x, const torch
   q = ApplyRope(q, cos, sin);
   k = ApplyRope(k, cos, sin);
   torch::Tensor a = attention.Attend(index, q, k, v);  // [T, heads/P, D]
-  torch::Tensor out = x + RowParallelLinear(a.reshape({t, -1}), w.o_proj, w.o_bias, tp);
+  torch::Tensor out = x + row_parallel(a.reshape({t, -1}), w.o_proj, w.o_bias);
 
   // MLP block.
-  h = CopyToTensorParallelRegion(RmsNorm(out, w.post_attention_norm, eps), tp);
+  h = region_input(out, w.post_attention_norm);
   torch::Tensor gate = ColumnParallelLinear(h, w.gate_proj, {}, tp, false, true);  // [T, I/P]
   torch::Tensor up = ColumnParallelLinear(h, w.up_proj, {}, tp, false, true);      // [T, I/P]
-  return out + RowParallelLinear(SiluMul(gate, up), w.down_proj, {}, tp);  // [T, hidden]
+  return out + row_parallel(SiluMul(gate, up), w.down_proj, {});  // [T or rows_r, hidden]
 }
 
 torch::Tensor DecoderModel::ForwardImpl(const torch::Tensor& ids, const torch::Tensor& positions,
                                         AttentionBackend& attention) {
   const PipelineStage& stage = weights_.stage;
-  // [T, hidden]: the embedding, or (a later pipeline stage) the previous stage's output.
-  torch::Tensor x =
-      stage.is_first() ? VocabParallelEmbedding(ids, weights_.embed_tokens, *tp_) : ids;
+  const bool sp = sequence_parallel();
+  const int64_t total = ids.size(0);
+  // [T, hidden] (or this rank's sequence shard under SP): the embedding, or (a later pipeline
+  // stage) the previous stage's output.
+  torch::Tensor x;
+  if (stage.is_first()) {
+    x = sp ? VocabParallelEmbeddingToSequenceShard(ids, weights_.embed_tokens, *tp_)
+           : VocabParallelEmbedding(ids, weights_.embed_tokens, *tp_);
+  } else {
+    x = sp ? ScatterToSequenceParallelRegion(ids, *tp_) : ids;
+  }
   // RoPE tables in float32, then the model dtype, as transformers: [T, 1, D].
   torch::Tensor freqs = positions.to(torch::kFloat32).unsqueeze(1) * inv_freq_.unsqueeze(0);
   torch::Tensor emb = torch::cat({freqs, freqs}, -1);
   torch::Tensor cos = emb.cos().to(dtype_).unsqueeze(1);
   torch::Tensor sin = emb.sin().to(dtype_).unsqueeze(1);
 #ifdef SLIME_MODEL_FUSED_KERNELS
-  if (projections_fused() && Fusable(x) && c10::InferenceMode::is_enabled()) {
+  if (!sp && projections_fused() && Fusable(x) && c10::InferenceMode::is_enabled()) {
     return FusedForward(x, cos, sin, attention);
   }
 #endif
@@ -269,8 +290,16 @@ torch::Tensor DecoderModel::ForwardImpl(const torch::Tensor& ids, const torch::T
   for (int l = static_cast<int>(stage.first_layer); l < static_cast<int>(end); ++l) {
     x = Layer(l, x, cos, sin, attention);
   }
-  if (!stage.is_last()) return x;  // the residual stream, for the next stage
-  return RmsNorm(x, weights_.final_norm, config_.rms_norm_eps);
+  // Under SP the stage's output is gathered to all T rows. Its gradient arrives identical on
+  // every rank (the next stage scatters its input; the LM head's input enters copy-to-region),
+  // so each rank keeps its own rows of it rather than reduce-scattering.
+  if (!stage.is_last()) {  // the residual stream, for the next stage
+    return sp ? GatherFromSequenceParallelRegion(x, *tp_, total, /*reduce_grad=*/false) : x;
+  }
+  if (!sp) return RmsNorm(x, weights_.final_norm, config_.rms_norm_eps);
+  return GatherFromSequenceParallelRegion(
+      RmsNorm(x, CopyToTensorParallelRegion(weights_.final_norm, *tp_), config_.rms_norm_eps),
+      *tp_, total, /*reduce_grad=*/false);
 }
 
 StatusOr<torch::Tensor> DecoderModel::Forward(const torch::Tensor& input_ids,

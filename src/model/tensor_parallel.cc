@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "slime/model/pipeline_parallel.h"
 
 namespace slime::model {
@@ -68,6 +71,92 @@ class GatherFromRegion : public torch::autograd::Function<GatherFromRegion> {
   }
 };
 
+// ---- sequence parallelism: padded collectives along dim 0 (T need not divide by P)
+
+// Every rank's shard, padded to the largest, all-gathered and unpadded: [total, ...].
+torch::Tensor AllGatherRows(const torch::Tensor& shard, int64_t total, TensorParallelGroup& group) {
+  const int p = group.size();
+  const int64_t pad = (total + p - 1) / p;
+  std::vector<int64_t> shape = shard.sizes().vec();
+  shape[0] = pad;
+  torch::Tensor padded = torch::zeros(shape, shard.options());
+  padded.narrow(0, 0, shard.size(0)).copy_(shard);
+  torch::Tensor all = group.AllGather(padded, 0);  // [p * pad, ...]
+  std::vector<torch::Tensor> parts;
+  for (int r = 0; r < p; ++r) {
+    parts.push_back(all.narrow(0, r * pad, SequenceShardOf(total, p, r).rows));
+  }
+  return torch::cat(parts, 0);
+}
+
+// The sum over ranks of full [total, ...] tensors, this rank's rows of it.
+torch::Tensor ReduceScatterRows(const torch::Tensor& full, TensorParallelGroup& group) {
+  const int p = group.size();
+  const int64_t total = full.size(0);
+  const int64_t pad = (total + p - 1) / p;
+  torch::Tensor send;
+  if (pad * p == total) {
+    send = full.contiguous();
+  } else {
+    std::vector<int64_t> shape = full.sizes().vec();
+    shape[0] = pad * p;
+    send = torch::zeros(shape, full.options());
+    for (int r = 0; r < p; ++r) {
+      const SequenceShard s = SequenceShardOf(total, p, r);
+      send.narrow(0, r * pad, s.rows).copy_(full.narrow(0, s.start, s.rows));
+    }
+  }
+  torch::Tensor mine = group.ReduceScatterSum(send);  // [pad, ...]
+  return mine.narrow(0, 0, SequenceShardOf(total, p, group.rank()).rows);
+}
+
+torch::Tensor MyRows(const torch::Tensor& full, TensorParallelGroup& group) {
+  const SequenceShard s = SequenceShardOf(full.size(0), group.size(), group.rank());
+  return full.narrow(0, s.start, s.rows);
+}
+
+class GatherFromSequence : public torch::autograd::Function<GatherFromSequence> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, TensorParallelGroup* group,
+                               int64_t total, bool reduce_grad) {
+    SaveGroup(ctx, group);
+    ctx->saved_data["reduce"] = reduce_grad;
+    return AllGatherRows(x, total, *group);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TensorParallelGroup& group = LoadGroup(ctx);
+    torch::Tensor g = ctx->saved_data["reduce"].toBool() ? ReduceScatterRows(grads[0], group)
+                                                         : MyRows(grads[0], group).contiguous();
+    return {g, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+class ReduceScatterToSequence : public torch::autograd::Function<ReduceScatterToSequence> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, TensorParallelGroup* group) {
+    SaveGroup(ctx, group);
+    ctx->saved_data["total"] = x.size(0);
+    return ReduceScatterRows(x, *group);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {AllGatherRows(grads[0].contiguous(), ctx->saved_data["total"].toInt(), LoadGroup(ctx)),
+            torch::Tensor()};
+  }
+};
+
+class ScatterToSequence : public torch::autograd::Function<ScatterToSequence> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, TensorParallelGroup* group) {
+    SaveGroup(ctx, group);
+    ctx->saved_data["total"] = x.size(0);
+    return MyRows(x, *group).clone();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {AllGatherRows(grads[0].contiguous(), ctx->saved_data["total"].toInt(), LoadGroup(ctx)),
+            torch::Tensor()};
+  }
+};
+
 // Whether the op must be recorded for autograd (else the plain collective suffices).
 bool Differentiable(const at::Tensor& x) {
   return x.requires_grad() && torch::GradMode::is_enabled();
@@ -84,6 +173,21 @@ at::Tensor ReduceOwned(at::Tensor fresh, TensorParallelGroup& group) {
 }
 
 }  // namespace
+
+at::Tensor TensorParallelGroup::ReduceScatterSum(const at::Tensor& tensor) {
+  at::Tensor sum = tensor.contiguous().clone();
+  AllReduceSum(sum);
+  const int64_t chunk = sum.size(0) / size();
+  return sum.narrow(0, chunk * rank(), chunk).clone();
+}
+
+SequenceShard SequenceShardOf(int64_t total, int size, int rank) {
+  const int64_t base = total / size, extra = total % size;
+  SequenceShard s;
+  s.rows = base + (rank < extra ? 1 : 0);
+  s.start = rank * base + std::min<int64_t>(rank, extra);
+  return s;
+}
 
 void SingleRankGroup::AllReduceSum(at::Tensor& /*tensor*/) {}
 
@@ -115,6 +219,25 @@ at::Tensor GatherFromTensorParallelRegion(const at::Tensor& x, TensorParallelGro
   return GatherFromRegion::apply(x, &group);
 }
 
+at::Tensor GatherFromSequenceParallelRegion(const at::Tensor& x, TensorParallelGroup& group,
+                                            int64_t total_rows, bool reduce_grad) {
+  if (group.size() == 1) return x;
+  if (!Differentiable(x)) return AllGatherRows(x.contiguous(), total_rows, group);
+  return GatherFromSequence::apply(x, &group, total_rows, reduce_grad);
+}
+
+at::Tensor ReduceScatterToSequenceParallelRegion(const at::Tensor& x, TensorParallelGroup& group) {
+  if (group.size() == 1) return x;
+  if (!Differentiable(x)) return ReduceScatterRows(x, group);
+  return ReduceScatterToSequence::apply(x, &group);
+}
+
+at::Tensor ScatterToSequenceParallelRegion(const at::Tensor& x, TensorParallelGroup& group) {
+  if (group.size() == 1) return x;
+  if (!Differentiable(x)) return MyRows(x, group);
+  return ScatterToSequence::apply(x, &group);
+}
+
 at::Tensor ColumnParallelLinear(const at::Tensor& x, const at::Tensor& weight,
                                 const at::Tensor& bias, TensorParallelGroup& group,
                                 bool gather_output, bool input_in_region) {
@@ -134,18 +257,38 @@ at::Tensor RowParallelLinear(const at::Tensor& x, const at::Tensor& weight, cons
   return y;
 }
 
-at::Tensor VocabParallelEmbedding(const at::Tensor& ids, const at::Tensor& weight,
-                                  TensorParallelGroup& group) {
-  if (group.size() == 1) return weight.index_select(0, ids);  // [T, hidden]
+at::Tensor RowParallelLinearToSequenceShard(const at::Tensor& x, const at::Tensor& weight,
+                                            const at::Tensor& bias, TensorParallelGroup& group) {
+  at::Tensor y = ReduceScatterToSequenceParallelRegion(torch::linear(x, weight), group);
+  if (bias.defined()) y = y + CopyToTensorParallelRegion(bias, group);
+  return y;
+}
+
+namespace {
+// This rank's vocabulary rows of the embedding for every id, zero where another rank owns it.
+at::Tensor PartialEmbedding(const at::Tensor& ids, const at::Tensor& weight,
+                            TensorParallelGroup& group) {
   const int64_t rows = weight.size(0);
   const int64_t start = rows * group.rank();
-  // Ids owned by another rank read row 0 and are zeroed; the all-reduce fills them in. The
-  // gradient of the sum is the output's gradient (replicated), masked to this rank's rows.
   at::Tensor local = ids - start;
   at::Tensor mine = (local >= 0) & (local < rows);  // [T]
   at::Tensor out = weight.index_select(0, torch::where(mine, local, torch::zeros_like(local)));
-  out = out * mine.unsqueeze(1).to(out.scalar_type());
-  return ReduceOwned(out, group);
+  return out * mine.unsqueeze(1).to(out.scalar_type());
+}
+}  // namespace
+
+at::Tensor VocabParallelEmbeddingToSequenceShard(const at::Tensor& ids, const at::Tensor& weight,
+                                                 TensorParallelGroup& group) {
+  if (group.size() == 1) return weight.index_select(0, ids);
+  return ReduceScatterToSequenceParallelRegion(PartialEmbedding(ids, weight, group), group);
+}
+
+at::Tensor VocabParallelEmbedding(const at::Tensor& ids, const at::Tensor& weight,
+                                  TensorParallelGroup& group) {
+  if (group.size() == 1) return weight.index_select(0, ids);  // [T, hidden]
+  // Ids owned by another rank read row 0 and are zeroed; the all-reduce fills them in. The
+  // gradient of the sum is the output's gradient (replicated), masked to this rank's rows.
+  return ReduceOwned(PartialEmbedding(ids, weight, group), group);
 }
 
 at::Tensor VocabParallelLmHead(const at::Tensor& hidden, const at::Tensor& weight,

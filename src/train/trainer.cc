@@ -263,6 +263,9 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   SLIME_ASSIGN_OR_RETURN(std::unique_ptr<model::DecoderModel> model,
                          model::DecoderModel::Load(options.model_dir, dtype, options.device, tp,
                                                    pp_rank, pp_size));
+  // train.sequence_parallel (resolved off at TP size 1): the residual stream and norms keep
+  // 1/TP of the tokens per rank between the parallel layers (model/tensor_parallel.h).
+  model->set_sequence_parallel(config.train.sequence_parallel);
 
   BatchingOptions batching = MakeBatchingOptions(config.train, model->config(), options.dp_size);
   SLIME_RETURN_IF_ERROR(ValidateBatchingOptions(batching));

@@ -399,11 +399,12 @@ std::vector<model::ParamSpec> Specs(const std::string& model_dir) {
 // Compares a TP × DP run with the TP=1 one: metrics per step, gathered weights, replicated
 // parameters equal on the TP ranks.
 void ExpectMatchesOneRank(int tp, int dp, bool llama = false, const Placement& where = {},
-                          bool zero = false) {
+                          bool sequence_parallel = false, bool zero = false) {
   TempDir dir;
   const std::string model_dir = MakeTpModelDir(dir, 14, llama);
   config::Config c = TpConfig();
-  c.train.use_distributed_optimizer = zero;  // no effect on the one-rank trainer
+  c.train.sequence_parallel = sequence_parallel;  // the TP=1 reference ignores it
+  c.train.use_distributed_optimizer = zero;       // no effect on the one-rank trainer
   const RolloutBatch batch = MakeBatch(8, 15);
   constexpr int kRollouts = 2;
 
@@ -484,10 +485,21 @@ TEST(TensorParallelGpuTest, TwoByTwoGpusWithTheDistributedOptimizerMatchOneGpuIn
   where.cuda = true;
   where.dtype = torch::kBFloat16;
   where.tol = 3e-2;
-  ExpectMatchesOneRank(2, 2, /*llama=*/true, where, /*zero=*/true);
+  ExpectMatchesOneRank(2, 2, /*llama=*/true, where, /*sequence_parallel=*/false, /*zero=*/true);
 }
 #else
 TEST(TensorParallelTrainerTest, TwoTensorParallelRanksMatchOneRank) { ExpectMatchesOneRank(2, 1); }
+
+// Sequence parallelism: the residual stream and norms hold half the tokens per rank (the
+// micro-batches have an odd token count, so the shards are uneven); same function, same
+// gradients (the norm weights' partial gradients summed over the TP ranks).
+TEST(TensorParallelTrainerTest, SequenceParallelMatchesOneRank) {
+  ExpectMatchesOneRank(2, 1, /*llama=*/false, {}, /*sequence_parallel=*/true);
+}
+
+TEST(TensorParallelTrainerTest, SequenceParallelWithBiasesTiedEmbeddingsAndDataParallel) {
+  ExpectMatchesOneRank(2, 2, /*llama=*/true, {}, /*sequence_parallel=*/true);
+}
 
 TEST(TensorParallelTrainerTest, TwoTensorParallelRanksMatchOneRankWithBiasesAndTiedEmbeddings) {
   ExpectMatchesOneRank(2, 1, /*llama=*/true);
@@ -502,7 +514,12 @@ TEST(TensorParallelTrainerTest, TwoByTwoTensorAndDataParallelMatchesOneRank) {
 // parameters once), so clipping and the updated weights equal the single rank's. Tied
 // embeddings and biases (replicated row-parallel biases) included.
 TEST(TensorParallelTrainerTest, TwoByTwoWithTheDistributedOptimizerMatchesOneRank) {
-  ExpectMatchesOneRank(2, 2, /*llama=*/true, {}, /*zero=*/true);
+  ExpectMatchesOneRank(2, 2, /*llama=*/true, {}, /*sequence_parallel=*/false, /*zero=*/true);
+}
+
+// The same with sequence parallelism.
+TEST(TensorParallelTrainerTest, TwoByTwoWithTheDistributedOptimizerAndSequenceParallelism) {
+  ExpectMatchesOneRank(2, 2, /*llama=*/true, {}, /*sequence_parallel=*/true, /*zero=*/true);
 }
 
 // A checkpoint saved at TP=2 × DP=2 with ZeRO-1 (the DP shards gathered, then the TP shards;

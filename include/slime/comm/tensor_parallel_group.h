@@ -32,6 +32,7 @@ class ProcessGroupTensorParallel final : public model::TensorParallelGroup {
   int size() const override { return group_->world_size(); }
   void AllReduceSum(at::Tensor& tensor) override;
   at::Tensor AllGather(const at::Tensor& tensor, int64_t dim) override;
+  at::Tensor ReduceScatterSum(const at::Tensor& tensor) override;  // one c10d reduce-scatter
   ProcessGroup& process_group() { return *group_; }
 
  private:

@@ -69,6 +69,15 @@ class DecoderModel {
   int64_t local_heads() const { return config_.num_attention_heads / tp_->size(); }
   int64_t local_kv_heads() const { return config_.num_key_value_heads / tp_->size(); }
 
+  // Sequence parallelism inside the TP group (tensor_parallel.h): the residual stream, the norms
+  // and the embedding output hold this rank's SequenceShardOf(T) rows between the parallel
+  // layers; every forward still returns the full [T, hidden] (gathered at the end of the
+  // stage), so the LM head, log-probs and pipeline transfers are unchanged. Training memory
+  // only: the forward computes the same function. No effect at TP size 1 or in the fused
+  // inference path.
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+  bool sequence_parallel() const { return sequence_parallel_ && tp_->size() > 1; }
+
   void set_attention_impl(AttentionImpl impl) { attention_impl_ = impl; }
   AttentionImpl attention_impl() const { return attention_impl_; }
 
@@ -142,6 +151,7 @@ class DecoderModel {
   torch::Device device_;
   torch::Tensor inv_freq_;  // [head_dim / 2] float32 on device_
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
+  bool sequence_parallel_ = false;
 };
 
 // RoPE inverse frequencies [head_dim / 2] (float32, CPU) for the config's rope type, computed as

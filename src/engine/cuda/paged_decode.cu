@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cstdlib>
 
 #include "dtype.cuh"
 #include "pdl.cuh"
@@ -81,6 +82,42 @@ __device__ __forceinline__ void NormRopeHead(const T* __restrict__ head, const f
     const float rot = lane < 16 ? -partner : partner;
     out[j] = To<T>(R<T>(x[j] * c[j]) + R<T>(rot * s[j]));
   }
+}
+
+// Split-K merge of one output element: every split's (max, sum, accumulator) partial of head
+// `hp` (splits <= kMaxSplits) combined into one value. The loads of all splits are issued before
+// any is used (one memory round trip instead of one per split: the loop bound is a compile-time
+// constant and the split count a predicate); the arithmetic runs in split order, so the result
+// is the same as a plain loop over the splits. CG: read through L2 (written by other blocks).
+constexpr int kMaxSplits = 16;
+
+template <bool CG>
+__device__ __forceinline__ float MergeSplitPartials(const float* hp, int splits, int d, int D) {
+  float ms[kMaxSplits], ls[kMaxSplits], as[kMaxSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    if (s < splits) {
+      const float* ps = hp + s * (D + 2);
+      ms[s] = CG ? __ldcg(ps + D) : ps[D];
+      ls[s] = CG ? __ldcg(ps + D + 1) : ps[D + 1];
+      as[s] = CG ? __ldcg(ps + d) : ps[d];
+    }
+  }
+  float mx = -FLT_MAX;
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    if (s < splits) mx = fmaxf(mx, ms[s]);
+  }
+  float num = 0.f, den = 0.f;
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    if (s < splits) {
+      const float f = ls[s] > 0.f ? __expf(ms[s] - mx) : 0.f;
+      num += f * as[s];
+      den += f * ls[s];
+    }
+  }
+  return den > 0.f ? num / den : 0.f;
 }
 
 // PREFETCH is a template parameter, not a flag: with a run-time flag the main loop's loads became
@@ -294,36 +331,30 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  if (splits == 1 || counters == nullptr) return;
-  // The last block of this (sequence, KV head) to arrive merges every split's partials (the
-  // classic threadfence-reduction pattern: publish, fence, count; the last reader fences again
-  // and reads through L2).
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  int32_t* counter = counters + static_cast<int64_t>(b) * num_kv_heads + kvh;
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == splits - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const int g = idx / D;
-    const int d = idx % D;
-    const int64_t head = static_cast<int64_t>(b) * num_heads + kvh * G + g;
-    const float* hp = part + head * splits * (D + 2);
-    float mx = -FLT_MAX;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(hp + s * (D + 2) + D));
-    float num = 0.f, den = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      const float* ps = hp + s * (D + 2);
-      const float ls = __ldcg(ps + D + 1);
-      const float f = ls > 0.f ? __expf(__ldcg(ps + D) - mx) : 0.f;
-      num += f * __ldcg(ps + d);
-      den += f * ls;
+  // The in-kernel merge exists only in the split (PREFETCH) instantiations, so the kernels that
+  // large batches run carry none of its registers.
+  if constexpr (PREFETCH) {
+    if (splits == 1 || counters == nullptr) return;
+    // The last block of this (sequence, KV head) to arrive merges every split's partials (the
+    // classic threadfence-reduction pattern: publish, fence, count; the last reader fences again
+    // and reads through L2).
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    int32_t* counter = counters + static_cast<int64_t>(b) * num_kv_heads + kvh;
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+      const int g = idx / D;
+      const int d = idx % D;
+      const int64_t head = static_cast<int64_t>(b) * num_heads + kvh * G + g;
+      FromFloat(MergeSplitPartials<true>(part + head * splits * (D + 2), splits, d, D),
+                out + head * D + d);
     }
-    FromFloat(den > 0.f ? num / den : 0.f, out + head * D + d);
+    if (threadIdx.x == 0) *counter = 0;
   }
-  if (threadIdx.x == 0) *counter = 0;
 }
 
 // Merges the splits' partials of one (sequence, head): one thread per element of the head.
@@ -333,28 +364,24 @@ __global__ void CombineSplitsKernel(const float* __restrict__ part, T* __restric
   slime::model::cuda::GridDependencyWait();
   slime::model::cuda::GridDependencyLaunch();
   const int64_t head = blockIdx.x;
-  const float* pp = part + head * splits * (d + 2);
-  float mx = -FLT_MAX;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, pp[s * (d + 2) + d]);
-  float num = 0.f, den = 0.f;
-  for (int s = 0; s < splits; ++s) {
-    const float* ps = pp + s * (d + 2);
-    const float f = ps[d + 1] > 0.f ? __expf(ps[d] - mx) : 0.f;
-    num += f * ps[threadIdx.x];
-    den += f * ps[d + 1];
-  }
-  FromFloat(den > 0.f ? num / den : 0.f, out + head * d + threadIdx.x);
+  FromFloat(MergeSplitPartials<false>(part + head * splits * (d + 2), splits,
+                                      static_cast<int>(threadIdx.x), d),
+            out + head * d + threadIdx.x);
 }
 
 template <typename T, int VEC>
 int LaunchVec(const PagedDecodeArgs& a, cudaStream_t stream) {
-  const int splits = a.num_splits > 1 && a.partials != nullptr ? a.num_splits : 1;
+  // At most kMaxSplits (PagedDecodeSplits never asks for more; fewer shares fit the caller's
+  // partials buffer too).
+  const int splits =
+      a.num_splits > 1 && a.partials != nullptr ? std::min(a.num_splits, kMaxSplits) : 1;
   static const bool merge_in_kernel = slime::model::cuda::DecodeFusionEnabled("attn_merge");
-  int32_t* counters = splits > 1 && merge_in_kernel ? a.split_counters : nullptr;
   // K/V prefetch before the grid dependency wait only for split (small) batches: a full grid
   // has no idle SMs for the early blocks to use.
   static const bool prefetch_enabled = slime::model::cuda::DecodeFusionEnabled("attn_prefetch");
   const bool prefetch = prefetch_enabled && splits > 1;
+  // The in-kernel merge comes with the prefetch instantiations (see the kernel's tail).
+  int32_t* counters = splits > 1 && merge_in_kernel && prefetch ? a.split_counters : nullptr;
   const dim3 grid(a.num_kv_heads, a.batch, splits);
   const dim3 block(kWarps * 32);
   const T* q = static_cast<const T*>(a.q);
@@ -422,9 +449,15 @@ int Launch(const PagedDecodeArgs& a, cudaStream_t stream) {
 }  // namespace
 
 int PagedDecodeSplits(int batch, int num_kv_heads) {
+  // Blocks aimed for (SLIME_DECODE_SPLIT_TARGET overrides, to measure other split counts).
+  static const int target = [] {
+    const char* env = std::getenv("SLIME_DECODE_SPLIT_TARGET");
+    const int v = env != nullptr ? std::atoi(env) : 0;
+    return v > 0 ? v : 256;
+  }();
   const int blocks = batch * num_kv_heads;
   if (blocks >= 128) return 1;
-  return std::min(16, (256 + blocks - 1) / blocks);
+  return std::max(1, std::min(kMaxSplits, (target + blocks - 1) / blocks));
 }
 
 bool PagedDecodeRawQkvEnabled(int64_t rows) {

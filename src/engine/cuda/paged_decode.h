@@ -62,7 +62,9 @@ struct PagedDecodeArgs {
 };
 
 // The split count the engine uses for a decode batch (fixed per batch size, so CUDA graphs
-// captured per size keep it): 1 once batch * kv_heads fills the GPU.
+// captured per size keep it): about 256 blocks in all, at most 16 splits, 1 once
+// batch * kv_heads fills the GPU. SLIME_DECODE_SPLIT_TARGET=N aims for N blocks instead (to
+// measure other split counts; read once).
 int PagedDecodeSplits(int batch, int num_kv_heads);
 inline int64_t PagedDecodePartialFloats(int batch, int num_heads, int head_dim, int splits) {
   return static_cast<int64_t>(batch) * num_heads * splits * (head_dim + 2);

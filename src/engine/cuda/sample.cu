@@ -4,9 +4,10 @@
 // (fixed, so a row's result never depends on the batch size).
 //   1. ChunkStats, one block per (row, chunk): max and sum of exp of x / t over the chunk, and
 //      the chunk's argmax of x.
-//   2. Pick, one block per row: log Z from the chunk stats; greedy rows take the argmax; sampled
-//      rows find the chunk holding u * total from the chunk masses s_c exp(m_c - log Z), then
-//      the token inside it by a block scan of exp(x / t - log Z).
+//   2. Pick, one block per row: log Z from the chunk stats (warp 0, a chunk per lane); greedy
+//      rows take the argmax; sampled rows find the chunk holding u * total from the chunk masses
+//      s_c exp(m_c - log Z) (a warp scan), then the token inside it by a block scan of
+//      exp(x / t - log Z).
 #include "sample.h"
 
 #include <cuda_runtime.h>
@@ -69,19 +70,23 @@ __global__ void __launch_bounds__(kStatThreads)
   const int hi = min(vocab, lo + len);
   const float* x = logits + static_cast<int64_t>(row) * row_stride;
   const float t = Temperature(params, row);
+  // Two passes over the thread's elements, each with independent loads (the second hits L1/L2):
+  // the max and argmax of x (x / t is monotone in x for t > 0, so max(x / t) = max(x) / t),
+  // then the sum of exp(x / t - m).
   ChunkStat st{-FLT_MAX, 0.f, -FLT_MAX, vocab};
+#pragma unroll 8
   for (int i = lo + static_cast<int>(threadIdx.x); i < hi; i += kStatThreads) {
     const float raw = x[i];
-    const float v = raw / t;
-    if (v > st.m) {
-      st.s = st.m == -FLT_MAX ? 1.f : st.s * expf(st.m - v) + 1.f;
-      st.m = v;
-    } else {
-      st.s += expf(v - st.m);
-    }
     if (raw > st.av) {  // strided: a thread's first hit is its lowest index
       st.av = raw;
       st.ai = i;
+    }
+  }
+  if (st.av != -FLT_MAX) {
+    st.m = st.av / t;
+#pragma unroll 8
+    for (int i = lo + static_cast<int>(threadIdx.x); i < hi; i += kStatThreads) {
+      st.s += expf(x[i] / t - st.m);
     }
   }
 #pragma unroll
@@ -116,32 +121,44 @@ __global__ void __launch_bounds__(kPickThreads)
   const ChunkStat* rs = stats + row * kChunks;
   const int len = (vocab + kChunks - 1) / kChunks;
 
-  if (threadIdx.x == 0) {
-    ChunkStat all = rs[0];
-    for (int c = 1; c < kChunks; ++c) Merge(all, rs[c]);
+  // Warp 0 combines the kChunks chunk stats, one per lane (a shuffle tree, lane 0's result
+  // broadcast), and for sampled rows finds the chunk whose running mass passes u * total by a
+  // warp scan of the chunk masses in chunk order and a ballot.
+  static_assert(kChunks == 32, "one chunk per lane of warp 0");
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    const ChunkStat mine = rs[lane];
+    ChunkStat all = mine;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) Merge(all, ShuffleXor(all, o));
+    all.m = __shfl_sync(0xffffffffu, all.m, 0);
+    all.s = __shfl_sync(0xffffffffu, all.s, 0);
+    all.ai = __shfl_sync(0xffffffffu, all.ai, 0);
     const float logz = all.m + logf(all.s);
-    sh_logz = logz;
-    sh_token = all.ai < vocab ? all.ai : 0;
     if (!greedy) {
-      // Chunk masses in order; the chunk whose running mass passes u * total.
-      float total = 0.f;
-      for (int c = 0; c < kChunks; ++c) {
-        total += rs[c].m == -FLT_MAX ? 0.f : rs[c].s * expf(rs[c].m - logz);
+      const float mass = mine.m == -FLT_MAX ? 0.f : mine.s * expf(mine.m - logz);
+      float incl = mass;  // inclusive prefix sum of the masses up to this chunk
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
       }
+      const float total = __shfl_sync(0xffffffffu, incl, 31);
       const float target = u * total;
-      float before = 0.f;
-      int chosen = kChunks - 1;
-      for (int c = 0; c < kChunks; ++c) {
-        const float mass = rs[c].m == -FLT_MAX ? 0.f : rs[c].s * expf(rs[c].m - logz);
-        if (before + mass > target && mass > 0.f) {
-          chosen = c;
-          break;
-        }
-        before += mass;
+      const float up = __shfl_up_sync(0xffffffffu, incl, 1);
+      const float before = lane == 0 ? 0.f : up;  // the masses of the chunks before this one
+      const unsigned hit = __ballot_sync(0xffffffffu, before + mass > target && mass > 0.f);
+      const int chosen = hit != 0 ? __ffs(static_cast<int>(hit)) - 1 : kChunks - 1;
+      const float chosen_before = __shfl_sync(0xffffffffu, hit != 0 ? before : incl, chosen);
+      if (lane == 0) {
+        sh_chunk = chosen;
+        sh_before = chosen_before;
+        sh_target = target;
       }
-      sh_chunk = chosen;
-      sh_before = before;
-      sh_target = target;
+    }
+    if (lane == 0) {
+      sh_logz = logz;
+      sh_token = all.ai < vocab ? all.ai : 0;
     }
   }
   __syncthreads();
