@@ -12,7 +12,7 @@
 //     last stage's LM head copy and the gradient sum between the first and last stage); PP=2 ×
 //     DP=2; PP=2 × TP=2 (tensor-parallel stages: losses, gradient norm, the raw gradients and
 //     the weights with the TP shards gathered, vocab-parallel log-probs from the last stage;
-//     untied and tied); PP=2 ×
+//     untied and tied; with sequence parallelism); PP=2 ×
 //     DP=2 with the distributed optimizer (ZeRO-1 per stage);
 //   - a PP=2 checkpoint loads at PP=1 (weights bit for bit, AdamW moments: the continuation
 //     tracks the run that stayed at PP=1) and a PP=1 checkpoint at PP=2; the same between
@@ -31,6 +31,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "slime/comm/process_group.h"
@@ -414,12 +415,13 @@ std::vector<StageWeight> GatherStages(const std::vector<RankTensors>& ranks, con
 }
 
 // A PP × DP × TP run against the single-process trainer (with `zero` the distributed optimizer
-// over the DP ranks).
-void ExpectMatchesOneStage(const Grid& g, bool tied, bool zero = false) {
+// over the DP ranks, with `sp` sequence parallelism inside the TP groups).
+void ExpectMatchesOneStage(const Grid& g, bool tied, bool zero = false, bool sp = false) {
   TempDir dir;
   const std::string model_dir = MakePpModelDir(dir, 14, tied, g.tp);
   config::Config c = PpConfig();
   c.train.use_distributed_optimizer = zero;
+  c.train.sequence_parallel = sp;  // the one-rank reference ignores it
   const RolloutBatch batch = MakeBatch(8, 15);
   constexpr int kRollouts = 2;
 
@@ -448,6 +450,7 @@ void ExpectMatchesOneStage(const Grid& g, bool tied, bool zero = false) {
     auto trainer = Trainer::Create(std::move(o));
     ASSERT_TRUE(trainer.ok()) << "rank " << rank << ": " << trainer.status();
     EXPECT_EQ((*trainer)->optimizer().distributed(), zero && g.dp > 1);
+    EXPECT_EQ(std::as_const(**trainer).model().sequence_parallel(), sp && g.tp > 1);
     RecordGradients(**trainer, got[rank].grads);
     for (int r = 0; r < kRollouts; ++r) {
       auto result = (*trainer)->TrainRollout(r, batch);
@@ -583,6 +586,13 @@ TEST(PipelineParallelTrainerTest, TwoStagesTimesTwoTensorParallelMatchOneRank) {
 // stage's LM head copy of the same shard sum their gradients.
 TEST(PipelineParallelTrainerTest, TwoStagesTimesTwoTensorParallelWithTiedEmbeddingsMatchOneRank) {
   ExpectMatchesOneStage(Grid{2, 1, 2}, /*tied=*/true);
+}
+
+// PP × TP with sequence parallelism: inside a stage the residual stream is split along the
+// tokens over the TP ranks; between stages it travels whole (each stage gathers its output and
+// the next scatters its input).
+TEST(PipelineParallelTrainerTest, TwoStagesTimesTwoTensorParallelWithSequenceParallelism) {
+  ExpectMatchesOneStage(Grid{2, 1, 2}, /*tied=*/true, /*zero=*/false, /*sp=*/true);
 }
 
 // PP × ZeRO-1: each stage's DP group shards that stage's optimizer state.

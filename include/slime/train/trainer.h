@@ -106,10 +106,11 @@
 // and keeps its own parameters, so a checkpoint loads at any PP size.
 // PP × TP: every stage is tensor-parallel (options.tp_group: the ranks of the same stage and DP
 // index); the pipeline group joins the ranks of one TP index and DP index, so TP rank t of stage
-// s exchanges activations and their gradients with TP rank t of s±1. Without sequence
-// parallelism the hidden states between stages are full and identical on the TP ranks (the
-// row-parallel outputs are all-reduced), and so are the input gradients (the copy-to-region
-// all-reduces them), so the schedule is the PP=1 one per TP index. The loss and the log-probs
+// s exchanges activations and their gradients with TP rank t of s±1. The hidden states between
+// stages are full [T, hidden] and identical on the TP ranks (the row-parallel outputs are
+// all-reduced; with train.sequence_parallel a stage gathers its output's token shards and the
+// next stage scatters its input), and so are the input gradients, so the schedule is the PP=1
+// one per TP index. The loss and the log-probs
 // run vocab-parallel on the last stage; with tied embeddings the first stage's vocab shard of
 // the table and the last stage's copy of the same shard sum their gradients; the norm is the
 // TP sum per stage, then the PP sum. Save at PP > 1 and TP > 1: each stage's TP group gathers
