@@ -314,16 +314,17 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
           "(actor_num_nodes × actor_num_gpus_per_node) are PP × DP × TP ranks, rank = "
           "pp·DP·TP + dp·TP + tp; "
           "each TP group gathers its shards for checkpoints and for the weight sync (the engines "
-          "get full tensors). Not yet with advantage_estimator ppo or, at DP > 1, "
-          "use_distributed_optimizer.");
+          "get full tensors). Works with use_distributed_optimizer (each TP rank's DP group "
+          "shards that rank's tensors). Not yet with advantage_estimator ppo.");
   b.Add("pipeline_model_parallel_size", &TrainConfig::pipeline_model_parallel_size)
       .Slime("--pipeline-model-parallel-size")
       .Min(1)
       .Doc("Pipeline-parallel size of the trainer: the decoder layers are split into this many "
            "stages (at most the model's layer count), trained with the 1F1B schedule; trainer "
            "ranks are PP × DP × TP in Megatron's order (data-parallel size = actor GPUs / (TP × "
-           "PP × CP)). Not yet combined with tensor_model_parallel_size > 1, PPO, or "
-           "use_distributed_optimizer over several DP ranks (the trainers' init fails naming it).");
+           "PP × CP)); combines with tensor_model_parallel_size, sequence_parallel and "
+           "use_distributed_optimizer. Not yet with advantage_estimator ppo (the trainers' init "
+           "fails naming it).");
   b.Add("context_parallel_size", &TrainConfig::context_parallel_size)
       .Slime("--context-parallel-size")
       .Min(1)

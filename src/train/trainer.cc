@@ -246,21 +246,14 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
         config.train.pipeline_model_parallel_size, pp_size,
         pp_size == 1 ? " (TrainerOptions::pp_group is unset)" : ""));
   }
-  if (pp_size > 1) {
-    const char* unsupported = nullptr;
-    if (tp_size > 1) {
-      unsupported = "tensor parallelism at the same time (tensor-parallel size > 1)";
-    } else if (config.train.use_distributed_optimizer && options.dp_size > 1) {
-      unsupported = "train.use_distributed_optimizer over dp_size > 1 (ZeRO-1)";
-    } else if (estimator == AdvantageEstimator::kPpo && !sft) {
-      unsupported = "advantage_estimator ppo (the critic is single-stage)";
-    }
-    if (unsupported != nullptr) {
-      return absl::UnimplementedError(fmt::format(
-          "trainer: pipeline parallelism ({} stages) is not supported yet with {}; use one "
-          "pipeline stage or turn that off",
-          pp_size, unsupported));
-    }
+  // PP × TP: each stage's layers are tensor-parallel; the pipeline group joins the ranks of one
+  // TP index (the hidden states between stages are full on every TP rank). PP × ZeRO-1: each
+  // stage's DP group shards that stage's parameters.
+  if (pp_size > 1 && estimator == AdvantageEstimator::kPpo && !sft) {
+    return absl::UnimplementedError(fmt::format(
+        "trainer: pipeline parallelism ({} stages) is not supported yet with advantage_estimator "
+        "ppo (the critic is single-stage); use one pipeline stage or another estimator",
+        pp_size));
   }
 
   const torch::ScalarType dtype =
@@ -290,8 +283,10 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   });
   SLIME_RETURN_IF_ERROR(status);
   // The gradient norm: sharded parameters' squares summed over the TP group, replicated ones
-  // (identical on every TP rank) counted on TP rank 0 only (AdamWOptions::tp_rank); with the
-  // distributed optimizer each DP rank sums its shard and the DP all-reduce runs first.
+  // (identical on every TP rank) counted on TP rank 0 only (AdamWOptions::tp_rank), then the
+  // stages' sums over the PP group (a tied LM head copy not counted); with the distributed
+  // optimizer (ZeRO-1, also at TP > 1: each TP rank's DP group shards that rank's local
+  // tensors) each DP rank sums its shard and the DP all-reduce runs first.
   AdamWOptions adam = AdamWOptions::FromTrainConfig(config.train);
   adam.tp_rank = tp_rank;
   if (tp_size > 1 || pp_size > 1) {
@@ -302,11 +297,6 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
                           return pp->AllReduceSum(squared_norm);
                         });
     };
-  }
-  if (adam.distributed && options.dp_size > 1 && tp_size > 1) {
-    return absl::UnimplementedError(
-        "trainer: train.use_distributed_optimizer together with tensor parallelism "
-        "(tensor_model_parallel_size > 1) is not supported yet; turn one of them off");
   }
   if (adam.distributed && options.dp_size == 1) {
     spdlog::info(

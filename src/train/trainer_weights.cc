@@ -377,9 +377,6 @@ StatusOr<std::map<std::string, int>> StageOwners(const model::ModelConfig& confi
   return out;
 }
 
-// Every stage sends its parameters and AdamW state to stage 0, in HF parameter order (the tied
-// LM head copy is not sent: the first stage's table is the same); stage 0 writes the whole
-// model as a PP=1 checkpoint; a broadcast from stage 0 tells every stage the outcome.
 // The collective end of a save that one rank (`writer`, named `writer_name` in the error) wrote:
 // a one-element float64 flag, 1 where the writer succeeded and 0 elsewhere, goes through `share`
 // (a broadcast from the writer or a sum over the group), so every rank returns the writer's
@@ -406,9 +403,18 @@ StatusOr<std::string> AgreeOnSaveOutcome(
   return dir;
 }
 
+// Every stage sends its parameters and AdamW state to stage 0, in HF parameter order (the tied
+// LM head copy is not sent: the first stage's table is the same); stage 0 writes the whole
+// model as a PP=1 checkpoint; a broadcast from stage 0 tells every stage the outcome.
+// `weights` holds this stage's parameters as full tensors (the model's own at TP = 1, the
+// TP-gathered ones at TP > 1, where only TP rank 0 of each stage calls this); `state` is this
+// stage's optimizer state in the same per-parameter full form (gathered over DP and TP where
+// sharded), required when o.save_optimizer. `model` and `optimizer` give the config, the stage
+// and the optimizer's options.
 StatusOr<std::string> SavePipelined(SaveCheckpointOptions o, const TrainerProgress& progress,
-                                    const model::DecoderModel& model, const AdamW& optimizer,
-                                    model::PipelineParallelGroup& pp) {
+                                    const model::ModelWeights& weights,
+                                    const OptimizerState* state, const model::DecoderModel& model,
+                                    const AdamW& optimizer, model::PipelineParallelGroup& pp) {
   const model::ModelConfig& config = model.config();
   const model::PipelineStage& stage = model.stage();
   SLIME_ASSIGN_OR_RETURN(const auto owners, StageOwners(config, stage.size));
@@ -425,7 +431,7 @@ StatusOr<std::string> SavePipelined(SaveCheckpointOptions o, const TrainerProgre
       return absl::OkStatus();
     });
     SLIME_RETURN_IF_ERROR(made);
-    if (o.save_optimizer) {
+    if (o.save_optimizer && state != nullptr) {
       SLIME_ASSIGN_OR_RETURN(full_optimizer, FullSizeOptimizer(full, config, optimizer));
     }
     Status gathered = GuardTorch("trainer: gather the pipeline stages to save", [&]() -> Status {
@@ -434,17 +440,16 @@ StatusOr<std::string> SavePipelined(SaveCheckpointOptions o, const TrainerProgre
         torch::Tensor& dst = model::ParamSlot(full, spec);
         const int from = owners.at(spec.hf_name);
         if (from == 0) {
-          dst.copy_(model::ParamSlot(model.weights(), spec));
+          dst.copy_(model::ParamSlot(weights, spec));
         } else {
           SLIME_RETURN_IF_ERROR(pp.Recv(dst, from));
         }
       }
       if (full_optimizer == nullptr) return absl::OkStatus();
-      OptimizerState mine = optimizer.ExportState();
       std::map<std::string, torch::Tensor> own;
-      for (const model::NamedTensor& nt : mine.tensors) own[nt.name] = nt.tensor;
-      OptimizerState state = full_optimizer->ExportState();  // shares the full state's storage
-      for (model::NamedTensor& nt : state.tensors) {
+      for (const model::NamedTensor& nt : state->tensors) own[nt.name] = nt.tensor;
+      OptimizerState full_state = full_optimizer->ExportState();  // shares its storage
+      for (model::NamedTensor& nt : full_state.tensors) {
         const int from = owners.at(StateParam(nt.name));
         if (from != 0) {
           SLIME_RETURN_IF_ERROR(pp.Recv(nt.tensor, from));
@@ -456,8 +461,8 @@ StatusOr<std::string> SavePipelined(SaveCheckpointOptions o, const TrainerProgre
         }
         nt.tensor.copy_(it->second);
       }
-      state.step = mine.step;
-      return full_optimizer->ImportState(state);
+      full_state.step = state->step;
+      return full_optimizer->ImportState(full_state);
     });
     if (gathered.ok()) {
       dir = SaveTrainerCheckpoint(o, full, config, full_optimizer.get(), progress);
@@ -469,10 +474,10 @@ StatusOr<std::string> SavePipelined(SaveCheckpointOptions o, const TrainerProgre
       torch::NoGradGuard no_grad;
       for (const model::ParamSpec& spec : model::StageParameterSpecs(config, stage)) {
         if (spec.hf_name == tied_copy) continue;
-        SLIME_RETURN_IF_ERROR(pp.Send(model::ParamSlot(model.weights(), spec).detach(), 0));
+        SLIME_RETURN_IF_ERROR(pp.Send(model::ParamSlot(weights, spec).detach(), 0));
       }
-      if (!o.save_optimizer) return absl::OkStatus();
-      for (const model::NamedTensor& nt : optimizer.ExportState().tensors) {
+      if (!o.save_optimizer || state == nullptr) return absl::OkStatus();
+      for (const model::NamedTensor& nt : state->tensors) {
         if (!tied_copy.empty() && StateParam(nt.name) == tied_copy) continue;
         SLIME_RETURN_IF_ERROR(pp.Send(nt.tensor, 0));
       }
@@ -561,34 +566,37 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
   progress.rollout_id = rollout_id;
   progress.lr_scheduler_json = LrStateToJson(lr_scheduler_.State()).dump();
   progress.data_source_json = extra_state_json;
-  if (!model_->stage().whole()) {
-    return SavePipelined(o, progress, *model_, *optimizer_, *options_.pp_group);
-  }
   model::TensorParallelGroup& tp = model_->tp_group();
-  if (tp.size() == 1) {
+  const model::PipelineStage& stage = model_->stage();
+  if (tp.size() == 1 && stage.whole()) {
     return SaveTrainerCheckpoint(o, model_->weights(), model_->config(), optimizer_.get(),
                                  progress);
   }
-  // TP > 1: every rank gathers the full weights (and optimizer state) to the CPU; TP rank 0
-  // writes them as a TP=1 checkpoint; one all-reduce tells every rank whether that worked.
+  // TP > 1 and / or PP > 1: this stage's parameters and optimizer state as full tensors —
+  // gathered over the TP group to the CPU at TP > 1 (every TP rank of the stage takes part),
+  // the model's own tensors at TP = 1.
   const model::ModelConfig& config = model_->config();
   const std::map<std::string, int64_t> dims = ShardDims(config);
+  auto full_tensor = [&](const torch::Tensor& t, int64_t dim) {
+    return tp.size() == 1 ? t.detach() : Gather(t, dim, tp);
+  };
   model::ModelWeights full;
-  OptimizerState full_state;
-  Status tp_gathered = GuardTorch("trainer: gather the tensor-parallel shards to save", [&]() -> Status {
+  std::optional<OptimizerState> full_state;
+  Status tp_gathered = GuardTorch("trainer: gather this stage's shards to save", [&]() -> Status {
     full.layers.resize(config.num_hidden_layers);
-    for (const model::ParamSpec& spec : model::ParameterSpecs(config)) {
-      model::ParamSlot(full, spec) =
-          Gather(model::ParamSlot(model_->weights(), spec), static_cast<int64_t>(spec.shard), tp);
+    for (const model::ParamSpec& spec : model::StageParameterSpecs(config, stage)) {
+      model::ParamSlot(full, spec) = full_tensor(model::ParamSlot(model_->weights(), spec),
+                                                 static_cast<int64_t>(spec.shard));
     }
     if (config.tie_word_embeddings) full.lm_head = full.embed_tokens;
     if (o.save_optimizer) {
-      OptimizerState state = gathered ? *gathered : optimizer_->ExportState();
-      full_state.step = state.step;
+      const OptimizerState state = gathered ? *gathered : optimizer_->ExportState();
+      full_state.emplace();
+      full_state->step = state.step;
       for (const model::NamedTensor& nt : state.tensors) {
         auto it = dims.find(StateParam(nt.name));
-        full_state.tensors.push_back(
-            {nt.name, Gather(nt.tensor, it == dims.end() ? -1 : it->second, tp)});
+        full_state->tensors.push_back(
+            {nt.name, full_tensor(nt.tensor, it == dims.end() ? -1 : it->second)});
       }
     }
     return absl::OkStatus();
@@ -597,16 +605,27 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
   o.optimizer_state = nullptr;  // the full-size optimizer below carries the state
   StatusOr<std::string> dir =
       (std::filesystem::path(save_dir) / IterationDirName(rollout_id)).string();
-  if (tp.rank() == 0) {
+  if (!stage.whole()) {
+    // PP > 1: TP rank 0 of every stage takes part in the pipeline gather to stage 0 (its PP
+    // group); stage 0's TP rank 0 writes.
+    if (tp.rank() == 0) {
+      dir = SavePipelined(o, progress, full, full_state ? &*full_state : nullptr, *model_,
+                          *optimizer_, *options_.pp_group);
+    }
+    if (tp.size() == 1) return dir;
+  } else if (tp.rank() == 0) {
+    // PP = 1, TP > 1: TP rank 0 writes the gathered model as a TP=1 checkpoint.
     std::unique_ptr<AdamW> full_optimizer;
-    if (o.save_optimizer) {
+    if (full_state) {
       auto created = FullSizeOptimizer(full, config, *optimizer_);
       if (created.ok()) full_optimizer = std::move(*created);
-      Status imported = created.ok() ? full_optimizer->ImportState(full_state) : created.status();
+      Status imported = created.ok() ? full_optimizer->ImportState(*full_state) : created.status();
       if (!imported.ok()) dir = imported;
     }
     if (dir.ok()) dir = SaveTrainerCheckpoint(o, full, config, full_optimizer.get(), progress);
   }
+  // One all-reduce tells every TP rank whether TP rank 0's part (the write, or at PP > 1 the
+  // pipeline's outcome) worked.
   return AgreeOnSaveOutcome(dir, tp.rank() == 0, "tensor-parallel rank 0", o,
                             [&](torch::Tensor& flag) -> Status {
                               flag = flag.to(model_->device());

@@ -821,7 +821,16 @@ TEST_F(DriverE2eTest, TensorParallelTrainersMatchOneTrainerAndSyncFullWeights) {
     ASSERT_EQ(train.Wait(std::chrono::seconds(400)), 0) << name << "\nstdout:\n"
                                                         << train.out() << "\nstderr:\n"
                                                         << ReadLogs(run / "run", train);
-    if (trainers == 4) {
+    if (name == "pp2tp2") {
+      const std::string logs = ReadLogs(run / "run", train);
+      EXPECT_NE(logs.find("tensor-parallel size 2 × data-parallel size 1 × pipeline-parallel "
+                          "size 2"),
+                std::string::npos)
+          << logs;
+      // Rank 2 = TP rank 0 of stage 1 (TP runs fastest, then DP, then the stage).
+      EXPECT_NE(logs.find("dp rank 0/1, tp rank 0/2, pp stage 1/2"), std::string::npos) << logs;
+    }
+    if (name == "pp2dp2") {
       const std::string logs = ReadLogs(run / "run", train);
       EXPECT_NE(logs.find("tensor-parallel size 2 × data-parallel size 2"), std::string::npos)
           << logs;
@@ -887,7 +896,8 @@ TEST_F(DriverE2eTest, TensorParallelTrainersSyncThroughTheDiskTransport) {
 //      sends the table). After rollout 0 the engines' log-probs of rollout 1's samples equal the
 //      trainer's recomputed ones, so both stages' updated layers reached them.
 //   B. the same rollouts (saved by A) trained by one trainer (PP 1), and
-//   C. by four trainers at PP 2 × DP 2 (two pipelines, two DP groups of one stage each):
+//   C. by four trainers at PP 2 × DP 2 (two pipelines, two DP groups of one stage each), and
+//   D. by four trainers at PP 2 × TP 2 (two tensor-parallel stages):
 // the same per-step loss, pg_loss, entropy_loss and grad_norm within float32 tolerance, and one
 // checkpoint (a whole model: it loads at any layout).
 TEST_F(DriverE2eTest, PipelineParallelTrainersMatchOneTrainerAndSyncFullWeights) {
@@ -929,8 +939,8 @@ TEST_F(DriverE2eTest, PipelineParallelTrainersMatchOneTrainerAndSyncFullWeights)
     }
     EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "latest_checkpointed_iteration.txt"));
   }
-  for (const auto& [name, trainers, pp] :
-       std::vector<std::tuple<std::string, int, int>>{{"pp1", 1, 1}, {"pp2dp2", 4, 2}}) {
+  for (const auto& [name, trainers, pp, tp] : std::vector<std::tuple<std::string, int, int, int>>{
+           {"pp1", 1, 1, 1}, {"pp2dp2", 4, 2, 1}, {"pp2tp2", 4, 2, 2}}) {
     const fs::path run = dir_ / name;
     fs::create_directories(run);
     std::vector<std::string> args = {
@@ -940,6 +950,7 @@ TEST_F(DriverE2eTest, PipelineParallelTrainersMatchOneTrainerAndSyncFullWeights)
         "--set",    "cluster.rollout_num_gpus=0",
         "--set",    "cluster.actor_num_gpus_per_node=" + std::to_string(trainers),
         "--set",    "train.pipeline_model_parallel_size=" + std::to_string(pp),
+        "--set",    "train.tensor_model_parallel_size=" + std::to_string(tp),
         "--set",    "cluster.run_dir=" + (run / "run").string(),
         "--set",    "checkpoint.save=" + (run / "ckpt").string(),
         "--set",    "checkpoint.load=" + (run / "ckpt").string()};
@@ -948,7 +959,16 @@ TEST_F(DriverE2eTest, PipelineParallelTrainersMatchOneTrainerAndSyncFullWeights)
     ASSERT_EQ(train.Wait(std::chrono::seconds(400)), 0) << name << "\nstdout:\n"
                                                         << train.out() << "\nstderr:\n"
                                                         << ReadLogs(run / "run", train);
-    if (trainers == 4) {
+    if (name == "pp2tp2") {
+      const std::string logs = ReadLogs(run / "run", train);
+      EXPECT_NE(logs.find("tensor-parallel size 2 × data-parallel size 1 × pipeline-parallel "
+                          "size 2"),
+                std::string::npos)
+          << logs;
+      // Rank 2 = TP rank 0 of stage 1 (TP runs fastest, then DP, then the stage).
+      EXPECT_NE(logs.find("dp rank 0/1, tp rank 0/2, pp stage 1/2"), std::string::npos) << logs;
+    }
+    if (name == "pp2dp2") {
       const std::string logs = ReadLogs(run / "run", train);
       EXPECT_NE(logs.find("data-parallel size 2 × pipeline-parallel size 2"), std::string::npos)
           << logs;
@@ -966,7 +986,7 @@ TEST_F(DriverE2eTest, PipelineParallelTrainersMatchOneTrainerAndSyncFullWeights)
   }
   const std::map<int64_t, Json>& one = steps["pp1"];
   ASSERT_EQ(one.size(), 2u);
-  for (const std::string run : {"pp2", "pp2dp2"}) {
+  for (const std::string run : {"pp2", "pp2dp2", "pp2tp2"}) {
     ASSERT_EQ(steps[run].size(), one.size()) << run;
     for (const auto& [step, ref] : one) {
       ASSERT_TRUE(steps[run].count(step)) << run << " step " << step;
@@ -1060,8 +1080,8 @@ TEST_F(DriverE2eTest, APipelineParallelTrainerResyncsARestartedEngine) {
 
 // Layouts the trainers cannot run fail with errors that name the settings: a trainer count that
 // train.pipeline_model_parallel_size does not divide (before any worker starts), and pipeline
-// parallelism with tensor parallelism (not supported yet: the trainers refuse at init, and the
-// job fails with their error).
+// parallelism with the PPO critic (not supported yet: the trainers refuse at init, and the job
+// fails with their error).
 TEST_F(DriverE2eTest, BadPipelineLayoutsFailNamingTheSettings) {
   // Train-only (no engines): the rollouts would come from files, but init fails first.
   const fs::path config = WriteConfig(
@@ -1080,19 +1100,19 @@ TEST_F(DriverE2eTest, BadPipelineLayoutsFailNamingTheSettings) {
     EXPECT_EQ(err.find("started trainer-"), std::string::npos) << "no worker: " << err;
   }
   {
-    const fs::path run_dir = dir_ / "pptp";
+    const fs::path run_dir = dir_ / "ppppo";
     fs::create_directories(run_dir);
-    Child run({"--config", config.string(), "--set", "cluster.actor_num_gpus_per_node=4", "--set",
+    Child run({"--config", config.string(), "--set", "cluster.actor_num_gpus_per_node=2", "--set",
                "cluster.rollout_num_gpus=0", "--set", "train.pipeline_model_parallel_size=2",
-               "--set", "train.tensor_model_parallel_size=2", "--set",
+               "--set", "algorithm.advantage_estimator=ppo", "--set",
                "cluster.run_dir=" + (run_dir / "run").string()},
               run_dir);
     std::optional<int> code = run.Wait(std::chrono::seconds(300));
     ASSERT_TRUE(code.has_value());
     EXPECT_NE(*code, 0);
     const std::string logs = ReadLogs(run_dir / "run", run);
-    EXPECT_NE(logs.find("pipeline parallelism (2 stages) is not supported yet with tensor "
-                        "parallelism"),
+    EXPECT_NE(logs.find("pipeline parallelism (2 stages) is not supported yet with "
+                        "advantage_estimator ppo"),
               std::string::npos)
         << logs;
   }

@@ -10,12 +10,20 @@
 //     the 1F1B warm-up / steady / cool-down phases all run; the same metrics on every stage,
 //     the same updated weights, the same forward-only log-probs; with tied embeddings too (the
 //     last stage's LM head copy and the gradient sum between the first and last stage); PP=2 ×
-//     DP=2;
+//     DP=2; PP=2 × TP=2 (tensor-parallel stages: losses, gradient norm, the raw gradients and
+//     the weights with the TP shards gathered, vocab-parallel log-probs from the last stage;
+//     untied and tied; with sequence parallelism); PP=2 ×
+//     DP=2 with the distributed optimizer (ZeRO-1 per stage);
 //   - a PP=2 checkpoint loads at PP=1 (weights bit for bit, AdamW moments: the continuation
-//     tracks the run that stayed at PP=1) and a PP=1 checkpoint at PP=2;
-//   - the weight export (FullParameter) at PP=2 / PP=3, tied and untied: every full tensor
-//     reaches stage 0 once, bit for bit;
-//   - Create's refusals: fewer layers than stages, PP × TP, PP × PPO.
+//     tracks the run that stayed at PP=1) and a PP=1 checkpoint at PP=2; the same between
+//     PP=1 × TP=1 and PP=2 × TP=2, and PP=2 × TP=2 × DP=2 with ZeRO-1; a failed write at
+//     PP=2 × TP=2 fails the save on every rank;
+//   - the weight export (FullParameter) at PP=2 / PP=3, tied and untied, and PP=2 × TP=2:
+//     every full tensor reaches stage 0 once, bit for bit;
+//   - Create's refusals: fewer layers than stages, PP × PPO.
+// Built a second time with SLIME_PP_GPU_TEST (target train_pipeline_parallel_gpu_test, label
+// gpu): then only the CUDA case runs — PP=2 × TP=2 (tied embeddings) with NCCL on cuda:0..3 in
+// bfloat16 against one rank on cuda:0; it skips with fewer than four CUDA devices.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -33,6 +41,7 @@
 #include "slime/model/decoder.h"
 #include "slime/model/pipeline_parallel.h"
 #include "slime/model/weights.h"
+#include "slime/train/optimizer.h"
 #include "slime/train/trainer.h"
 #include "trainer_test_util.h"
 
@@ -52,11 +61,14 @@ void Replace(std::string& json, const std::string& from, const std::string& to) 
 
 // The tiny Qwen3 (untied, q/k norms) with 4 layers, or the tiny Qwen2 (tied embeddings, q/k/v
 // biases) with 2 layers, as an HF directory with random float32 weights.
-std::string MakePpModelDir(const TempDir& dir, uint64_t seed, bool tied = false) {
+// With tp > 1 the vocabulary is 104 (it splits over the TP ranks).
+std::string MakePpModelDir(const TempDir& dir, uint64_t seed, bool tied = false, int tp = 1) {
   std::string json =
       tied ? model::testing::TinyQwen2ConfigJson() : model::testing::TinyQwen3ConfigJson();
   if (!tied) Replace(json, "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 4");
-  if (tied) Replace(json, "\"vocab_size\": 97", "\"vocab_size\": 101");  // MakeBatch's ids
+  const std::string vocab = tp > 1 ? "\"vocab_size\": 104" : "\"vocab_size\": 101";
+  if (tied) Replace(json, "\"vocab_size\": 97", vocab);  // MakeBatch's ids
+  if (!tied && tp > 1) Replace(json, "\"vocab_size\": 101", vocab);
   const std::string path = dir.Join(tied ? "tied" : "m");
   auto config = model::ParseModelConfigJson(json, "tiny");
   EXPECT_TRUE(config.ok()) << config.status();
@@ -71,9 +83,12 @@ std::string MakePpModelDir(const TempDir& dir, uint64_t seed, bool tied = false)
 void ExpectClose(const torch::Tensor& got, const torch::Tensor& want, const std::string& what,
                  double tol) {
   ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  EXPECT_LT((got - want).abs().max().item<double>(), tol) << what;
+  const torch::Tensor diff =
+      got.to(torch::kCPU, torch::kFloat32) - want.to(torch::kCPU, torch::kFloat32);
+  EXPECT_LT(diff.abs().max().item<double>(), tol) << what;
 }
 
+#ifndef SLIME_PP_GPU_TEST  // the stage tests run in the CPU target only
 // ---- stages
 
 TEST(PipelineStageTest, SplitsLayersEvenlyAndRefusesMoreStagesThanLayers) {
@@ -180,17 +195,22 @@ TEST(PipelineStageTest, ChainedStagesWithTiedEmbeddingsMatchTheWholeModel) {
   ExpectStagesMatchTheWholeModel(true);
 }
 
+#endif  // SLIME_PP_GPU_TEST
+
 // ---- the trainer over Gloo groups
 
 // groups[k] lists global ranks; returns, per global rank, its joined ProcessGroup of each group
 // it is in (in the order of `groups`).
+// With `cuda`, NCCL groups and global rank r on cuda:r.
 std::vector<std::vector<std::shared_ptr<comm::ProcessGroup>>> JoinGroups(
-    int world, const std::vector<std::vector<int>>& groups, const std::string& name) {
+    int world, const std::vector<std::vector<int>>& groups, const std::string& name,
+    bool cuda = false) {
   std::vector<std::vector<std::shared_ptr<comm::ProcessGroup>>> out(world);
   for (size_t g = 0; g < groups.size(); ++g) {
     comm::ProcessGroupOptions o;
     o.world_size = static_cast<int>(groups[g].size());
-    o.backend = "gloo";
+    o.backend = cuda ? "nccl" : "gloo";
+    o.cuda_device = groups[g][0];
     o.group_name = name + std::to_string(g);
     o.timeout_s = 120;
     auto root = comm::ProcessGroup::Open(o);
@@ -208,6 +228,7 @@ std::vector<std::vector<std::shared_ptr<comm::ProcessGroup>>> JoinGroups(
         comm::ProcessGroupOptions p = o;
         p.rank = r;
         p.master_port = first->port();
+        p.cuda_device = groups[g][r];
         auto pg = comm::ProcessGroup::Create(p);
         EXPECT_TRUE(pg.ok()) << pg.status();
         return pg.ok() ? std::shared_ptr<comm::ProcessGroup>(std::move(*pg)) : nullptr;
@@ -218,34 +239,87 @@ std::vector<std::vector<std::shared_ptr<comm::ProcessGroup>>> JoinGroups(
   return out;
 }
 
-// Runs body(rank, options) on a PP × DP grid of threads (global rank = dp * pp + stage):
-// pipeline groups share a DP index, DP groups a stage.
-void OnGrid(int pp, int dp, const std::string& model_dir, const config::Config& c,
+// The grid of a PP × DP × TP run: global rank = (dp · TP + tp) · PP + stage. Pipeline groups
+// share a DP and a TP index (stage s talks to stage s+1 of its own TP index), TP groups a DP
+// index and a stage, DP groups a TP index and a stage.
+// With `cuda` (the GPU build of this test) global rank r runs on cuda:r over NCCL in `dtype`,
+// compared with `tol`; otherwise CPU, Gloo, float32.
+struct Grid {
+  int pp = 1, dp = 1, tp = 1;
+  bool cuda = false;
+  torch::ScalarType dtype = torch::kFloat32;
+  double tol = 2e-5;
+  int world() const { return pp * dp * tp; }
+  torch::Device device(int rank) const {
+    return cuda ? torch::Device(torch::kCUDA, static_cast<int8_t>(rank)) : torch::kCPU;
+  }
+  int rank(int d, int t, int s) const { return (d * tp + t) * pp + s; }
+  int stage(int rank) const { return rank % pp; }
+  int tp_rank(int rank) const { return (rank / pp) % tp; }
+  int dp_rank(int rank) const { return rank / (pp * tp); }
+};
+
+// Runs body(rank, options) on the grid's threads with real Gloo groups; with
+// train.use_distributed_optimizer and dp > 1 the options carry the DP reduce-scatter and
+// all-gather too.
+void OnGrid(const Grid& g, const std::string& model_dir, const config::Config& c,
             const std::function<void(int, TrainerOptions)>& body) {
-  const int world = pp * dp;
-  std::vector<std::vector<int>> pp_groups(dp), dp_groups(pp);
-  for (int d = 0; d < dp; ++d) {
-    for (int s = 0; s < pp; ++s) {
-      pp_groups[d].push_back(d * pp + s);
-      dp_groups[s].push_back(d * pp + s);
+  const int world = g.world();
+  std::vector<std::vector<int>> pp_groups, dp_groups, tp_groups;
+  for (int d = 0; d < g.dp; ++d) {
+    for (int t = 0; t < g.tp; ++t) {
+      pp_groups.emplace_back();
+      for (int s = 0; s < g.pp; ++s) pp_groups.back().push_back(g.rank(d, t, s));
     }
   }
-  auto pp_pgs = JoinGroups(world, pp_groups, "pp");
-  auto dp_pgs = dp > 1 ? JoinGroups(world, dp_groups, "dp") : decltype(pp_pgs)(world);
+  for (int t = 0; t < g.tp; ++t) {
+    for (int s = 0; s < g.pp; ++s) {
+      dp_groups.emplace_back();
+      for (int d = 0; d < g.dp; ++d) dp_groups.back().push_back(g.rank(d, t, s));
+    }
+  }
+  for (int d = 0; d < g.dp; ++d) {
+    for (int s = 0; s < g.pp; ++s) {
+      tp_groups.emplace_back();
+      for (int t = 0; t < g.tp; ++t) tp_groups.back().push_back(g.rank(d, t, s));
+    }
+  }
+  using Joined = std::vector<std::vector<std::shared_ptr<comm::ProcessGroup>>>;
+  Joined pp_pgs = JoinGroups(world, pp_groups, "pp", g.cuda);
+  Joined dp_pgs = g.dp > 1 ? JoinGroups(world, dp_groups, "dp", g.cuda) : Joined(world);
+  Joined tp_pgs = g.tp > 1 ? JoinGroups(world, tp_groups, "tp", g.cuda) : Joined(world);
   ASSERT_EQ(pp_pgs.size(), static_cast<size_t>(world));
   ASSERT_EQ(dp_pgs.size(), static_cast<size_t>(world));
+  ASSERT_EQ(tp_pgs.size(), static_cast<size_t>(world));
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       TrainerOptions o;
       o.model_dir = model_dir;
       o.config = c;
+      o.device = g.device(rank);
+      o.dtype = g.dtype;
       o.pp_group = std::make_shared<comm::ProcessGroupPipelineParallel>(pp_pgs[rank][0]);
-      if (dp > 1) {
+      if (g.tp > 1) {
+        o.tp_group = std::make_shared<comm::ProcessGroupTensorParallel>(tp_pgs[rank][0]);
+      }
+      if (g.dp > 1) {
         std::shared_ptr<comm::ProcessGroup> dp_pg = dp_pgs[rank][0];
-        o.dp_size = dp;
-        o.dp_rank = rank / pp;
+        o.dp_size = g.dp;
+        o.dp_rank = g.dp_rank(rank);
         o.dp_all_reduce = [dp_pg](torch::Tensor& t) { return dp_pg->AllReduceSum(t, "dp"); };
+        if (c.train.use_distributed_optimizer) {
+          o.dp_reduce_scatter = [dp_pg](const torch::Tensor& in, torch::Tensor& out) -> Status {
+            SLIME_ASSIGN_OR_RETURN(torch::Tensor part, dp_pg->ReduceScatterSum(in, "zero-rs"));
+            out.copy_(part);
+            return absl::OkStatus();
+          };
+          o.dp_all_gather = [dp_pg](const torch::Tensor& in, torch::Tensor& out) -> Status {
+            SLIME_ASSIGN_OR_RETURN(torch::Tensor all, dp_pg->AllGather(in, 0, "zero-ag"));
+            out.copy_(all);
+            return absl::OkStatus();
+          };
+        }
       }
       body(rank, std::move(o));
     });
@@ -271,27 +345,98 @@ config::Config PpConfig() {
 struct StageResult {
   std::vector<TrainRolloutResult> rollouts;
   std::map<std::string, torch::Tensor> weights;  // this stage's, by HF name
+  std::map<std::string, torch::Tensor> grads;    // RecordGradients' sums, by HF name
   SampleLogProbs log_probs;                      // ComputeLogProbs after training
 };
+
+// Adds every gradient that a backward pass delivers to a parameter of `t` into grads[name]:
+// the raw gradients of every micro-batch of the run (this rank's backward only: before the DP
+// sums, the tied-table exchange and clipping). Hooks on the model's leaf tensors, called on the
+// thread that runs the backward (the rank's own).
+void RecordGradients(const Trainer& t, std::map<std::string, torch::Tensor>& grads) {
+  for (const auto& nt : model::NamedParameters(t.model().weights(), t.model().config())) {
+    torch::Tensor& sum = grads[nt.name];
+    sum = torch::zeros(nt.tensor.sizes(), torch::kFloat32);
+    nt.tensor.register_hook([&sum](const torch::Tensor& g) {
+      sum.add_(g.detach().to(torch::kCPU, torch::kFloat32));
+    });
+  }
+}
 
 std::map<std::string, torch::Tensor> WeightsByName(const Trainer& t) {
   std::map<std::string, torch::Tensor> out;
   for (const auto& nt : model::NamedParameters(t.model().weights(), t.model().config())) {
-    out[nt.name] = nt.tensor.detach().clone();
+    out[nt.name] = nt.tensor.detach().to(torch::kCPU, torch::kFloat32, false, /*copy=*/true);
   }
   return out;
 }
 
-// A PP × DP run against the single-process trainer.
-void ExpectMatchesOneStage(int pp, int dp, bool tied) {
+// The split dim of every parameter by HF name (-1: replicated over the TP ranks).
+std::map<std::string, int64_t> ShardDims(const std::string& model_dir) {
+  auto config = model::LoadModelConfig(model_dir);
+  EXPECT_TRUE(config.ok()) << config.status();
+  std::map<std::string, int64_t> out;
+  if (!config.ok()) return out;
+  for (const model::ParamSpec& spec : model::ParameterSpecs(*config)) {
+    out[spec.hf_name] = static_cast<int64_t>(spec.shard);
+  }
+  return out;
+}
+
+// One stage's parameter as a full tensor: the TP shards of it concatenated along its split dim
+// (a replicated one must be identical on every TP rank).
+struct StageWeight {
+  std::string name;
+  int stage;
+  torch::Tensor full;
+};
+
+// The parameters of DP rank d's stages, TP shards gathered; the tied table appears twice (the
+// first stage's and the last stage's copy).
+using RankTensors = std::map<std::string, torch::Tensor>;  // one rank's tensors by HF name
+std::vector<StageWeight> GatherStages(const std::vector<RankTensors>& ranks, const Grid& g, int d,
+                                      const std::map<std::string, int64_t>& dims) {
+  std::vector<StageWeight> out;
+  for (int s = 0; s < g.pp; ++s) {
+    for (const auto& [name, first] : ranks[g.rank(d, 0, s)]) {
+      std::vector<torch::Tensor> shards;
+      for (int t = 0; t < g.tp; ++t) shards.push_back(ranks[g.rank(d, t, s)].at(name));
+      const int64_t dim = dims.at(name);
+      if (dim < 0) {
+        for (int t = 1; t < g.tp; ++t) {
+          EXPECT_TRUE(torch::equal(shards[t], shards[0]))
+              << name << " differs between TP ranks 0 and " << t << " of stage " << s;
+        }
+        out.push_back({name, s, shards[0]});
+      } else {
+        out.push_back({name, s, torch::cat(shards, dim)});
+      }
+    }
+  }
+  return out;
+}
+
+// A PP × DP × TP run against the single-process trainer (with `zero` the distributed optimizer
+// over the DP ranks, with `sp` sequence parallelism inside the TP groups).
+void ExpectMatchesOneStage(const Grid& g, bool tied, bool zero = false, bool sp = false) {
   TempDir dir;
-  const std::string model_dir = MakePpModelDir(dir, 14, tied);
-  const config::Config c = PpConfig();
+  const std::string model_dir = MakePpModelDir(dir, 14, tied, g.tp);
+  config::Config c = PpConfig();
+  c.train.use_distributed_optimizer = zero;
+  c.train.sequence_parallel = sp;  // the one-rank reference ignores it
   const RolloutBatch batch = MakeBatch(8, 15);
   constexpr int kRollouts = 2;
 
-  auto single = test_util::MakeTrainer(model_dir, c);
-  ASSERT_NE(single, nullptr);
+  TrainerOptions so;
+  so.model_dir = model_dir;
+  so.config = c;
+  so.device = g.device(0);
+  so.dtype = g.dtype;
+  auto created = Trainer::Create(so);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<Trainer> single = std::move(*created);
+  std::map<std::string, torch::Tensor> want_grads;
+  RecordGradients(*single, want_grads);
   std::vector<TrainRolloutResult> want;
   for (int r = 0; r < kRollouts; ++r) want.push_back(Train(*single, r, batch));
   const std::map<std::string, torch::Tensor> want_weights = WeightsByName(*single);
@@ -301,10 +446,14 @@ void ExpectMatchesOneStage(int pp, int dp, bool tied) {
   // The run is not trivial: clipping was active and there were several micro-batches per step.
   EXPECT_GT(test_util::Value(want[0].steps[0], "grad_norm"), c.train.clip_grad);
 
-  std::vector<StageResult> got(pp * dp);
-  OnGrid(pp, dp, model_dir, c, [&](int rank, TrainerOptions o) {
+  const int world = g.world();
+  std::vector<StageResult> got(world);
+  OnGrid(g, model_dir, c, [&](int rank, TrainerOptions o) {
     auto trainer = Trainer::Create(std::move(o));
     ASSERT_TRUE(trainer.ok()) << "rank " << rank << ": " << trainer.status();
+    EXPECT_EQ((*trainer)->optimizer().distributed(), zero && g.dp > 1);
+    EXPECT_EQ(std::as_const(**trainer).model().sequence_parallel(), sp && g.tp > 1);
+    RecordGradients(**trainer, got[rank].grads);
     for (int r = 0; r < kRollouts; ++r) {
       auto result = (*trainer)->TrainRollout(r, batch);
       ASSERT_TRUE(result.ok()) << "rank " << rank << ": " << result.status();
@@ -316,10 +465,11 @@ void ExpectMatchesOneStage(int pp, int dp, bool tied) {
     got[rank].log_probs = *lp;
   });
 
-  constexpr double kTol = 2e-5;
-  for (int rank = 0; rank < pp * dp; ++rank) {
+  const double kTol = g.tol;
+  for (int rank = 0; rank < world; ++rank) {
     ASSERT_EQ(got[rank].rollouts.size(), static_cast<size_t>(kRollouts)) << rank;
-    // Every stage reports the step's metrics (the loss ones come from the last stage).
+    // Every rank reports the step's metrics (the loss ones come from the last stage; grad_norm
+    // sums the TP shards, the stages and the DP shards).
     for (int r = 0; r < kRollouts; ++r) {
       ASSERT_EQ(got[rank].rollouts[r].steps.size(), want[r].steps.size());
       for (size_t s = 0; s < want[r].steps.size(); ++s) {
@@ -330,7 +480,8 @@ void ExpectMatchesOneStage(int pp, int dp, bool tied) {
         }
       }
     }
-    // Forward-only log-probs through the pipeline, the same on every stage.
+    // Forward-only log-probs through the pipeline (vocab-parallel on the last stage at TP > 1),
+    // the same on every rank.
     ASSERT_EQ(got[rank].log_probs.log_probs.size(), want_lp.log_probs.size());
     for (size_t i = 0; i < want_lp.log_probs.size(); ++i) {
       ExpectClose(got[rank].log_probs.log_probs[i], want_lp.log_probs[i],
@@ -338,28 +489,51 @@ void ExpectMatchesOneStage(int pp, int dp, bool tied) {
                   kTol);
     }
   }
-  // Weights: the stages of each DP rank together hold every parameter, equal to the one-stage
-  // run's (the tied copy on the last stage equal to the first stage's table).
-  for (int d = 0; d < dp; ++d) {
+  // Weights: the stages of each DP rank together hold every parameter (TP shards gathered),
+  // equal to the one-stage run's (the tied copy on the last stage equal to the first stage's
+  // table).
+  const std::map<std::string, int64_t> dims = ShardDims(model_dir);
+  std::vector<std::map<std::string, torch::Tensor>> rank_weights;
+  for (const StageResult& r : got) rank_weights.push_back(r.weights);
+  for (int d = 0; d < g.dp; ++d) {
     std::map<std::string, int> seen;
-    for (int s = 0; s < pp; ++s) {
-      for (const auto& [name, w] : got[d * pp + s].weights) {
-        ++seen[name];
-        ASSERT_EQ(want_weights.count(name), 1u) << name;
-        ExpectClose(w, want_weights.at(name), name + " at dp " + std::to_string(d) + " stage " +
-                                                  std::to_string(s),
-                    kTol);
+    std::map<std::string, torch::Tensor> table;
+    for (const StageWeight& w : GatherStages(rank_weights, g, d, dims)) {
+      ++seen[w.name];
+      ASSERT_EQ(want_weights.count(w.name), 1u) << w.name;
+      ExpectClose(w.full, want_weights.at(w.name),
+                  w.name + " at dp " + std::to_string(d) + " stage " + std::to_string(w.stage),
+                  kTol);
+      if (w.name == "model.embed_tokens.weight") {
+        if (table.count(w.name) > 0) {
+          EXPECT_TRUE(torch::equal(table[w.name], w.full)) << "the tied copies drifted apart";
+        }
+        table[w.name] = w.full;
       }
     }
     for (const auto& [name, w] : want_weights) {
-      const bool table = name == "model.embed_tokens.weight";
-      EXPECT_EQ(seen[name], tied && table ? 2 : 1) << name;
+      const bool is_table = name == "model.embed_tokens.weight";
+      EXPECT_EQ(seen[name], tied && is_table && g.pp > 1 ? 2 : 1) << name;
     }
-    if (tied) {
-      EXPECT_TRUE(torch::equal(got[d * pp].weights.at("model.embed_tokens.weight"),
-                               got[d * pp + pp - 1].weights.at("model.embed_tokens.weight")))
-          << "the tied copies drifted apart";
+  }
+  // Gradients: the raw micro-batch gradients of the run, TP shards gathered, summed over the DP
+  // ranks (each trains its own micro-batches) and over the tied table's two copies, equal the
+  // one-rank run's.
+  std::vector<std::map<std::string, torch::Tensor>> rank_grads;
+  for (const StageResult& r : got) rank_grads.push_back(r.grads);
+  std::map<std::string, torch::Tensor> grads;
+  for (int d = 0; d < g.dp; ++d) {
+    for (const StageWeight& w : GatherStages(rank_grads, g, d, dims)) {
+      torch::Tensor& sum = grads[w.name];
+      sum = sum.defined() ? sum + w.full : w.full;
     }
+  }
+  ASSERT_EQ(grads.size(), want_grads.size());
+  for (const auto& [name, want_g] : want_grads) {
+    ASSERT_EQ(grads.count(name), 1u) << name;
+    EXPECT_GT(want_g.abs().max().item<double>(), 0.0) << name << " got no gradient";
+    ExpectClose(grads.at(name), want_g, "gradient of " + name,
+                kTol * (1.0 + want_g.abs().max().item<double>()));
   }
   // The weights moved (the comparison is not of two untouched copies).
   auto initial = test_util::MakeTrainer(model_dir, c);
@@ -370,6 +544,24 @@ void ExpectMatchesOneStage(int pp, int dp, bool tied) {
                 .max()
                 .item<double>(),
             1e-4);
+}
+
+#ifdef SLIME_PP_GPU_TEST
+// The CUDA case: PP=2 × TP=2 on cuda:0..3 over NCCL in bfloat16 against one rank on cuda:0
+// (bf16 tolerance: the TP partial sums and the stages round differently from one GEMM).
+TEST(PipelineParallelGpuTest, TwoStagesTimesTwoTensorParallelGpusMatchOneGpuInBf16) {
+  const int64_t gpus = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
+  if (gpus < 4) GTEST_SKIP() << "needs four CUDA devices (found " << gpus << ")";
+  Grid g{2, 1, 2};
+  g.cuda = true;
+  g.dtype = torch::kBFloat16;
+  g.tol = 3e-2;
+  ExpectMatchesOneStage(g, /*tied=*/true);
+}
+#else
+
+void ExpectMatchesOneStage(int pp, int dp, bool tied) {
+  ExpectMatchesOneStage(Grid{pp, dp, 1}, tied);
 }
 
 TEST(PipelineParallelTrainerTest, TwoStagesMatchOneStage) { ExpectMatchesOneStage(2, 1, false); }
@@ -384,21 +576,23 @@ TEST(PipelineParallelTrainerTest, TwoStagesTimesTwoDataParallelMatchOneStage) {
   ExpectMatchesOneStage(2, 2, false);
 }
 
-// Weight export (the workers' weight sync) at PP > 1: FullParameter(i) on every stage at once (a
-// collective of the pipeline group) gives stage 0 the one-stage trainer's parameter i bit for
-// bit, whichever stage owns it — also the tied table, sent once by stage 0 — the owner its own
-// tensor, and the other stages nothing; FullParameterShapes lists the whole model everywhere.
-void ExpectFullParametersReachStageZero(int pp, bool tied) {
+// Weight export (the workers' weight sync) at PP > 1: FullParameter(i) on every rank at once (a
+// collective of the pipeline group, and of the owning stage's TP group at TP > 1) gives every
+// TP rank of stage 0 the one-rank trainer's parameter i bit for bit, whichever stage owns it —
+// also the tied table, sent once by stage 0 —, the owner its own tensor, and the other stages
+// nothing; FullParameterShapes lists the whole model everywhere.
+void ExpectFullParametersReachStageZero(const Grid& g, bool tied) {
   TempDir dir;
-  const std::string model_dir = MakePpModelDir(dir, 21, tied);
+  const std::string model_dir = MakePpModelDir(dir, 21, tied, g.tp);
   const config::Config c = PpConfig();
   auto single = test_util::MakeTrainer(model_dir, c);
   ASSERT_NE(single, nullptr);
   const std::vector<model::NamedTensor> want = std::as_const(*single).FullParameterShapes();
-  std::vector<std::vector<torch::Tensor>> got(pp);
-  std::vector<size_t> shapes(pp);
-  std::vector<Status> past_end(pp);
-  OnGrid(pp, 1, model_dir, c, [&](int rank, TrainerOptions o) {
+  const int world = g.world();
+  std::vector<std::vector<torch::Tensor>> got(world);
+  std::vector<size_t> shapes(world);
+  std::vector<Status> past_end(world);
+  OnGrid(g, model_dir, c, [&](int rank, TrainerOptions o) {
     auto trainer = Trainer::Create(std::move(o));
     ASSERT_TRUE(trainer.ok()) << "rank " << rank << ": " << trainer.status();
     shapes[rank] = std::as_const(**trainer).FullParameterShapes().size();
@@ -409,94 +603,182 @@ void ExpectFullParametersReachStageZero(int pp, bool tied) {
     }
     past_end[rank] = (*trainer)->FullParameter(want.size()).status();
   });
-  for (int s = 0; s < pp; ++s) {
-    EXPECT_EQ(shapes[s], want.size()) << "stage " << s;
-    EXPECT_EQ(past_end[s].code(), absl::StatusCode::kOutOfRange) << past_end[s];
-    ASSERT_EQ(got[s].size(), want.size()) << "stage " << s;
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(shapes[r], want.size()) << "rank " << r;
+    EXPECT_EQ(past_end[r].code(), absl::StatusCode::kOutOfRange) << past_end[r];
+    ASSERT_EQ(got[r].size(), want.size()) << "rank " << r;
   }
-  std::vector<int> owned(pp, 0);
+  std::vector<int> owned(g.pp, 0);
   for (size_t i = 0; i < want.size(); ++i) {
     const std::string& name = want[i].name;
     auto expected = single->FullParameter(i);
     ASSERT_TRUE(expected.ok()) << expected.status();
-    ASSERT_TRUE(got[0][i].defined()) << name << " did not reach stage 0";
-    EXPECT_TRUE(torch::equal(got[0][i], *expected)) << name << " at stage 0";
-    for (int s = 1; s < pp; ++s) {
-      if (!got[s][i].defined()) continue;
-      ++owned[s];
-      EXPECT_TRUE(torch::equal(got[s][i], *expected)) << name << " at its owner, stage " << s;
-      EXPECT_NE(name, "model.embed_tokens.weight") << "stage " << s << " sent the table";
+    for (int t = 0; t < g.tp; ++t) {
+      const torch::Tensor& first = got[g.rank(0, t, 0)][i];
+      ASSERT_TRUE(first.defined()) << name << " did not reach stage 0, TP rank " << t;
+      EXPECT_TRUE(torch::equal(first, *expected)) << name << " at stage 0, TP rank " << t;
+      for (int s = 1; s < g.pp; ++s) {
+        const torch::Tensor& at = got[g.rank(0, t, s)][i];
+        if (!at.defined()) continue;
+        if (t == 0) ++owned[s];
+        EXPECT_TRUE(torch::equal(at, *expected)) << name << " at its owner, stage " << s;
+        EXPECT_NE(name, "model.embed_tokens.weight") << "stage " << s << " sent the table";
+      }
     }
   }
-  for (int s = 1; s < pp; ++s) EXPECT_GT(owned[s], 0) << "stage " << s << " owns parameters";
+  for (int s = 1; s < g.pp; ++s) EXPECT_GT(owned[s], 0) << "stage " << s << " owns parameters";
 }
 
 TEST(PipelineParallelTrainerTest, FullParametersOfEveryStageReachStageZero) {
-  ExpectFullParametersReachStageZero(2, false);
-  ExpectFullParametersReachStageZero(3, false);
-  ExpectFullParametersReachStageZero(2, true);
+  ExpectFullParametersReachStageZero(Grid{2, 1, 1}, /*tied=*/false);
+  ExpectFullParametersReachStageZero(Grid{3, 1, 1}, /*tied=*/false);
+  ExpectFullParametersReachStageZero(Grid{2, 1, 1}, /*tied=*/true);
 }
 
-// A checkpoint saved at PP=2 (gathered to stage 0, written as one model) loads at PP=1 with the
-// weights bit for bit and the AdamW state (the continuation tracks the run that stayed at PP=1);
-// a PP=1 checkpoint loads at PP=2.
-TEST(PipelineParallelTrainerTest, CheckpointsMoveBetweenPipelineSizes) {
+// The same at PP=2 × TP=2: the owning stage gathers its TP shards, then each TP rank sends
+// the full tensor to stage 0's rank of its TP index.
+TEST(PipelineParallelTrainerTest, FullParametersOfTensorParallelStagesReachStageZero) {
+  ExpectFullParametersReachStageZero(Grid{2, 1, 2}, /*tied=*/true);
+}
+
+// PP × TP: each stage's layers split over two TP ranks; stage 0's TP rank t sends its (full,
+// replicated) hidden states to stage 1's TP rank t. Losses, gradient norm (TP shards summed,
+// replicated parameters once, stages summed), updated weights and vocab-parallel log-probs
+// from the last stage equal the single rank's.
+TEST(PipelineParallelTrainerTest, TwoStagesTimesTwoTensorParallelMatchOneRank) {
+  ExpectMatchesOneStage(Grid{2, 1, 2}, /*tied=*/false);
+}
+
+// The same with tied embeddings: the first stage's vocab-parallel table shard and the last
+// stage's LM head copy of the same shard sum their gradients.
+TEST(PipelineParallelTrainerTest, TwoStagesTimesTwoTensorParallelWithTiedEmbeddingsMatchOneRank) {
+  ExpectMatchesOneStage(Grid{2, 1, 2}, /*tied=*/true);
+}
+
+// PP × TP with sequence parallelism: inside a stage the residual stream is split along the
+// tokens over the TP ranks; between stages it travels whole (each stage gathers its output and
+// the next scatters its input).
+TEST(PipelineParallelTrainerTest, TwoStagesTimesTwoTensorParallelWithSequenceParallelism) {
+  ExpectMatchesOneStage(Grid{2, 1, 2}, /*tied=*/true, /*zero=*/false, /*sp=*/true);
+}
+
+// PP × ZeRO-1: each stage's DP group shards that stage's optimizer state.
+TEST(PipelineParallelTrainerTest, TwoStagesTimesTwoDataParallelWithTheDistributedOptimizer) {
+  ExpectMatchesOneStage(Grid{2, 2, 1}, /*tied=*/true, /*zero=*/true);
+}
+
+// A checkpoint saved on the grid (gathered to stage 0 — over the TP group first at TP > 1, over
+// the DP group first with the distributed optimizer — and written as one model) loads at
+// PP=1 × TP=1 with the weights bit for bit and the AdamW state (the continuation tracks the run
+// that stayed on one rank); a one-rank checkpoint loads on the grid.
+void ExpectCheckpointsMoveBetweenLayouts(const Grid& g, bool zero = false) {
   TempDir dir;
-  const std::string model_dir = MakePpModelDir(dir, 21);
-  const config::Config c = PpConfig();
+  const std::string model_dir = MakePpModelDir(dir, 21, /*tied=*/false, g.tp);
+  config::Config c = PpConfig();
+  c.train.use_distributed_optimizer = zero;
   const RolloutBatch batch = MakeBatch(8, 22);
-  const std::string at_pp1 = dir.Join("save-pp1"), at_pp2 = dir.Join("save-pp2");
+  const std::string at_one = dir.Join("save-one"), at_grid = dir.Join("save-grid");
 
   auto a = test_util::MakeTrainer(model_dir, c);
   ASSERT_NE(a, nullptr);
   Train(*a, 0, batch);
-  ASSERT_TRUE(a->Save(at_pp1, 0).ok());
+  ASSERT_TRUE(a->Save(at_one, 0).ok());
   const auto a_after_0 = WeightsByName(*a);
 
-  std::vector<std::map<std::string, torch::Tensor>> loaded(2), trained(2);
-  OnGrid(2, 1, model_dir, c, [&](int rank, TrainerOptions o) {
+  const int world = g.world();
+  std::vector<std::map<std::string, torch::Tensor>> loaded(world), trained(world);
+  OnGrid(g, model_dir, c, [&](int rank, TrainerOptions o) {
+    const int dp_rank = o.dp_rank;
     auto t = Trainer::Create(std::move(o));
     ASSERT_TRUE(t.ok()) << t.status();
-    auto state = (*t)->Load(at_pp1);
-    ASSERT_TRUE(state.ok()) << "stage " << rank << ": " << state.status();
+    auto state = (*t)->Load(at_one);
+    ASSERT_TRUE(state.ok()) << "rank " << rank << ": " << state.status();
     EXPECT_EQ(state->step, 2);
     EXPECT_TRUE(state->optimizer_loaded);
     loaded[rank] = WeightsByName(**t);
     auto r = (*t)->TrainRollout(1, batch);
     ASSERT_TRUE(r.ok()) << r.status();
     trained[rank] = WeightsByName(**t);
-    auto saved = (*t)->Save(at_pp2, 1);
-    ASSERT_TRUE(saved.ok()) << "stage " << rank << ": " << saved.status();
+    // Without the distributed optimizer the DP ranks' states are identical and one DP rank
+    // saves; with it every rank takes part (DP rank 0 writes).
+    if (!zero && dp_rank != 0) return;
+    auto saved = (*t)->Save(at_grid, 1);
+    ASSERT_TRUE(saved.ok()) << "rank " << rank << ": " << saved.status();
+    EXPECT_EQ(saved->empty(), dp_rank != 0) << "rank " << rank << ": " << *saved;
   });
-  for (const auto& stage : loaded) {
-    for (const auto& [name, w] : stage) {
-      EXPECT_TRUE(torch::equal(w, a_after_0.at(name))) << name;
+  const std::map<std::string, int64_t> dims = ShardDims(model_dir);
+  for (int d = 0; d < g.dp; ++d) {
+    for (const StageWeight& w : GatherStages(loaded, g, d, dims)) {
+      EXPECT_TRUE(torch::equal(w.full, a_after_0.at(w.name))) << w.name << " at dp " << d;
     }
   }
 
   Train(*a, 1, batch);
   auto b = test_util::MakeTrainer(model_dir, c);
   ASSERT_NE(b, nullptr);
-  auto state = b->Load(at_pp2);
+  auto state = b->Load(at_grid);
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_EQ(state->step, 4);
   EXPECT_TRUE(state->optimizer_loaded);
   const auto b_weights = WeightsByName(*b);
   const auto a_after_1 = WeightsByName(*a);
   size_t checked = 0;
-  for (const auto& stage : trained) {
-    for (const auto& [name, w] : stage) {
-      EXPECT_TRUE(torch::equal(b_weights.at(name), w)) << name;
-      ExpectClose(b_weights.at(name), a_after_1.at(name), name + " after rollout 1", 2e-5);
-      ++checked;
-    }
+  for (const StageWeight& w : GatherStages(trained, g, 0, dims)) {
+    EXPECT_TRUE(torch::equal(b_weights.at(w.name), w.full)) << w.name;
+    ExpectClose(b_weights.at(w.name), a_after_1.at(w.name), w.name + " after rollout 1", 2e-5);
+    ++checked;
   }
   EXPECT_EQ(checked, b_weights.size());
-  // One more rollout on both: equal only if the AdamW moments crossed the PP=2 checkpoint.
+  // One more rollout on both: equal only if the AdamW moments crossed the grid's checkpoint.
   Train(*a, 2, batch);
   Train(*b, 2, batch);
   const auto a2 = WeightsByName(*a), b2 = WeightsByName(*b);
   for (const auto& [name, w] : a2) ExpectClose(b2.at(name), w, name + " after rollout 2", 4e-5);
+}
+
+TEST(PipelineParallelTrainerTest, CheckpointsMoveBetweenPipelineSizes) {
+  ExpectCheckpointsMoveBetweenLayouts(Grid{2, 1, 1});
+}
+
+// Save at PP=2 × TP=2, load at PP=1 × TP=1, and the other way round.
+TEST(PipelineParallelTrainerTest, CheckpointsMoveBetweenOneRankAndTwoStagesTimesTwoTensorParallel) {
+  ExpectCheckpointsMoveBetweenLayouts(Grid{2, 1, 2});
+}
+
+// PP=2 × TP=2 × DP=2 with the distributed optimizer: the save gathers the DP shards, then the
+// TP shards, then the stages.
+TEST(PipelineParallelTrainerTest, CheckpointsMoveBetweenOneRankAndAFullGridWithZeroOne) {
+  ExpectCheckpointsMoveBetweenLayouts(Grid{2, 2, 2}, /*zero=*/true);
+}
+
+// A save that stage 0's TP rank 0 cannot write (the save directory is a regular file) fails on
+// all four ranks of a PP=2 × TP=2 grid — the writer with its own error, stage 1's TP rank 0
+// naming pipeline stage 0, the other TP ranks naming their TP rank 0 — and nobody hangs.
+TEST(PipelineParallelTrainerTest, AFailedWriteFailsTheSaveOnEveryRankOfTensorParallelStages) {
+  TempDir dir;
+  const std::string model_dir = MakePpModelDir(dir, 23, /*tied=*/false, /*tp=*/2);
+  const std::string not_a_dir = dir.Join("a-file");
+  model::testing::WriteFile(not_a_dir, "not a directory\n");
+  const Grid g{2, 1, 2};
+  std::vector<std::string> errors(g.world());
+  OnGrid(g, model_dir, PpConfig(), [&](int rank, TrainerOptions o) {
+    auto t = Trainer::Create(std::move(o));
+    ASSERT_TRUE(t.ok()) << t.status();
+    auto saved = (*t)->Save(not_a_dir, 0);
+    ASSERT_FALSE(saved.ok()) << "rank " << rank << " returned " << *saved;
+    errors[rank] = std::string(saved.status().message());
+  });
+  const int writer = g.rank(0, 0, 0);
+  EXPECT_EQ(errors[writer].find("pipeline stage 0 failed"), std::string::npos) << errors[writer];
+  EXPECT_EQ(errors[writer].find("tensor-parallel rank 0 failed"), std::string::npos)
+      << errors[writer];
+  EXPECT_NE(errors[g.rank(0, 0, 1)].find("pipeline stage 0 failed to save"), std::string::npos)
+      << errors[g.rank(0, 0, 1)];
+  for (int s = 0; s < g.pp; ++s) {
+    const std::string& e = errors[g.rank(0, 1, s)];
+    EXPECT_NE(e.find("tensor-parallel rank 0 failed to save"), std::string::npos) << e;
+    EXPECT_NE(e.find(not_a_dir), std::string::npos) << e;
+  }
 }
 
 // ---- refusals at Create (no peer is contacted: a stand-in group is enough)
@@ -520,21 +802,11 @@ class FakeStages final : public model::PipelineParallelGroup {
   int rank_, size_;
 };
 
-class FakeTensorParallel final : public model::TensorParallelGroup {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 2; }
-  void AllReduceSum(at::Tensor&) override { ADD_FAILURE() << "unused"; }
-  at::Tensor AllGather(const at::Tensor& t, int64_t) override { return t; }
-};
-
-Status CreateWith(const std::string& model_dir, const config::Config& c, int stage, int stages,
-                  bool tp = false) {
+Status CreateWith(const std::string& model_dir, const config::Config& c, int stage, int stages) {
   TrainerOptions o;
   o.model_dir = model_dir;
   o.config = c;
   o.pp_group = std::make_shared<FakeStages>(stage, stages);
-  if (tp) o.tp_group = std::make_shared<FakeTensorParallel>();
   return Trainer::Create(std::move(o)).status();
 }
 
@@ -550,10 +822,6 @@ TEST(PipelineParallelTrainerTest, CreateRefusesBadSplitsAndUnsupportedCombinatio
               std::string::npos)
         << s;
   }
-  Status tp = CreateWith(model_dir, c, 0, 2, /*tp=*/true);
-  EXPECT_EQ(tp.code(), absl::StatusCode::kUnimplemented) << tp;
-  EXPECT_NE(std::string(tp.message()).find("tensor parallelism"), std::string::npos) << tp;
-
   config::Config ppo = c;
   ppo.algorithm.advantage_estimator = "ppo";
   Status critic = CreateWith(model_dir, ppo, 1, 2);
@@ -571,6 +839,8 @@ TEST(PipelineParallelTrainerTest, CreateRefusesBadSplitsAndUnsupportedCombinatio
   // A well-formed stage is created without a word to its peers.
   EXPECT_TRUE(CreateWith(model_dir, c, 1, 2).ok());
 }
+
+#endif  // SLIME_PP_GPU_TEST
 
 }  // namespace
 }  // namespace slime::train

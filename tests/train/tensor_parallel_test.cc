@@ -4,16 +4,18 @@
 //     vocab-parallel embedding) at TP=2 against the unsharded op: forward and the gradients of
 //     the input, the weight shards and the biases;
 //   - the vocab-parallel response log-probs and entropy: values and gradients against TP=1;
-//   - a GRPO TrainRollout at TP=2 (and TP=2 × DP=2) against the TP=1 trainer: the same metrics
-//     (loss, pg_loss, entropy_loss, kl_loss, grad_norm, ...) and, gathering the shards, the same
-//     updated weights within float32 tolerance; replicated parameters identical on TP ranks;
-//   - checkpoints moving between TP sizes (TP=1 -> TP=2 -> TP=1, weights and AdamW state) and
-//     the HF export of a checkpoint saved at TP=2;
+//   - a GRPO TrainRollout at TP=2 (and TP=2 × DP=2, with and without the distributed
+//     optimizer) against the TP=1 trainer: the same metrics (loss, pg_loss, entropy_loss,
+//     kl_loss, grad_norm, ...) and, gathering the shards, the same updated weights within
+//     float32 tolerance; replicated parameters identical on TP ranks;
+//   - checkpoints moving between TP sizes (TP=1 -> TP=2 -> TP=1, weights and AdamW state; the
+//     same with TP=2 × DP=2 and ZeRO-1) and the HF export of a checkpoint saved at TP=2;
 //   - the weight export's full tensors (Trainer::FullParameter) at TP=2 against TP=1.
 // Built a second time with SLIME_TP_GPU_TEST (target train_tensor_parallel_gpu_test, label gpu):
 // then only the CUDA case runs — the same TP=2 GRPO comparison with NCCL between cuda:0 and
-// cuda:1 in bfloat16 against a TP=1 trainer on cuda:0 (bf16 tolerance); it skips with a
-// message on a machine with fewer than two CUDA devices.
+// cuda:1 in bfloat16 against a TP=1 trainer on cuda:0 (bf16 tolerance), and TP=2 × DP=2 with
+// the distributed optimizer on cuda:0..3; each skips with a message on a machine with too few
+// CUDA devices.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -34,6 +36,7 @@
 #include "slime/model/weights.h"
 #include "slime/train/hf_export.h"
 #include "slime/train/logprobs.h"
+#include "slime/train/optimizer.h"
 #include "slime/train/trainer.h"
 #include "trainer_test_util.h"
 
@@ -326,6 +329,18 @@ void OnGrid(int tp, int dp, const std::string& model_dir, const config::Config& 
         o.dp_size = dp;
         o.dp_rank = rank / tp;
         o.dp_all_reduce = [dp_pg](torch::Tensor& t) { return dp_pg->AllReduceSum(t, "dp"); };
+        if (c.train.use_distributed_optimizer) {  // ZeRO-1 over each TP rank's DP group
+          o.dp_reduce_scatter = [dp_pg](const torch::Tensor& in, torch::Tensor& out) -> Status {
+            SLIME_ASSIGN_OR_RETURN(torch::Tensor part, dp_pg->ReduceScatterSum(in, "zero-rs"));
+            out.copy_(part);
+            return absl::OkStatus();
+          };
+          o.dp_all_gather = [dp_pg](const torch::Tensor& in, torch::Tensor& out) -> Status {
+            SLIME_ASSIGN_OR_RETURN(torch::Tensor all, dp_pg->AllGather(in, 0, "zero-ag"));
+            out.copy_(all);
+            return absl::OkStatus();
+          };
+        }
       }
       body(rank, std::move(o));
     });
@@ -341,6 +356,8 @@ std::vector<RankResult> TrainGrid(int tp, int dp, const std::string& model_dir,
   OnGrid(tp, dp, model_dir, c, [&](int rank, TrainerOptions o) {
     auto trainer = Trainer::Create(std::move(o));
     ASSERT_TRUE(trainer.ok()) << trainer.status();
+    EXPECT_EQ((*trainer)->optimizer().distributed(),
+              c.train.use_distributed_optimizer && dp > 1);
     for (int r = 0; r < rollouts; ++r) {
       auto result = (*trainer)->TrainRollout(r, batch);
       ASSERT_TRUE(result.ok()) << "rank " << rank << ": " << result.status();
@@ -382,11 +399,12 @@ std::vector<model::ParamSpec> Specs(const std::string& model_dir) {
 // Compares a TP × DP run with the TP=1 one: metrics per step, gathered weights, replicated
 // parameters equal on the TP ranks.
 void ExpectMatchesOneRank(int tp, int dp, bool llama = false, const Placement& where = {},
-                          bool sequence_parallel = false) {
+                          bool sequence_parallel = false, bool zero = false) {
   TempDir dir;
   const std::string model_dir = MakeTpModelDir(dir, 14, llama);
   config::Config c = TpConfig();
   c.train.sequence_parallel = sequence_parallel;  // the TP=1 reference ignores it
+  c.train.use_distributed_optimizer = zero;       // no effect on the one-rank trainer
   const RolloutBatch batch = MakeBatch(8, 15);
   constexpr int kRollouts = 2;
 
@@ -457,6 +475,18 @@ TEST(TensorParallelGpuTest, TwoGpuTensorParallelMatchesOneGpuInBf16) {
   where.tol = 3e-2;
   ExpectMatchesOneRank(2, 1, /*llama=*/false, where);
 }
+
+// TP=2 × DP=2 with the distributed optimizer on cuda:0..3 (NCCL reduce-scatter / all-gather of
+// the ZeRO-1 buckets in bf16) against TP=1 on cuda:0.
+TEST(TensorParallelGpuTest, TwoByTwoGpusWithTheDistributedOptimizerMatchOneGpuInBf16) {
+  const int64_t gpus = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
+  if (gpus < 4) GTEST_SKIP() << "needs four CUDA devices (found " << gpus << ")";
+  Placement where;
+  where.cuda = true;
+  where.dtype = torch::kBFloat16;
+  where.tol = 3e-2;
+  ExpectMatchesOneRank(2, 2, /*llama=*/true, where, /*sequence_parallel=*/false, /*zero=*/true);
+}
 #else
 TEST(TensorParallelTrainerTest, TwoTensorParallelRanksMatchOneRank) { ExpectMatchesOneRank(2, 1); }
 
@@ -477,6 +507,90 @@ TEST(TensorParallelTrainerTest, TwoTensorParallelRanksMatchOneRankWithBiasesAndT
 
 TEST(TensorParallelTrainerTest, TwoByTwoTensorAndDataParallelMatchesOneRank) {
   ExpectMatchesOneRank(2, 2);
+}
+
+// TP × ZeRO-1: each TP rank's DP group shards the float32 masters and Adam moments of that
+// rank's local tensors; the gradient norm sums the DP shards, then the TP ranks (replicated
+// parameters once), so clipping and the updated weights equal the single rank's. Tied
+// embeddings and biases (replicated row-parallel biases) included.
+TEST(TensorParallelTrainerTest, TwoByTwoWithTheDistributedOptimizerMatchesOneRank) {
+  ExpectMatchesOneRank(2, 2, /*llama=*/true, {}, /*sequence_parallel=*/false, /*zero=*/true);
+}
+
+// The same with sequence parallelism.
+TEST(TensorParallelTrainerTest, TwoByTwoWithTheDistributedOptimizerAndSequenceParallelism) {
+  ExpectMatchesOneRank(2, 2, /*llama=*/true, {}, /*sequence_parallel=*/true, /*zero=*/true);
+}
+
+// A checkpoint saved at TP=2 × DP=2 with ZeRO-1 (the DP shards gathered, then the TP shards;
+// DP rank 0's TP rank 0 writes) loads at TP=1, and a TP=1 checkpoint loads into the sharded
+// optimizer: weights bit for bit, and the continuation tracks the run that stayed at TP=1.
+TEST(TensorParallelTrainerTest, ZeroOneCheckpointsMoveBetweenTensorParallelSizes) {
+  TempDir dir;
+  const std::string model_dir = MakeTpModelDir(dir, 25);
+  config::Config c = TpConfig();
+  c.train.use_distributed_optimizer = true;
+  const RolloutBatch batch = MakeBatch(8, 26);
+  const std::string at_tp1 = dir.Join("save-tp1"), at_grid = dir.Join("save-grid");
+  const std::vector<model::ParamSpec> specs = Specs(model_dir);
+
+  auto a = test_util::MakeTrainer(model_dir, c);
+  ASSERT_NE(a, nullptr);
+  Train(*a, 0, batch);
+  ASSERT_TRUE(a->Save(at_tp1, 0).ok());
+  const std::vector<torch::Tensor> a_after_0 = test_util::Weights(*a);
+
+  std::vector<std::vector<torch::Tensor>> loaded(4), trained(4);
+  std::vector<std::string> saved_dirs(4);
+  OnGrid(2, 2, model_dir, c, [&](int rank, TrainerOptions o) {
+    auto t = Trainer::Create(std::move(o));
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE((*t)->optimizer().distributed());
+    auto state = (*t)->Load(at_tp1);
+    ASSERT_TRUE(state.ok()) << "rank " << rank << ": " << state.status();
+    EXPECT_EQ(state->step, 2);
+    EXPECT_TRUE(state->optimizer_loaded);
+    loaded[rank] = test_util::Weights(**t);
+    auto r = (*t)->TrainRollout(1, batch);
+    ASSERT_TRUE(r.ok()) << r.status();
+    trained[rank] = test_util::Weights(**t);
+    auto saved = (*t)->Save(at_grid, 1);  // collective over the DP and the TP group
+    ASSERT_TRUE(saved.ok()) << "rank " << rank << ": " << saved.status();
+    saved_dirs[rank] = *saved;
+  });
+  // DP rank 0 (global ranks 0 and 1) returns the directory, DP rank 1 "".
+  EXPECT_FALSE(saved_dirs[0].empty());
+  EXPECT_EQ(saved_dirs[1], saved_dirs[0]);
+  EXPECT_TRUE(saved_dirs[2].empty());
+  EXPECT_TRUE(saved_dirs[3].empty());
+  for (int d = 0; d < 2; ++d) {
+    const std::vector<torch::Tensor> full = GatherShards(specs, {loaded[2 * d], loaded[2 * d + 1]});
+    for (size_t i = 0; i < specs.size(); ++i) {
+      EXPECT_TRUE(torch::equal(full[i], a_after_0[i])) << specs[i].hf_name << " at dp " << d;
+    }
+  }
+
+  Train(*a, 1, batch);
+  auto b = test_util::MakeTrainer(model_dir, c);
+  ASSERT_NE(b, nullptr);
+  auto state = b->Load(at_grid);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->step, 4);
+  EXPECT_TRUE(state->optimizer_loaded);
+  const std::vector<torch::Tensor> trained_full = GatherShards(specs, {trained[0], trained[1]});
+  const std::vector<torch::Tensor> b_weights = test_util::Weights(*b);
+  const std::vector<torch::Tensor> a_after_1 = test_util::Weights(*a);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_TRUE(torch::equal(b_weights[i], trained_full[i])) << specs[i].hf_name;
+    ExpectClose(b_weights[i], a_after_1[i], specs[i].hf_name + " after rollout 1", 2e-5);
+  }
+  // One more rollout on both: equal only if the sharded AdamW moments crossed the checkpoint.
+  Train(*a, 2, batch);
+  Train(*b, 2, batch);
+  const std::vector<torch::Tensor> a2 = test_util::Weights(*a), b2 = test_util::Weights(*b);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ExpectClose(b2[i], a2[i], specs[i].hf_name + " after rollout 2", 4e-5);
+  }
 }
 
 // A checkpoint saved at TP=1 loads at TP=2 (each rank's shards are the slices) and one saved at

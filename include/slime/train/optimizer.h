@@ -46,7 +46,9 @@
 //      b = max(1, bucket_size / dp_size) elements of every rank's range (rank-major, so one
 //      reduce-scatter gives each rank its own slice). A missing gradient is zeros; padding too.
 //   2. norm: each rank sums the squares of its range (replicated parameters only on tp_rank 0),
-//      dp_all_reduce sums that over the DP group, then reduce_squared_grad_norm (TP) as above.
+//      dp_all_reduce sums that over the DP group, then reduce_squared_grad_norm (TP, PP) as
+//      above. At TP > 1 the flattened index space is this TP rank's local tensors (its shards
+//      and its copies of the replicated ones), so the DP group of each TP rank shards those.
 //      Every rank sees the same norm, so every rank skips (3) or clips (4) alike.
 //   5. the AdamW update of (5) above, on the own range, piece by piece (a piece = the part of one
 //      parameter inside the range; weight decay is per parameter); the updated values in the

@@ -67,11 +67,15 @@
 // gradients identical on the TP ranks, and each shard's gradient the slice of the TP=1
 // gradient. The gradient norm sums the shards' squares over the TP group and counts the
 // replicated parameters once. With TP × DP, the DP group (dp_all_reduce) is the ranks with
-// the same TP rank; DP ranks are numbered 0..dp_size-1 within it.
+// the same TP rank; DP ranks are numbered 0..dp_size-1 within it. TP × ZeRO-1: each TP rank's
+// DP group shards that rank's local tensors (its shards and its copies of the replicated
+// parameters) as optimizer.h describes; the norm is the DP sum of the shards' squares, then the
+// TP sum (replicated parameters on TP rank 0 only), so clipping matches one rank.
 // Checkpoints are layout-independent: the files always hold full tensors (checkpoint.h's TP=1
 // layout, also an HF directory). At TP > 1, Save is a collective of the TP group — every rank
-// all-gathers the shards of the weights and of the AdamW state to the CPU, TP rank 0 writes
-// them, and an all-reduce tells every rank the outcome — and Load reads the full tensors into
+// all-gathers the shards of the weights and of the AdamW state (with ZeRO-1 first gathered over
+// the DP group) to the CPU, TP rank 0 writes them, and an all-reduce tells every rank the
+// outcome — and Load reads the full tensors into
 // CPU temporaries on every rank and copies its slices in. Chosen over saving shards with their
 // layout because the result is what the engine, HF export and a TP=1 trainer read as is, with
 // no conversion step; the price is a full CPU copy of the model and its optimizer state on each
@@ -99,9 +103,22 @@
 // collective of the PP group — every stage sends its parameters and AdamW state to stage 0
 // (send / recv in HF parameter order), which writes the whole model as a PP=1 checkpoint, and a
 // broadcast tells every stage the outcome — and Load reads the full checkpoint on every stage
-// and keeps its own parameters, so a checkpoint loads at any PP size. Not yet at PP > 1 (Create
-// fails with Unimplemented): tensor parallelism at the same time, the distributed optimizer over
-// dp_size > 1, the PPO critic; interleaved (virtual) stages; overlapping the sends with compute.
+// and keeps its own parameters, so a checkpoint loads at any PP size.
+// PP × TP: every stage is tensor-parallel (options.tp_group: the ranks of the same stage and DP
+// index); the pipeline group joins the ranks of one TP index and DP index, so TP rank t of stage
+// s exchanges activations and their gradients with TP rank t of s±1. The hidden states between
+// stages are full [T, hidden] and identical on the TP ranks (the row-parallel outputs are
+// all-reduced; with train.sequence_parallel a stage gathers its output's token shards and the
+// next stage scatters its input), and so are the input gradients, so the schedule is the PP=1
+// one per TP index. The loss and the log-probs
+// run vocab-parallel on the last stage; with tied embeddings the first stage's vocab shard of
+// the table and the last stage's copy of the same shard sum their gradients; the norm is the
+// TP sum per stage, then the PP sum. Save at PP > 1 and TP > 1: each stage's TP group gathers
+// its shards first, then TP rank 0 of every stage runs the pipeline save above, and a TP
+// all-reduce shares the outcome. PP × ZeRO-1: each stage's DP group shards that stage's state
+// (the tied LM head copy is a parameter of the last stage's shard, skipped by the norm).
+// Not yet at PP > 1 (Create fails with Unimplemented): the PPO critic; interleaved (virtual)
+// stages; overlapping the sends with compute.
 //
 // PPO. With advantage_estimator "ppo" the trainer owns a Critic (critic.h): the same decoder
 // with a hidden → 1 value head, its own optimizer and LR schedule. Save writes it under
@@ -243,9 +260,10 @@ struct TrainerOptions {
   std::shared_ptr<model::TensorParallelGroup> tp_group;
   // Pipeline parallelism (header comment, "Pipeline parallelism"): this trainer is stage
   // pp_group->rank() of pp_group->size() (comm::ProcessGroupPipelineParallel over the ranks
-  // that share a DP index). It must outlive the trainer. Unset: one stage
-  // (model::SinglePipelineStage). config.train.pipeline_model_parallel_size must be 1 or the
-  // group's size. The DP group above is then the ranks of the same stage.
+  // that share a DP index, and at TP > 1 a TP index). It must outlive the trainer. Unset: one
+  // stage (model::SinglePipelineStage). config.train.pipeline_model_parallel_size must be 1 or
+  // the group's size. The DP group above is then the ranks of the same stage (and TP rank), the
+  // TP group the ranks of the same stage and DP index.
   std::shared_ptr<model::PipelineParallelGroup> pp_group;
 };
 
@@ -296,7 +314,8 @@ class Trainer {
 
   // At TP > 1 Save and Load must run on every rank of the TP group (see "Tensor parallelism"),
   // at PP > 1 on every stage of the pipeline (stage 0 writes and returns the directory, the
-  // others return it too once stage 0 reported success).
+  // others return it too once stage 0 reported success); at both, on every rank of the stages'
+  // TP groups (TP rank 0 of stage 0 writes).
   // Saves a checkpoint (checkpoint.h) at iteration `rollout_id` under `save_dir`: model,
   // optimizer (unless checkpoint.no_save_optim), RNG, the step counter, the LR scheduler state
   // and `extra_state_json` (a JSON object, e.g. the data source's state); keeps the newest
