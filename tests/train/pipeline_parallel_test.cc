@@ -18,13 +18,12 @@
 #include <torch/torch.h>
 
 #include <functional>
-#include <future>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "multi_rank_harness.h"
 #include "slime/comm/process_group.h"
 #include "slime/comm/tensor_parallel_group.h"
 #include "slime/model/decoder.h"
@@ -38,14 +37,13 @@ namespace {
 
 using model::testing::TempDir;
 using test_util::BaseConfig;
+using test_util::ExpectClose;
+using test_util::GridRank;
 using test_util::MakeBatch;
+using test_util::Replace;
+using test_util::RunGrid;
 using test_util::Train;
-
-void Replace(std::string& json, const std::string& from, const std::string& to) {
-  const size_t at = json.find(from);
-  ASSERT_NE(at, std::string::npos) << from;
-  json.replace(at, from.size(), to);
-}
+using test_util::WireDataParallel;
 
 // The tiny Qwen3 (untied, q/k norms) with 4 layers, or the tiny Qwen2 (tied embeddings, q/k/v
 // biases) with 2 layers, as an HF directory with random float32 weights.
@@ -54,21 +52,7 @@ std::string MakePpModelDir(const TempDir& dir, uint64_t seed, bool tied = false)
       tied ? model::testing::TinyQwen2ConfigJson() : model::testing::TinyQwen3ConfigJson();
   if (!tied) Replace(json, "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 4");
   if (tied) Replace(json, "\"vocab_size\": 97", "\"vocab_size\": 101");  // MakeBatch's ids
-  const std::string path = dir.Join(tied ? "tied" : "m");
-  auto config = model::ParseModelConfigJson(json, "tiny");
-  EXPECT_TRUE(config.ok()) << config.status();
-  auto weights = model::RandomWeights(*config, seed, {});
-  EXPECT_TRUE(weights.ok()) << weights.status();
-  model::testing::WriteFile(path + "/config.json", json);
-  Status saved = model::SaveWeights(path, *weights, *config);
-  EXPECT_TRUE(saved.ok()) << saved;
-  return path;
-}
-
-void ExpectClose(const torch::Tensor& got, const torch::Tensor& want, const std::string& what,
-                 double tol) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  EXPECT_LT((got - want).abs().max().item<double>(), tol) << what;
+  return test_util::MakeModelDirFromJson(dir, tied ? "tied" : "m", json, seed);
 }
 
 // ---- stages
@@ -179,75 +163,18 @@ TEST(PipelineStageTest, ChainedStagesWithTiedEmbeddingsMatchTheWholeModel) {
 
 // ---- the trainer over Gloo groups
 
-// groups[k] lists global ranks; returns, per global rank, its joined ProcessGroup of each group
-// it is in (in the order of `groups`).
-std::vector<std::vector<std::shared_ptr<comm::ProcessGroup>>> JoinGroups(
-    int world, const std::vector<std::vector<int>>& groups, const std::string& name) {
-  std::vector<std::vector<std::shared_ptr<comm::ProcessGroup>>> out(world);
-  for (size_t g = 0; g < groups.size(); ++g) {
-    comm::ProcessGroupOptions o;
-    o.world_size = static_cast<int>(groups[g].size());
-    o.backend = "gloo";
-    o.group_name = name + std::to_string(g);
-    o.timeout_s = 120;
-    auto root = comm::ProcessGroup::Open(o);
-    EXPECT_TRUE(root.ok()) << root.status();
-    if (!root.ok()) return {};
-    std::shared_ptr<comm::ProcessGroup> first = std::move(*root);
-    std::vector<std::future<std::shared_ptr<comm::ProcessGroup>>> joined;
-    for (int r = 0; r < o.world_size; ++r) {
-      joined.push_back(std::async(std::launch::async, [&, r] {
-        if (r == 0) {
-          Status s = first->Join();
-          EXPECT_TRUE(s.ok()) << s;
-          return first;
-        }
-        comm::ProcessGroupOptions p = o;
-        p.rank = r;
-        p.master_port = first->port();
-        auto pg = comm::ProcessGroup::Create(p);
-        EXPECT_TRUE(pg.ok()) << pg.status();
-        return pg.ok() ? std::shared_ptr<comm::ProcessGroup>(std::move(*pg)) : nullptr;
-      }));
-    }
-    for (int r = 0; r < o.world_size; ++r) out[groups[g][r]].push_back(joined[r].get());
-  }
-  return out;
-}
-
 // Runs body(rank, options) on a PP × DP grid of threads (global rank = dp * pp + stage):
-// pipeline groups share a DP index, DP groups a stage.
+// pipeline groups share a DP index, DP groups a stage (multi_rank_harness.h).
 void OnGrid(int pp, int dp, const std::string& model_dir, const config::Config& c,
             const std::function<void(int, TrainerOptions)>& body) {
-  const int world = pp * dp;
-  std::vector<std::vector<int>> pp_groups(dp), dp_groups(pp);
-  for (int d = 0; d < dp; ++d) {
-    for (int s = 0; s < pp; ++s) {
-      pp_groups[d].push_back(d * pp + s);
-      dp_groups[s].push_back(d * pp + s);
-    }
-  }
-  auto pp_pgs = JoinGroups(world, pp_groups, "pp");
-  auto dp_pgs = dp > 1 ? JoinGroups(world, dp_groups, "dp") : decltype(pp_pgs)(world);
-  ASSERT_EQ(pp_pgs.size(), static_cast<size_t>(world));
-  ASSERT_EQ(dp_pgs.size(), static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      TrainerOptions o;
-      o.model_dir = model_dir;
-      o.config = c;
-      o.pp_group = std::make_shared<comm::ProcessGroupPipelineParallel>(pp_pgs[rank][0]);
-      if (dp > 1) {
-        std::shared_ptr<comm::ProcessGroup> dp_pg = dp_pgs[rank][0];
-        o.dp_size = dp;
-        o.dp_rank = rank / pp;
-        o.dp_all_reduce = [dp_pg](torch::Tensor& t) { return dp_pg->AllReduceSum(t, "dp"); };
-      }
-      body(rank, std::move(o));
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  RunGrid(pp, dp, "pp", [&](const GridRank& g) {
+    TrainerOptions o;
+    o.model_dir = model_dir;
+    o.config = c;
+    o.pp_group = std::make_shared<comm::ProcessGroupPipelineParallel>(g.mp);
+    WireDataParallel(g, o);
+    body(g.rank, std::move(o));
+  });
 }
 
 // GRPO with a KL loss to the reference (a forward-only pass through the pipeline), an entropy
