@@ -179,18 +179,8 @@ void OnGrid(int pp, int dp, const std::string& model_dir, const config::Config& 
 
 // GRPO with a KL loss to the reference (a forward-only pass through the pipeline), an entropy
 // bonus, advantage whitening and clipping by the global gradient norm; 8 samples, 2 optimizer
-// steps of 4 micro-batches per rollout.
-config::Config PpConfig() {
-  config::Config c = BaseConfig();
-  c.algorithm.use_kl_loss = true;
-  c.algorithm.kl_loss_coef = 0.05;
-  c.algorithm.entropy_coef = 0.01;
-  c.algorithm.normalize_advantages = true;
-  c.train.micro_batch_size = 1;
-  c.train.global_batch_size = 4;
-  c.train.clip_grad = 0.5;
-  return c;
-}
+// steps of 4 micro-batches per rollout (trainer_test_util.h).
+config::Config PpConfig() { return test_util::ModelParallelConfig(); }
 
 struct StageResult {
   std::vector<TrainRolloutResult> rollouts;

@@ -216,18 +216,8 @@ std::string MakeTpModelDir(const TempDir& dir, uint64_t seed, bool llama = false
 }
 
 // GRPO with a KL loss to the reference, an entropy bonus (the entropy's gradient) and clipping
-// by the global gradient norm; 8 samples, 2 optimizer steps per rollout.
-config::Config TpConfig() {
-  config::Config c = BaseConfig();
-  c.algorithm.use_kl_loss = true;
-  c.algorithm.kl_loss_coef = 0.05;
-  c.algorithm.entropy_coef = 0.01;
-  c.algorithm.normalize_advantages = true;
-  c.train.micro_batch_size = 1;
-  c.train.global_batch_size = 4;
-  c.train.clip_grad = 0.5;
-  return c;
-}
+// by the global gradient norm; 8 samples, 2 optimizer steps per rollout (trainer_test_util.h).
+config::Config TpConfig() { return test_util::ModelParallelConfig(); }
 
 struct RankResult {
   std::vector<TrainRolloutResult> rollouts;

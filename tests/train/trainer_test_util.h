@@ -75,6 +75,22 @@ inline config::Config BaseConfig() {
   return c;
 }
 
+// The model-parallel tests' config (tensor_parallel_test.cc, pipeline_parallel_test.cc), run
+// against one rank: GRPO with a KL loss to the reference, an entropy bonus, advantage whitening
+// and clipping by the global gradient norm; a batch of 8 samples is 2 optimizer steps of 4
+// micro-batches per rollout.
+inline config::Config ModelParallelConfig() {
+  config::Config c = BaseConfig();
+  c.algorithm.use_kl_loss = true;
+  c.algorithm.kl_loss_coef = 0.05;
+  c.algorithm.entropy_coef = 0.01;
+  c.algorithm.normalize_advantages = true;
+  c.train.micro_batch_size = 1;
+  c.train.global_batch_size = 4;
+  c.train.clip_grad = 0.5;
+  return c;
+}
+
 inline std::unique_ptr<Trainer> MakeTrainer(const std::string& model_dir,
                                             const config::Config& config) {
   TrainerOptions o;
