@@ -41,12 +41,9 @@ using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
 using slime::testing::SourceDir;
+using slime::testing::TestDataDir;
 using slime::testing::TrainBin;
 
-fs::path TestDataDir() {
-  const char* v = std::getenv("SLIME_TEST_DATA");
-  return v != nullptr && *v != '\0' ? fs::path(v) : fs::path(SourceDir()) / ".cache/testdata";
-}
 
 std::string ReadFile(const fs::path& path) {
   std::ifstream in(path);

@@ -33,6 +33,7 @@
 #include "promtool.h"
 #include "remove_tree.h"
 #include "slime/http/client.h"
+#include "test_paths.h"
 
 namespace slime {
 namespace {
@@ -41,18 +42,9 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
-std::string SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : SLIME_SOURCE_DIR_DEFAULT;
-}
-std::string TrainBin() {
-  const char* v = std::getenv("SLIME_TRAIN_BIN");
-  return v != nullptr && *v != '\0' ? v : SLIME_TRAIN_BIN_DEFAULT;
-}
-fs::path TestDataDir() {
-  const char* v = std::getenv("SLIME_TEST_DATA");
-  return v != nullptr && *v != '\0' ? fs::path(v) : fs::path(SourceDir()) / ".cache/testdata";
-}
+using slime::testing::SourceDir;
+using slime::testing::TestDataDir;
+using slime::testing::TrainBin;
 std::string ReadFile(const fs::path& path) {
   std::ifstream in(path);
   std::stringstream s;

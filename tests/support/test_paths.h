@@ -1,10 +1,12 @@
-// Test helper: where a test finds the repository and the real binary. ctest sets
-// SLIME_SOURCE_DIR and SLIME_TRAIN_BIN; a test run by hand falls back to the paths compiled in
-// by slime_add_test (SLIME_SOURCE_DIR_DEFAULT, SLIME_TRAIN_BIN_DEFAULT; cmake/SlimeModule.cmake).
+// Test helper: where a test finds the repository, the real binary and the fetched test data.
+// ctest sets SLIME_SOURCE_DIR and SLIME_TRAIN_BIN; a test run by hand falls back to the paths
+// compiled in by slime_add_test (SLIME_SOURCE_DIR_DEFAULT, SLIME_TRAIN_BIN_DEFAULT;
+// cmake/SlimeModule.cmake).
 #ifndef SLIME_TESTS_SUPPORT_TEST_PATHS_H_
 #define SLIME_TESTS_SUPPORT_TEST_PATHS_H_
 
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 namespace slime::testing {
@@ -19,6 +21,14 @@ inline std::string SourceDir() {
 inline std::string TrainBin() {
   const char* env = std::getenv("SLIME_TRAIN_BIN");
   return env != nullptr && *env != '\0' ? env : SLIME_TRAIN_BIN_DEFAULT;
+}
+
+// The fetched test data (scripts/fetch_test_data.sh): $SLIME_TEST_DATA when set and not empty,
+// else SourceDir()/.cache/testdata.
+inline std::filesystem::path TestDataDir() {
+  const char* env = std::getenv("SLIME_TEST_DATA");
+  return env != nullptr && *env != '\0' ? std::filesystem::path(env)
+                                          : std::filesystem::path(SourceDir()) / ".cache/testdata";
 }
 
 }  // namespace slime::testing
