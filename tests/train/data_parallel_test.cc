@@ -4,7 +4,9 @@
 // layout-independent form, and the Trainer with two real Gloo ranks (threads, TCPStore on
 // 127.0.0.1): ZeRO-1 over DP=2 equals one plain rank over several rollouts, checkpoints cross
 // between the two layouts, bucketed gradient all-reduce equals the per-parameter one, and bad
-// settings are refused with the setting named.
+// settings are refused with the setting named. Also the multi-rank harness's own contract (its
+// grid's groups, a rank's exception reported as a failure).
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -12,6 +14,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -328,6 +331,50 @@ TEST(DistributedOptimizerTest, BadOptionsAreNamed) {
   ASSERT_FALSE(strided.ok());
   EXPECT_NE(Msg(strided.status()).find("\"a.weight\" is not contiguous"), std::string::npos)
       << strided.status();
+}
+
+// ---- The multi-rank harness itself (multi_rank_harness.h) -------------------------------------
+
+// RunGrid's groups hold the documented ranks: on an MP=2 × DP=3 grid of real Gloo groups, the
+// global rank summed over a rank's MP group is the sum of the ranks with its dp_rank, over its DP
+// group the sum of the ranks with its mp_rank.
+TEST(MultiRankHarnessTest, GridGroupsHoldTheDocumentedRanks) {
+  constexpr int kMp = 2, kDp = 3;
+  std::vector<std::vector<double>> sums(kMp * kDp);
+  RunGrid(kMp, kDp, "grid", [&](const GridRank& g) {
+    EXPECT_EQ(g.rank, g.dp_rank * kMp + g.mp_rank);
+    ASSERT_NE(g.mp, nullptr);
+    ASSERT_NE(g.dp, nullptr);
+    EXPECT_EQ(g.mp->rank(), g.mp_rank);
+    EXPECT_EQ(g.mp->world_size(), kMp);
+    EXPECT_EQ(g.dp->rank(), g.dp_rank);
+    EXPECT_EQ(g.dp->world_size(), kDp);
+    torch::Tensor over_mp = torch::full({1}, static_cast<double>(g.rank), torch::kFloat64);
+    torch::Tensor over_dp = over_mp.clone();
+    Status s = g.mp->AllReduceSum(over_mp, "mp");
+    ASSERT_TRUE(s.ok()) << s;
+    s = g.dp->AllReduceSum(over_dp, "dp");
+    ASSERT_TRUE(s.ok()) << s;
+    sums[g.rank] = {over_mp.item<double>(), over_dp.item<double>()};
+  });
+  for (int rank = 0; rank < kMp * kDp; ++rank) {
+    double mp_sum = 0, dp_sum = 0;
+    for (int m = 0; m < kMp; ++m) mp_sum += (rank / kMp) * kMp + m;
+    for (int d = 0; d < kDp; ++d) dp_sum += d * kMp + rank % kMp;
+    ASSERT_EQ(sums[rank].size(), 2u) << "rank " << rank;
+    EXPECT_EQ(sums[rank][0], mp_sum) << "rank " << rank;
+    EXPECT_EQ(sums[rank][1], dp_sum) << "rank " << rank;
+  }
+}
+
+// An exception escaping a rank's body is a test failure naming the rank (not a terminate), and
+// the other ranks still finish.
+void ThrowOnRankTwo(int rank) {
+  if (rank == 2) throw std::runtime_error("boom");
+}
+
+TEST(MultiRankHarnessTest, AnExceptionOnARankIsAFailureNamingTheRank) {
+  EXPECT_NONFATAL_FAILURE_ON_ALL_THREADS(RunRanks(3, ThrowOnRankTwo), "rank 2 threw: boom");
 }
 
 // ---- Trainer: two real Gloo ranks ---------------------------------------------------------------
