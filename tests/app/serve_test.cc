@@ -44,7 +44,6 @@ using slime::testing::SourceDir;
 using slime::testing::TestDataDir;
 using slime::testing::TrainBin;
 
-
 std::string ReadFile(const fs::path& path) {
   std::ifstream in(path);
   std::stringstream s;

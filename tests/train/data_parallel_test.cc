@@ -645,9 +645,8 @@ TEST(DataParallelTrainerTest, BucketedAllReduceEqualsPerParameter) {
       TrainerOptions o;
       o.model_dir = model_dir;
       o.config = c;
-      o.dp_size = 2;
-      o.dp_rank = rank;
-      o.dp_all_reduce = [&group, &out, rank](torch::Tensor& t) {
+      group.Wire(rank, o);
+      o.dp_all_reduce = [&group, &out, rank](torch::Tensor& t) {  // counting the all-reduces
         out[rank].sizes.push_back(t.numel());
         return group.AllReduceSum(rank, t);
       };

@@ -124,8 +124,8 @@ inline void RunRanks(int world, const std::function<void(int rank)>& body) {
 // collectives' exact semantics and no c10d: every collective publishes the calling rank's
 // tensor, waits for all ranks, computes (sums in rank order, the same on every rank), and waits
 // again before anyone may publish the next one. Every rank must call the same collectives in
-// the same order (else it deadlocks: there is no deadline). Wire() sets an AdamWOptions' DP
-// seams to it.
+// the same order (else it deadlocks: there is no deadline). Wire() sets an AdamWOptions' or a
+// TrainerOptions' DP seams to it.
 class ThreadGroup {
  public:
   explicit ThreadGroup(int size) : size_(size), barrier_(size), slots_(size) {}
@@ -161,7 +161,10 @@ class ThreadGroup {
     return absl::OkStatus();
   }
 
-  void Wire(int rank, AdamWOptions& o) {
+  // Sets the DP seams of `o` — an AdamWOptions or a TrainerOptions: dp_size, dp_rank,
+  // dp_all_reduce, dp_reduce_scatter, dp_all_gather — to this group, as `rank`.
+  template <typename Options>
+  void Wire(int rank, Options& o) {
     o.dp_size = size_;
     o.dp_rank = rank;
     o.dp_all_reduce = [this, rank](torch::Tensor& t) { return AllReduceSum(rank, t); };

@@ -214,9 +214,7 @@ TEST(TrainerTest, TwoDataParallelRanksMatchOneRank) {
     TrainerOptions o;
     o.model_dir = model_dir;
     o.config = c;
-    o.dp_size = 2;
-    o.dp_rank = rank;
-    o.dp_all_reduce = [&group, rank](torch::Tensor& t) { return group.AllReduceSum(rank, t); };
+    group.Wire(rank, o);
     auto trainer = Trainer::Create(o);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
     ranks[rank] = std::move(*trainer);
