@@ -1,5 +1,6 @@
 // The multi-rank harness of the trainer tests (tensor_parallel_test.cc,
-// pipeline_parallel_test.cc, data_parallel_test.cc): ranks are threads of the test process,
+// pipeline_parallel_test.cc, data_parallel_test.cc, trainer_test.cc; its own contract is tested
+// in data_parallel_test.cc, MultiRankHarnessTest): ranks are threads of the test process,
 // joined by real c10d groups (comm::ProcessGroup; Gloo on CPU, NCCL in the GPU variants) whose
 // TCPStore listens on 127.0.0.1 at a free port (master_port 0, one store per group).
 //
