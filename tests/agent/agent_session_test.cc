@@ -25,6 +25,7 @@
 #include "slime/agent/session_server.h"
 #include "slime/http/client.h"
 #include "slime/rollout/coordinator.h"
+#include "test_paths.h"
 
 namespace slime::agent {
 namespace {
@@ -35,10 +36,7 @@ using ojson = nlohmann::ordered_json;
 using Ids = std::vector<int32_t>;
 using namespace std::chrono_literals;
 
-std::string SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : SLIME_SOURCE_DIR_DEFAULT;
-}
+using slime::testing::SourceDir;
 
 // node from $SLIME_NODE or $PATH; "" when absent.
 std::string FindNode() {

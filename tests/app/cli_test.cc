@@ -13,6 +13,8 @@
 #include <sstream>
 #include <string>
 
+#include "test_paths.h"
+
 namespace {
 
 struct RunResult {
@@ -21,15 +23,8 @@ struct RunResult {
   std::string err;
 };
 
-std::string SourceDir() {
-  const char* v = std::getenv("SLIME_SOURCE_DIR");
-  return v != nullptr && *v != '\0' ? v : SLIME_SOURCE_DIR_DEFAULT;
-}
-
-std::string TrainBin() {
-  const char* v = std::getenv("SLIME_TRAIN_BIN");
-  return v != nullptr && *v != '\0' ? v : SLIME_TRAIN_BIN_DEFAULT;
-}
+using slime::testing::SourceDir;
+using slime::testing::TrainBin;
 
 std::string ReadFile(const std::filesystem::path& path) {
   std::ifstream in(path);

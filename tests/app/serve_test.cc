@@ -9,14 +9,13 @@
 // out of a test (failed assertions included), so no process is left behind.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cerrno>
 #include <chrono>
@@ -32,6 +31,8 @@
 
 #include "nlohmann/json.hpp"
 #include "slime/http/client.h"
+#include "tensor_parallel_http.h"
+#include "test_paths.h"
 
 namespace {
 
@@ -39,20 +40,9 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
-std::string SourceDir() {
-  const char* v = std::getenv("SLIME_SOURCE_DIR");
-  return v != nullptr && *v != '\0' ? v : SLIME_SOURCE_DIR_DEFAULT;
-}
-
-std::string TrainBin() {
-  const char* v = std::getenv("SLIME_TRAIN_BIN");
-  return v != nullptr && *v != '\0' ? v : SLIME_TRAIN_BIN_DEFAULT;
-}
-
-fs::path TestDataDir() {
-  const char* v = std::getenv("SLIME_TEST_DATA");
-  return v != nullptr && *v != '\0' ? fs::path(v) : fs::path(SourceDir()) / ".cache/testdata";
-}
+using slime::testing::SourceDir;
+using slime::testing::TestDataDir;
+using slime::testing::TrainBin;
 
 std::string ReadFile(const fs::path& path) {
   std::ifstream in(path);
@@ -356,35 +346,7 @@ TEST_F(ServeTest, TensorParallelTwoServesWhatOneServes) {
   auto b = WaitListening(two);
   ASSERT_TRUE(a && b);
   slime::http::Client ca(a->host, a->port), cb(b->host, b->port);
-  auto info = cb.Get("/server_info");
-  ASSERT_TRUE(info.ok()) << info.status();
-  ASSERT_EQ(info->status, 200) << info->body;
-  EXPECT_EQ(info->Json().value("tp_size", 0), 2) << info->body;
-  EXPECT_EQ(info->Json().value("num_gpus", 0), 2) << info->body;
-  auto info1 = ca.Get("/get_server_info");
-  ASSERT_TRUE(info1.ok()) << info1.status();
-  EXPECT_EQ(info1->Json().value("tp_size", 0), 1) << info1->body;
-
-  json req = {{"input_ids", {{11, 22, 33, 44, 55, 66, 77}, {5, 4, 3}}},
-              {"sampling_params", {{"max_new_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}}},
-              {"return_logprob", true}};
-  auto ga = ca.Post("/generate", req.dump());
-  auto gb = cb.Post("/generate", req.dump());
-  ASSERT_TRUE(ga.ok() && gb.ok());
-  ASSERT_EQ(ga->status, 200) << ga->body;
-  ASSERT_EQ(gb->status, 200) << gb->body;
-  json ja = ga->Json(), jb = gb->Json();
-  ASSERT_TRUE(ja.is_array() && jb.is_array() && ja.size() == 2 && jb.size() == 2)
-      << ja.dump() << "\n" << jb.dump();
-  for (size_t i = 0; i < 2; ++i) {
-    EXPECT_EQ(ja[i]["output_ids"], jb[i]["output_ids"]) << "prompt " << i;
-    const json& la = ja[i]["meta_info"]["output_token_logprobs"];
-    const json& lb = jb[i]["meta_info"]["output_token_logprobs"];
-    ASSERT_EQ(la.size(), lb.size()) << "prompt " << i;
-    for (size_t t = 0; t < la.size(); ++t) {
-      EXPECT_NEAR(la[t][0].get<double>(), lb[t][0].get<double>(), 2e-4) << "prompt " << i;
-    }
-  }
+  slime::testing::ExpectTpTwoServesWhatOneServes(ca, cb);
   ca.Close();
   cb.Close();
   two.Signal(SIGTERM);

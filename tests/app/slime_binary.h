@@ -1,5 +1,6 @@
-// Test helper: runs the real `slime_train` binary (SLIME_TRAIN_BIN, set by ctest; the build's
-// binary otherwise) and captures its exit code, stdout and stderr.
+// Test helper: runs the real `slime_train` binary (TrainBin() of tests/support/test_paths.h:
+// SLIME_TRAIN_BIN, set by ctest; the build's binary otherwise) and captures its exit code, stdout
+// and stderr.
 #ifndef SLIME_TESTS_APP_SLIME_BINARY_H_
 #define SLIME_TESTS_APP_SLIME_BINARY_H_
 
@@ -14,17 +15,9 @@
 #include <sstream>
 #include <string>
 
+#include "test_paths.h"  // SourceDir(), TrainBin()
+
 namespace slime::testing {
-
-inline std::string SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : SLIME_SOURCE_DIR_DEFAULT;
-}
-
-inline std::string TrainBin() {
-  const char* v = std::getenv("SLIME_TRAIN_BIN");
-  return v != nullptr && *v != '\0' ? v : SLIME_TRAIN_BIN_DEFAULT;
-}
 
 struct BinaryResult {
   int exit_code = -1;  // -1: did not run or did not exit normally

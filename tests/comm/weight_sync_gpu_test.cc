@@ -38,6 +38,7 @@
 #include "slime/model/config.h"
 #include "slime/model/init_random_model.h"
 #include "slime/model/weights.h"
+#include "test_paths.h"
 
 namespace slime::comm {
 namespace {
@@ -45,10 +46,7 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-std::string SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : SLIME_SOURCE_DIR_DEFAULT;
-}
+using slime::testing::SourceDir;
 
 struct ServedEngine {
   std::unique_ptr<engine::Engine> engine;

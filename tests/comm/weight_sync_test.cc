@@ -27,6 +27,7 @@
 #include "slime/model/config.h"
 #include "slime/model/init_random_model.h"
 #include "slime/model/weights.h"
+#include "test_paths.h"
 
 namespace slime::comm {
 namespace {
@@ -35,10 +36,7 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::string SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : SLIME_SOURCE_DIR_DEFAULT;
-}
+using slime::testing::SourceDir;
 
 std::string TempPath(const std::string& name) {
   return (fs::temp_directory_path() /

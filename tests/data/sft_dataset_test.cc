@@ -17,6 +17,7 @@
 
 #include "slime/tokenizer/tokenizer.h"
 #include "slime/tokenizer/unicode.h"
+#include "test_paths.h"
 
 namespace slime::data {
 namespace {
@@ -106,10 +107,7 @@ std::unique_ptr<Tokenizer> TinyTokenizer(const std::string& chat_template) {
   return tok.ok() ? std::move(tok).value() : nullptr;
 }
 
-std::string SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  return (env != nullptr && *env != '\0') ? env : SLIME_SOURCE_DIR_DEFAULT;
-}
+using slime::testing::SourceDir;
 
 // The real Qwen3 tokenizer (loaded once), or nullptr and `*why`.
 const Tokenizer* Qwen3(std::string* why) {

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <random>
 
-#include "remove_tree.h"
+#include "engine_test_util.h"
 #include "slime/engine/engine.h"
 #include "slime/engine/model_runner.h"
 #include "slime/engine/paged_kv.h"
@@ -22,13 +22,6 @@
 
 namespace slime::engine {
 namespace {
-
-namespace fs = std::filesystem;
-
-std::string SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : SLIME_SOURCE_DIR_DEFAULT;
-}
 
 int cudaMemGetInfoWrapper(size_t* free_bytes, size_t* total_bytes) {
 #ifdef SLIME_WITH_CUDA
@@ -45,16 +38,8 @@ int cudaMemGetInfoWrapper(size_t* free_bytes, size_t* total_bytes) {
 
 // qwen3-tiny (head_dim 32, 4 heads over 2 KV heads, real Qwen3 vocabulary) with random weights.
 const std::string& TinyModel() {
-  static const std::string dir = [] {
-    std::string d = (fs::temp_directory_path() / ("slime-engine-gpu-" + std::to_string(::getpid())))
-                        .string();
-    slime::testing::RemoveTreeAtExit(d);
-    Status s = model::InitRandomModel(SourceDir() + "/tests/data/model/configs/qwen3-tiny.json",
-                                      SourceDir() + "/.cache/testdata/qwen3", d, 3, "bf16");
-    EXPECT_TRUE(s.ok()) << s;
-    return d;
-  }();
-  return dir;
+  return test_util::RandomModelDir("engine-gpu", test_util::TestModelConfig("qwen3-tiny.json"), 3,
+                                   "bf16");
 }
 
 std::unique_ptr<ModelRunner> Runner(const std::string& dtype, bool fuse = true) {
@@ -325,16 +310,8 @@ TEST(EngineGpuTest, GreedyOutputSurvivesWeightOffload) {
 // addresses and the greedy output (with log-probs) is unchanged.
 TEST(EngineGpuTest, FusedGraphsSurviveAWeightReleaseCycle) {
   SKIP_WITHOUT_CUDA();
-  static const std::string dir = [] {
-    std::string d =
-        (fs::temp_directory_path() / ("slime-engine-gpu-hd128-" + std::to_string(::getpid())))
-            .string();
-    slime::testing::RemoveTreeAtExit(d);
-    Status s = model::InitRandomModel(SourceDir() + "/tests/data/model/configs/qwen3-hd128-test.json",
-                                      SourceDir() + "/.cache/testdata/qwen3", d, 5, "bf16");
-    EXPECT_TRUE(s.ok()) << s;
-    return d;
-  }();
+  const std::string& dir = test_util::RandomModelDir(
+      "engine-gpu-hd128", test_util::TestModelConfig("qwen3-hd128-test.json"), 5, "bf16");
   EngineOptions o;
   o.model_path = dir;
   o.device = "cuda";

@@ -21,6 +21,7 @@
 #include "slime/model/decoder.h"
 #include "slime/model/init_random_model.h"
 #include "slime/tokenizer/tokenizer.h"
+#include "test_paths.h"
 
 namespace slime::engine {
 namespace {
@@ -28,10 +29,7 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-std::string SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : SLIME_SOURCE_DIR_DEFAULT;
-}
+using slime::testing::SourceDir;
 
 // Writes a random-weight model (real Qwen3 tokenizer) once per test binary.
 class ModelDir {

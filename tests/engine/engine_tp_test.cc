@@ -30,8 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include "engine_test_util.h"
 #include "nlohmann/json.hpp"
-#include "remove_tree.h"
 #include "slime/comm/process_group.h"
 #include "slime/comm/weight_sender.h"
 #include "slime/engine/engine.h"
@@ -43,18 +43,14 @@
 #include "slime/model/config.h"
 #include "slime/model/init_random_model.h"
 #include "slime/model/weights.h"
+#include "tensor_parallel_http.h"
 
 namespace slime::engine {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : SLIME_SOURCE_DIR_DEFAULT;
-}
-
-std::string TokenizerDir() { return SourceDir() + "/.cache/testdata/qwen3"; }
+using test_util::TokenizerDir;
 
 #ifdef SLIME_ENGINE_TP_GPU_TEST
 constexpr bool kGpu = true;
@@ -83,25 +79,17 @@ const char* kLlamaConfig = R"({
 // A random-weight model directory (real Qwen3 tokenizer), removed at exit. `arch`: "qwen3" (the
 // tied engine test model; on GPU qwen3-tiny) or "llama".
 std::string ModelDir(const std::string& arch, uint64_t seed) {
-  const std::string dir = (fs::temp_directory_path() /
-                           fmt::format("slime-engine-tp-{}-{}-{}-{}", kGpu ? "gpu" : "cpu", arch,
-                                       seed, ::getpid()))
-                              .string();
-  if (fs::exists(dir + "/config.json")) return dir;
-  slime::testing::RemoveTree(dir);
-  slime::testing::RemoveTreeAtExit(dir);
+  const std::string name = fmt::format("engine-tp-{}-{}-{}", kGpu ? "gpu" : "cpu", arch, seed);
   std::string config;
   if (arch == "llama") {
-    config = dir + ".config.json";
+    config = (fs::temp_directory_path() / fmt::format("slime-{}-{}.config.json", name, ::getpid()))
+                 .string();
     std::ofstream(config) << kLlamaConfig;
     slime::testing::RemoveTreeAtExit(config);
   } else {
-    config = SourceDir() + (kGpu ? "/tests/data/model/configs/qwen3-tiny.json"
-                                 : "/tests/data/model/configs/qwen3-engine-test.json");
+    config = test_util::TestModelConfig(kGpu ? "qwen3-tiny.json" : "qwen3-engine-test.json");
   }
-  Status s = model::InitRandomModel(config, TokenizerDir(), dir, seed, Setup().init_dtype);
-  EXPECT_TRUE(s.ok()) << s;
-  return dir;
+  return test_util::RandomModelDir(name, config, seed, Setup().init_dtype);
 }
 
 std::unique_ptr<Engine> MakeEngine(const std::string& model_dir, int tp) {
@@ -427,36 +415,7 @@ TEST(EngineTensorParallelHttpTest, ServerReportsTpSizeAndServesTheSameTokens) {
   auto s2 = EngineServer::Start(two.get(), &registry2, so);
   ASSERT_TRUE(s1.ok() && s2.ok());
   http::Client c1("127.0.0.1", (*s1)->port()), c2("127.0.0.1", (*s2)->port());
-  auto info = c2.Get("/server_info");
-  ASSERT_TRUE(info.ok()) << info.status();
-  ASSERT_EQ(info->status, 200) << info->body;
-  EXPECT_EQ(info->Json().value("tp_size", 0), 2) << info->body;
-  EXPECT_EQ(info->Json().value("num_gpus", 0), 2) << info->body;
-  auto info1 = c1.Get("/get_server_info");
-  ASSERT_TRUE(info1.ok()) << info1.status();
-  EXPECT_EQ(info1->Json().value("tp_size", 0), 1) << info1->body;
-  nlohmann::json req = {
-      {"input_ids", {{11, 22, 33, 44, 55, 66, 77}, {5, 4, 3}}},
-      {"sampling_params", {{"max_new_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}}},
-      {"return_logprob", true}};
-  auto g1 = c1.Post("/generate", req.dump());
-  auto g2 = c2.Post("/generate", req.dump());
-  ASSERT_TRUE(g1.ok() && g2.ok());
-  ASSERT_EQ(g1->status, 200) << g1->body;
-  ASSERT_EQ(g2->status, 200) << g2->body;
-  nlohmann::json j1 = g1->Json(), j2 = g2->Json();
-  ASSERT_TRUE(j1.is_array() && j2.is_array() && j1.size() == 2 && j2.size() == 2)
-      << j1.dump() << "\n" << j2.dump();
-  for (size_t i = 0; i < 2; ++i) {
-    EXPECT_EQ(j1[i]["output_ids"], j2[i]["output_ids"]) << "prompt " << i;
-    const nlohmann::json& l1 = j1[i]["meta_info"]["output_token_logprobs"];
-    const nlohmann::json& l2 = j2[i]["meta_info"]["output_token_logprobs"];
-    ASSERT_EQ(l1.size(), 6u) << j1.dump();
-    ASSERT_EQ(l2.size(), 6u) << j2.dump();
-    for (size_t t = 0; t < 6; ++t) {
-      EXPECT_NEAR(l1[t][0].get<double>(), l2[t][0].get<double>(), 2e-4) << "prompt " << i;
-    }
-  }
+  slime::testing::ExpectTpTwoServesWhatOneServes(c1, c2);
   c1.Close();
   c2.Close();
   (*s1)->Stop();

@@ -21,6 +21,7 @@
 #include "slime/plugin/plugin_generator.h"
 #include "slime/reward/reward.h"
 #include "slime/rollout/coordinator.h"
+#include "test_paths.h"
 
 namespace slime::plugin {
 namespace {
@@ -28,10 +29,7 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-std::string SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : SLIME_SOURCE_DIR_DEFAULT;
-}
+using slime::testing::SourceDir;
 
 // One greedy /generate on the engine (stopping on `stop_ids`): output ids and log-probs.
 struct Replay {

@@ -28,6 +28,7 @@
 #include "slime/model/init_random_model.h"
 #include "slime/reward/reward.h"
 #include "slime/rollout/coordinator.h"
+#include "test_paths.h"
 
 namespace slime::rollout {
 namespace {
@@ -35,10 +36,7 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-std::string SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : SLIME_SOURCE_DIR_DEFAULT;
-}
+using slime::testing::SourceDir;
 
 struct EngineUnderTest {
   std::unique_ptr<metrics::Registry> registry;

@@ -4,21 +4,21 @@
 // layout-independent form, and the Trainer with two real Gloo ranks (threads, TCPStore on
 // 127.0.0.1): ZeRO-1 over DP=2 equals one plain rank over several rollouts, checkpoints cross
 // between the two layouts, bucketed gradient all-reduce equals the per-parameter one, and bad
-// settings are refused with the setting named.
+// settings are refused with the setting named. Also the multi-rank harness's own contract (its
+// grid's groups, a rank's exception reported as a failure).
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <functional>
-#include <future>
 #include <memory>
+#include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "slime/comm/process_group.h"
+#include "multi_rank_harness.h"
 #include "slime/train/checkpoint.h"
 #include "slime/train/critic.h"
 #include "slime/train/optimizer.h"
@@ -31,70 +31,18 @@ namespace {
 using model::testing::TempDir;
 using test_util::BaseConfig;
 using test_util::ExpectBitwiseEqual;
+using test_util::GridRank;
 using test_util::MakeBatch;
 using test_util::MakeModelDir;
 using test_util::MakeTrainer;
 using test_util::Msg;
+using test_util::RunGrid;
+using test_util::RunRanks;
+using test_util::ThreadGroup;
 using test_util::Train;
 using test_util::Value;
 using test_util::Weights;
-
-// ---- An in-process group with the collectives' exact semantics ---------------------------------
-
-// Ranks are threads; every collective publishes the rank's tensor, waits for all, computes, and
-// waits again before anyone may publish the next one.
-class ThreadGroup {
- public:
-  explicit ThreadGroup(int size) : size_(size), barrier_(size), slots_(size) {}
-  int size() const { return size_; }
-
-  Status AllReduceSum(int rank, torch::Tensor& t) {
-    slots_[rank] = t.clone();
-    barrier_.arrive_and_wait();
-    torch::Tensor sum = torch::zeros_like(t);
-    for (const torch::Tensor& s : slots_) sum += s;  // same order on every rank
-    barrier_.arrive_and_wait();
-    t.copy_(sum);
-    return absl::OkStatus();
-  }
-  Status ReduceScatterSum(int rank, const torch::Tensor& in, torch::Tensor& out) {
-    const int64_t n = out.numel();
-    EXPECT_EQ(in.numel(), n * size_);
-    slots_[rank] = in.clone();
-    barrier_.arrive_and_wait();
-    torch::Tensor sum = torch::zeros_like(out);
-    for (const torch::Tensor& s : slots_) sum += s.narrow(0, rank * n, n);
-    barrier_.arrive_and_wait();
-    out.copy_(sum);
-    return absl::OkStatus();
-  }
-  Status AllGather(int rank, const torch::Tensor& in, torch::Tensor& out) {
-    const int64_t n = in.numel();
-    EXPECT_EQ(out.numel(), n * size_);
-    slots_[rank] = in.clone();
-    barrier_.arrive_and_wait();
-    for (int r = 0; r < size_; ++r) out.narrow(0, r * n, n).copy_(slots_[r]);
-    barrier_.arrive_and_wait();
-    return absl::OkStatus();
-  }
-
-  void Wire(int rank, AdamWOptions& o) {
-    o.dp_size = size_;
-    o.dp_rank = rank;
-    o.dp_all_reduce = [this, rank](torch::Tensor& t) { return AllReduceSum(rank, t); };
-    o.dp_reduce_scatter = [this, rank](const torch::Tensor& in, torch::Tensor& out) {
-      return ReduceScatterSum(rank, in, out);
-    };
-    o.dp_all_gather = [this, rank](const torch::Tensor& in, torch::Tensor& out) {
-      return AllGather(rank, in, out);
-    };
-  }
-
- private:
-  int size_;
-  std::barrier<> barrier_;
-  std::vector<torch::Tensor> slots_;
-};
+using test_util::WireDataParallel;
 
 // ---- AdamW: sharded vs plain -----------------------------------------------------------------
 
@@ -163,30 +111,26 @@ void ExpectShardedEqualsPlain(int dp, int64_t bucket_size) {
   ThreadGroup group(dp);
   std::vector<OptimizerState> gathered(dp);
   std::vector<std::vector<double>> norms(dp);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < dp; ++rank) {
-    threads.emplace_back([&, rank] {
-      AdamWOptions o = Options();
-      o.distributed = true;
-      o.bucket_size = bucket_size;
-      group.Wire(rank, o);
-      auto opt = AdamW::Create(ranks[rank].Params(), o);
-      ASSERT_TRUE(opt.ok()) << opt.status();
-      for (int step = 0; step < kSteps; ++step) {
-        for (int i = 0; i < 5; ++i) {
-          if (i == 2) continue;  // frozen
-          ranks[rank].tensors[i].mutable_grad() = RankGrad(ranks[rank].tensors[i], i, rank, step);
-        }
-        auto r = (*opt)->Step(0.05);
-        ASSERT_TRUE(r.ok()) << r.status();
-        norms[rank].push_back(r->grad_norm);
+  RunRanks(dp, [&](int rank) {
+    AdamWOptions o = Options();
+    o.distributed = true;
+    o.bucket_size = bucket_size;
+    group.Wire(rank, o);
+    auto opt = AdamW::Create(ranks[rank].Params(), o);
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    for (int step = 0; step < kSteps; ++step) {
+      for (int i = 0; i < 5; ++i) {
+        if (i == 2) continue;  // frozen
+        ranks[rank].tensors[i].mutable_grad() = RankGrad(ranks[rank].tensors[i], i, rank, step);
       }
-      auto state = (*opt)->GatherState();
-      ASSERT_TRUE(state.ok()) << state.status();
-      gathered[rank] = *state;
-    });
-  }
-  for (std::thread& t : threads) t.join();
+      auto r = (*opt)->Step(0.05);
+      ASSERT_TRUE(r.ok()) << r.status();
+      norms[rank].push_back(r->grad_norm);
+    }
+    auto state = (*opt)->GatherState();
+    ASSERT_TRUE(state.ok()) << state.status();
+    gathered[rank] = *state;
+  });
 
   std::vector<double> plain_norms;
   for (int step = 0; step < kSteps; ++step) {
@@ -306,39 +250,35 @@ TEST(DistributedOptimizerTest, StateCrossesBetweenPlainAndSharded) {
   ThreadGroup group(kDp);
   std::vector<ParamSet> ranks(kDp);
   std::vector<OptimizerState> regathered(kDp);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kDp; ++rank) {
-    threads.emplace_back([&, rank] {
-      ranks[rank] = MakeParams(torch::kFloat32);  // fresh weights: ImportState must not need them
-      for (size_t i = 0; i < saved_weights.size(); ++i) {
-        torch::NoGradGuard no_grad;
-        ranks[rank].tensors[i].copy_(saved_weights[i]);
+  RunRanks(kDp, [&](int rank) {
+    ranks[rank] = MakeParams(torch::kFloat32);  // fresh weights: ImportState must not need them
+    for (size_t i = 0; i < saved_weights.size(); ++i) {
+      torch::NoGradGuard no_grad;
+      ranks[rank].tensors[i].copy_(saved_weights[i]);
+    }
+    AdamWOptions o = Options();
+    o.distributed = true;
+    o.bucket_size = 4;
+    group.Wire(rank, o);
+    auto opt = AdamW::Create(ranks[rank].Params(), o);
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    Status imported = (*opt)->ImportState(saved);
+    ASSERT_TRUE(imported.ok()) << imported;
+    EXPECT_EQ((*opt)->step(), 2);
+    auto state = (*opt)->GatherState(/*keep=*/rank == 0);
+    ASSERT_TRUE(state.ok()) << state.status();
+    regathered[rank] = *state;
+    for (int step = 2; step < 4; ++step) {
+      for (int i : {0, 1, 3, 4}) {
+        torch::Tensor sum = torch::zeros(ranks[rank].tensors[i].sizes());
+        // Rank 0 carries the whole gradient, the others zeros: the sum is rank 0's.
+        if (rank == 0) sum = RankGrad(ranks[rank].tensors[i], i, 0, step);
+        ranks[rank].tensors[i].mutable_grad() = sum;
       }
-      AdamWOptions o = Options();
-      o.distributed = true;
-      o.bucket_size = 4;
-      group.Wire(rank, o);
-      auto opt = AdamW::Create(ranks[rank].Params(), o);
-      ASSERT_TRUE(opt.ok()) << opt.status();
-      Status imported = (*opt)->ImportState(saved);
-      ASSERT_TRUE(imported.ok()) << imported;
-      EXPECT_EQ((*opt)->step(), 2);
-      auto state = (*opt)->GatherState(/*keep=*/rank == 0);
-      ASSERT_TRUE(state.ok()) << state.status();
-      regathered[rank] = *state;
-      for (int step = 2; step < 4; ++step) {
-        for (int i : {0, 1, 3, 4}) {
-          torch::Tensor sum = torch::zeros(ranks[rank].tensors[i].sizes());
-          // Rank 0 carries the whole gradient, the others zeros: the sum is rank 0's.
-          if (rank == 0) sum = RankGrad(ranks[rank].tensors[i], i, 0, step);
-          ranks[rank].tensors[i].mutable_grad() = sum;
-        }
-        auto r = (*opt)->Step(0.05);
-        ASSERT_TRUE(r.ok()) << r.status();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+      auto r = (*opt)->Step(0.05);
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+  });
   // Rank 0 kept the gathered state: exactly the imported one. The others kept only the step.
   ASSERT_EQ(regathered[0].tensors.size(), saved.tensors.size());
   for (size_t k = 0; k < saved.tensors.size(); ++k) {
@@ -393,43 +333,62 @@ TEST(DistributedOptimizerTest, BadOptionsAreNamed) {
       << strided.status();
 }
 
+// ---- The multi-rank harness itself (multi_rank_harness.h) -------------------------------------
+
+// RunGrid's groups hold the documented ranks: on an MP=2 × DP=3 grid of real Gloo groups, the
+// global rank summed over a rank's MP group is the sum of the ranks with its dp_rank, over its DP
+// group the sum of the ranks with its mp_rank.
+TEST(MultiRankHarnessTest, GridGroupsHoldTheDocumentedRanks) {
+  constexpr int kMp = 2, kDp = 3;
+  std::vector<std::vector<double>> sums(kMp * kDp);
+  RunGrid(kMp, kDp, "grid", [&](const GridRank& g) {
+    EXPECT_EQ(g.rank, g.dp_rank * kMp + g.mp_rank);
+    ASSERT_NE(g.mp, nullptr);
+    ASSERT_NE(g.dp, nullptr);
+    EXPECT_EQ(g.mp->rank(), g.mp_rank);
+    EXPECT_EQ(g.mp->world_size(), kMp);
+    EXPECT_EQ(g.dp->rank(), g.dp_rank);
+    EXPECT_EQ(g.dp->world_size(), kDp);
+    torch::Tensor over_mp = torch::full({1}, static_cast<double>(g.rank), torch::kFloat64);
+    torch::Tensor over_dp = over_mp.clone();
+    Status s = g.mp->AllReduceSum(over_mp, "mp");
+    ASSERT_TRUE(s.ok()) << s;
+    s = g.dp->AllReduceSum(over_dp, "dp");
+    ASSERT_TRUE(s.ok()) << s;
+    sums[g.rank] = {over_mp.item<double>(), over_dp.item<double>()};
+  });
+  for (int rank = 0; rank < kMp * kDp; ++rank) {
+    double mp_sum = 0, dp_sum = 0;
+    for (int m = 0; m < kMp; ++m) mp_sum += (rank / kMp) * kMp + m;
+    for (int d = 0; d < kDp; ++d) dp_sum += d * kMp + rank % kMp;
+    ASSERT_EQ(sums[rank].size(), 2u) << "rank " << rank;
+    EXPECT_EQ(sums[rank][0], mp_sum) << "rank " << rank;
+    EXPECT_EQ(sums[rank][1], dp_sum) << "rank " << rank;
+  }
+}
+
+// An exception escaping a rank's body is a test failure naming the rank (not a terminate), and
+// the other ranks still finish.
+void ThrowOnRankTwo(int rank) {
+  if (rank == 2) throw std::runtime_error("boom");
+}
+
+TEST(MultiRankHarnessTest, AnExceptionOnARankIsAFailureNamingTheRank) {
+  EXPECT_NONFATAL_FAILURE_ON_ALL_THREADS(RunRanks(3, ThrowOnRankTwo), "rank 2 threw: boom");
+}
+
 // ---- Trainer: two real Gloo ranks ---------------------------------------------------------------
 
 // Runs fn(rank, trainer options with the DP seams) on two threads joined by a Gloo group over
-// TCPStore on 127.0.0.1. The reduce-scatter and all-gather are built from the group's all-reduce
-// (optimizer.h), as the trainer worker wires them.
+// TCPStore on 127.0.0.1 (multi_rank_harness.h). The reduce-scatter and all-gather are built
+// from the group's all-reduce (optimizer.h), as the trainer worker wires them.
 void RunTwoGlooRanks(const std::string& name,
                      const std::function<void(int rank, TrainerOptions& o)>& fn) {
-  comm::ProcessGroupOptions po;
-  po.world_size = 2;
-  po.backend = "gloo";
-  po.group_name = name;
-  po.timeout_s = 120;
-  auto root = comm::ProcessGroup::Open(po);
-  ASSERT_TRUE(root.ok()) << root.status();
-  const int port = (*root)->port();
-  auto run = [&](int rank, comm::ProcessGroup& pg) {
+  RunGrid(/*mp=*/1, /*dp=*/2, name, [&](const GridRank& g) {
     TrainerOptions o;
-    o.dp_size = 2;
-    o.dp_rank = rank;
-    comm::ProcessGroup* group = &pg;
-    o.dp_all_reduce = [group](torch::Tensor& t) { return group->AllReduceSum(t, "dp test"); };
-    o.dp_reduce_scatter = ReduceScatterThroughAllReduce(o.dp_all_reduce, 2, rank);
-    o.dp_all_gather = AllGatherThroughAllReduce(o.dp_all_reduce, 2, rank);
-    fn(rank, o);
-  };
-  std::thread peer([&] {
-    comm::ProcessGroupOptions p = po;
-    p.rank = 1;
-    p.master_port = port;
-    auto pg = comm::ProcessGroup::Create(p);
-    ASSERT_TRUE(pg.ok()) << pg.status();
-    run(1, **pg);
+    WireDataParallel(g, o);
+    fn(g.rank, o);
   });
-  Status joined = (*root)->Join();
-  EXPECT_TRUE(joined.ok()) << joined;
-  if (joined.ok()) run(0, **root);
-  peer.join();
 }
 
 config::Config DpConfig() {
@@ -682,29 +641,24 @@ TEST(DataParallelTrainerTest, BucketedAllReduceEqualsPerParameter) {
     c.train.ddp_bucket_size = bucket_size;
     ThreadGroup group(2);
     std::vector<Run> out(2);
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < 2; ++rank) {
-      threads.emplace_back([&, rank] {
-        TrainerOptions o;
-        o.model_dir = model_dir;
-        o.config = c;
-        o.dp_size = 2;
-        o.dp_rank = rank;
-        o.dp_all_reduce = [&group, &out, rank](torch::Tensor& t) {
-          out[rank].sizes.push_back(t.numel());
-          return group.AllReduceSum(rank, t);
-        };
-        auto trainer = Trainer::Create(o);
-        ASSERT_TRUE(trainer.ok()) << trainer.status();
-        for (int rollout = 0; rollout < 2; ++rollout) {
-          auto r = (*trainer)->TrainRollout(rollout, batch);
-          ASSERT_TRUE(r.ok()) << r.status();
-          out[rank].results.push_back(*r);
-        }
-        out[rank].weights = Weights(**trainer);
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    RunRanks(2, [&](int rank) {
+      TrainerOptions o;
+      o.model_dir = model_dir;
+      o.config = c;
+      group.Wire(rank, o);
+      o.dp_all_reduce = [&group, &out, rank](torch::Tensor& t) {  // counting the all-reduces
+        out[rank].sizes.push_back(t.numel());
+        return group.AllReduceSum(rank, t);
+      };
+      auto trainer = Trainer::Create(o);
+      ASSERT_TRUE(trainer.ok()) << trainer.status();
+      for (int rollout = 0; rollout < 2; ++rollout) {
+        auto r = (*trainer)->TrainRollout(rollout, batch);
+        ASSERT_TRUE(r.ok()) << r.status();
+        out[rank].results.push_back(*r);
+      }
+      out[rank].weights = Weights(**trainer);
+    });
     return out[0];
   };
   const Run per_parameter = run(1);

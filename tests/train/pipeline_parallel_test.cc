@@ -28,14 +28,13 @@
 #include <torch/torch.h>
 
 #include <functional>
-#include <future>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "multi_rank_harness.h"
 #include "slime/comm/process_group.h"
 #include "slime/comm/tensor_parallel_group.h"
 #include "slime/model/decoder.h"
@@ -50,14 +49,10 @@ namespace {
 
 using model::testing::TempDir;
 using test_util::BaseConfig;
+using test_util::ExpectClose;
 using test_util::MakeBatch;
+using test_util::Replace;
 using test_util::Train;
-
-void Replace(std::string& json, const std::string& from, const std::string& to) {
-  const size_t at = json.find(from);
-  ASSERT_NE(at, std::string::npos) << from;
-  json.replace(at, from.size(), to);
-}
 
 // The tiny Qwen3 (untied, q/k norms) with 4 layers, or the tiny Qwen2 (tied embeddings, q/k/v
 // biases) with 2 layers, as an HF directory with random float32 weights.
@@ -69,23 +64,7 @@ std::string MakePpModelDir(const TempDir& dir, uint64_t seed, bool tied = false,
   const std::string vocab = tp > 1 ? "\"vocab_size\": 104" : "\"vocab_size\": 101";
   if (tied) Replace(json, "\"vocab_size\": 97", vocab);  // MakeBatch's ids
   if (!tied && tp > 1) Replace(json, "\"vocab_size\": 101", vocab);
-  const std::string path = dir.Join(tied ? "tied" : "m");
-  auto config = model::ParseModelConfigJson(json, "tiny");
-  EXPECT_TRUE(config.ok()) << config.status();
-  auto weights = model::RandomWeights(*config, seed, {});
-  EXPECT_TRUE(weights.ok()) << weights.status();
-  model::testing::WriteFile(path + "/config.json", json);
-  Status saved = model::SaveWeights(path, *weights, *config);
-  EXPECT_TRUE(saved.ok()) << saved;
-  return path;
-}
-
-void ExpectClose(const torch::Tensor& got, const torch::Tensor& want, const std::string& what,
-                 double tol) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const torch::Tensor diff =
-      got.to(torch::kCPU, torch::kFloat32) - want.to(torch::kCPU, torch::kFloat32);
-  EXPECT_LT(diff.abs().max().item<double>(), tol) << what;
+  return test_util::MakeModelDirFromJson(dir, tied ? "tied" : "m", json, seed);
 }
 
 #ifndef SLIME_PP_GPU_TEST  // the stage tests run in the CPU target only
@@ -199,46 +178,6 @@ TEST(PipelineStageTest, ChainedStagesWithTiedEmbeddingsMatchTheWholeModel) {
 
 // ---- the trainer over Gloo groups
 
-// groups[k] lists global ranks; returns, per global rank, its joined ProcessGroup of each group
-// it is in (in the order of `groups`).
-// With `cuda`, NCCL groups and global rank r on cuda:r.
-std::vector<std::vector<std::shared_ptr<comm::ProcessGroup>>> JoinGroups(
-    int world, const std::vector<std::vector<int>>& groups, const std::string& name,
-    bool cuda = false) {
-  std::vector<std::vector<std::shared_ptr<comm::ProcessGroup>>> out(world);
-  for (size_t g = 0; g < groups.size(); ++g) {
-    comm::ProcessGroupOptions o;
-    o.world_size = static_cast<int>(groups[g].size());
-    o.backend = cuda ? "nccl" : "gloo";
-    o.cuda_device = groups[g][0];
-    o.group_name = name + std::to_string(g);
-    o.timeout_s = 120;
-    auto root = comm::ProcessGroup::Open(o);
-    EXPECT_TRUE(root.ok()) << root.status();
-    if (!root.ok()) return {};
-    std::shared_ptr<comm::ProcessGroup> first = std::move(*root);
-    std::vector<std::future<std::shared_ptr<comm::ProcessGroup>>> joined;
-    for (int r = 0; r < o.world_size; ++r) {
-      joined.push_back(std::async(std::launch::async, [&, r] {
-        if (r == 0) {
-          Status s = first->Join();
-          EXPECT_TRUE(s.ok()) << s;
-          return first;
-        }
-        comm::ProcessGroupOptions p = o;
-        p.rank = r;
-        p.master_port = first->port();
-        p.cuda_device = groups[g][r];
-        auto pg = comm::ProcessGroup::Create(p);
-        EXPECT_TRUE(pg.ok()) << pg.status();
-        return pg.ok() ? std::shared_ptr<comm::ProcessGroup>(std::move(*pg)) : nullptr;
-      }));
-    }
-    for (int r = 0; r < o.world_size; ++r) out[groups[g][r]].push_back(joined[r].get());
-  }
-  return out;
-}
-
 // The grid of a PP × DP × TP run: global rank = (dp · TP + tp) · PP + stage. Pipeline groups
 // share a DP and a TP index (stage s talks to stage s+1 of its own TP index), TP groups a DP
 // index and a stage, DP groups a TP index and a stage.
@@ -259,9 +198,9 @@ struct Grid {
   int dp_rank(int rank) const { return rank / (pp * tp); }
 };
 
-// Runs body(rank, options) on the grid's threads with real Gloo groups; with
-// train.use_distributed_optimizer and dp > 1 the options carry the DP reduce-scatter and
-// all-gather too.
+// Runs body(rank, options) on the grid's threads (multi_rank_harness.h) with real Gloo (NCCL
+// with `cuda`) groups; at dp > 1 the options carry the DP seams, the reduce-scatter and
+// all-gather of the distributed optimizer included.
 void OnGrid(const Grid& g, const std::string& model_dir, const config::Config& c,
             const std::function<void(int, TrainerOptions)>& body) {
   const int world = g.world();
@@ -284,63 +223,41 @@ void OnGrid(const Grid& g, const std::string& model_dir, const config::Config& c
       for (int t = 0; t < g.tp; ++t) tp_groups.back().push_back(g.rank(d, t, s));
     }
   }
-  using Joined = std::vector<std::vector<std::shared_ptr<comm::ProcessGroup>>>;
-  Joined pp_pgs = JoinGroups(world, pp_groups, "pp", g.cuda);
-  Joined dp_pgs = g.dp > 1 ? JoinGroups(world, dp_groups, "dp", g.cuda) : Joined(world);
-  Joined tp_pgs = g.tp > 1 ? JoinGroups(world, tp_groups, "tp", g.cuda) : Joined(world);
+  test_util::RankGroupOptions how;
+  how.backend = g.cuda ? "nccl" : "gloo";
+  using test_util::RankGroups;
+  const RankGroups pp_pgs = test_util::MakeGroups(world, pp_groups, "pp", how);
+  const RankGroups dp_pgs =
+      g.dp > 1 ? test_util::MakeGroups(world, dp_groups, "dp", how) : RankGroups(world);
+  const RankGroups tp_pgs =
+      g.tp > 1 ? test_util::MakeGroups(world, tp_groups, "tp", how) : RankGroups(world);
   ASSERT_EQ(pp_pgs.size(), static_cast<size_t>(world));
   ASSERT_EQ(dp_pgs.size(), static_cast<size_t>(world));
   ASSERT_EQ(tp_pgs.size(), static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      TrainerOptions o;
-      o.model_dir = model_dir;
-      o.config = c;
-      o.device = g.device(rank);
-      o.dtype = g.dtype;
-      o.pp_group = std::make_shared<comm::ProcessGroupPipelineParallel>(pp_pgs[rank][0]);
-      if (g.tp > 1) {
-        o.tp_group = std::make_shared<comm::ProcessGroupTensorParallel>(tp_pgs[rank][0]);
-      }
-      if (g.dp > 1) {
-        std::shared_ptr<comm::ProcessGroup> dp_pg = dp_pgs[rank][0];
-        o.dp_size = g.dp;
-        o.dp_rank = g.dp_rank(rank);
-        o.dp_all_reduce = [dp_pg](torch::Tensor& t) { return dp_pg->AllReduceSum(t, "dp"); };
-        if (c.train.use_distributed_optimizer) {
-          o.dp_reduce_scatter = [dp_pg](const torch::Tensor& in, torch::Tensor& out) -> Status {
-            SLIME_ASSIGN_OR_RETURN(torch::Tensor part, dp_pg->ReduceScatterSum(in, "zero-rs"));
-            out.copy_(part);
-            return absl::OkStatus();
-          };
-          o.dp_all_gather = [dp_pg](const torch::Tensor& in, torch::Tensor& out) -> Status {
-            SLIME_ASSIGN_OR_RETURN(torch::Tensor all, dp_pg->AllGather(in, 0, "zero-ag"));
-            out.copy_(all);
-            return absl::OkStatus();
-          };
-        }
-      }
-      body(rank, std::move(o));
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  test_util::RunRanks(world, [&](int rank) {
+    TrainerOptions o;
+    o.model_dir = model_dir;
+    o.config = c;
+    o.device = g.device(rank);
+    o.dtype = g.dtype;
+    o.pp_group = std::make_shared<comm::ProcessGroupPipelineParallel>(pp_pgs[rank].at(0));
+    if (g.tp > 1) {
+      o.tp_group = std::make_shared<comm::ProcessGroupTensorParallel>(tp_pgs[rank].at(0));
+    }
+    test_util::GridRank dp;  // only its data-parallel half: WireDataParallel's input
+    dp.rank = rank;
+    dp.dp_rank = g.dp_rank(rank);
+    dp.dp_size = g.dp;
+    if (g.dp > 1) dp.dp = dp_pgs[rank].at(0);
+    test_util::WireDataParallel(dp, o);
+    body(rank, std::move(o));
+  });
 }
 
 // GRPO with a KL loss to the reference (a forward-only pass through the pipeline), an entropy
 // bonus, advantage whitening and clipping by the global gradient norm; 8 samples, 2 optimizer
-// steps of 4 micro-batches per rollout.
-config::Config PpConfig() {
-  config::Config c = BaseConfig();
-  c.algorithm.use_kl_loss = true;
-  c.algorithm.kl_loss_coef = 0.05;
-  c.algorithm.entropy_coef = 0.01;
-  c.algorithm.normalize_advantages = true;
-  c.train.micro_batch_size = 1;
-  c.train.global_batch_size = 4;
-  c.train.clip_grad = 0.5;
-  return c;
-}
+// steps of 4 micro-batches per rollout (trainer_test_util.h).
+config::Config PpConfig() { return test_util::ModelParallelConfig(); }
 
 struct StageResult {
   std::vector<TrainRolloutResult> rollouts;

@@ -23,13 +23,12 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <future>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "multi_rank_harness.h"
 #include "slime/comm/process_group.h"
 #include "slime/comm/tensor_parallel_group.h"
 #include "slime/model/tensor_parallel.h"
@@ -45,13 +44,16 @@ namespace {
 
 using model::testing::TempDir;
 using test_util::BaseConfig;
+using test_util::ExpectClose;
+using test_util::GridRank;
 using test_util::MakeBatch;
+using test_util::Replace;
+using test_util::RunGrid;
 using test_util::Train;
+using test_util::WireDataParallel;
 
-// ---- groups
+// ---- groups (multi_rank_harness.h)
 
-// Gloo groups between threads: groups[k] lists global ranks; returns, per global rank, its
-// ProcessGroup of each group it is in (in the order of `groups`).
 // Where a grid of trainers runs: CPU + Gloo + float32 (the CI tests), or global rank r on
 // cuda:r with NCCL in `dtype`.
 struct Placement {
@@ -61,71 +63,24 @@ struct Placement {
   torch::Device device(int rank) const {
     return cuda ? torch::Device(torch::kCUDA, static_cast<int8_t>(rank)) : torch::kCPU;
   }
-};
-
-std::vector<std::vector<std::shared_ptr<comm::ProcessGroup>>> MakeGroups(
-    int world, const std::vector<std::vector<int>>& groups, const std::string& name,
-    const Placement& where = {}) {
-  std::vector<std::vector<std::shared_ptr<comm::ProcessGroup>>> out(world);
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const std::vector<int>& members = groups[g];
-    comm::ProcessGroupOptions o;
-    o.world_size = static_cast<int>(members.size());
-    o.backend = where.cuda ? "nccl" : "gloo";
-    o.cuda_device = members[0];
-    o.group_name = name + std::to_string(g);
-    o.timeout_s = 60;
-    auto root = comm::ProcessGroup::Open(o);
-    EXPECT_TRUE(root.ok()) << root.status();
-    if (!root.ok()) return {};
-    std::shared_ptr<comm::ProcessGroup> root_pg = std::move(*root);
-    std::vector<std::future<std::shared_ptr<comm::ProcessGroup>>> joins;
-    for (size_t r = 0; r < members.size(); ++r) {
-      joins.push_back(std::async(std::launch::async, [&, r]() -> std::shared_ptr<comm::ProcessGroup> {
-        if (r == 0) {
-          Status s = root_pg->Join();
-          EXPECT_TRUE(s.ok()) << s;
-          return root_pg;
-        }
-        comm::ProcessGroupOptions p = o;
-        p.rank = static_cast<int>(r);
-        p.master_port = root_pg->port();
-        p.cuda_device = members[r];
-        auto pg = comm::ProcessGroup::Create(p);
-        EXPECT_TRUE(pg.ok()) << pg.status();
-        return pg.ok() ? std::shared_ptr<comm::ProcessGroup>(std::move(*pg)) : nullptr;
-      }));
-    }
-    for (size_t r = 0; r < members.size(); ++r) out[members[r]].push_back(joins[r].get());
+  test_util::RankGroupOptions groups() const {
+    test_util::RankGroupOptions o;
+    o.backend = cuda ? "nccl" : "gloo";
+    return o;
   }
-  return out;
-}
+};
 
 // Runs body(rank, tp_group) on `tp` threads sharing one TP group.
 void OnTpRanks(int tp, const std::function<void(int, model::TensorParallelGroup&)>& body) {
-  std::vector<int> all;
-  for (int r = 0; r < tp; ++r) all.push_back(r);
-  auto groups = MakeGroups(tp, {all}, "tp-layers");
-  ASSERT_EQ(groups.size(), static_cast<size_t>(tp));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < tp; ++r) {
-    threads.emplace_back([&, r] {
-      comm::ProcessGroupTensorParallel group(groups[r][0]);
-      body(r, group);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  RunGrid(tp, 1, "tp-layers", [&](const GridRank& g) {
+    comm::ProcessGroupTensorParallel group(g.mp);
+    body(g.rank, group);
+  });
 }
 
 torch::Tensor Shard(const torch::Tensor& full, int64_t dim, int rank, int size) {
   const int64_t n = full.size(dim) / size;
   return full.narrow(dim, rank * n, n).detach().clone();
-}
-
-void ExpectClose(const torch::Tensor& got, const torch::Tensor& want, const std::string& what,
-                 double tol = 1e-5) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  EXPECT_LT((got - want).abs().max().item<double>(), tol) << what;
 }
 
 // ---- layers
@@ -252,12 +207,6 @@ TEST(TensorParallelLayersTest, VocabParallelLogProbsAndEntropyMatchOneRank) {
 
 #endif  // SLIME_TP_GPU_TEST
 
-void Replace(std::string& json, const std::string& from, const std::string& to) {
-  const size_t at = json.find(from);
-  ASSERT_NE(at, std::string::npos) << from;
-  json.replace(at, from.size(), to);
-}
-
 // The tiny Qwen3 of the trainer tests (q/k norms) with a vocabulary that splits over 2 ranks
 // (104); or the tiny Llama 3 (q/k/v and o biases: column- and row-parallel), with tied
 // embeddings (one vocab-parallel table for the embedding and the LM head).
@@ -266,30 +215,12 @@ std::string MakeTpModelDir(const TempDir& dir, uint64_t seed, bool llama = false
                            : model::testing::TinyQwen3ConfigJson();
   Replace(json, llama ? "\"vocab_size\": 89" : "\"vocab_size\": 101", "\"vocab_size\": 104");
   if (llama) Replace(json, "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true");
-  const std::string path = dir.Join("m");
-  auto config = model::ParseModelConfigJson(json, "tiny");
-  EXPECT_TRUE(config.ok()) << config.status();
-  auto weights = model::RandomWeights(*config, seed, {});
-  EXPECT_TRUE(weights.ok()) << weights.status();
-  model::testing::WriteFile(path + "/config.json", json);
-  Status saved = model::SaveWeights(path, *weights, *config);
-  EXPECT_TRUE(saved.ok()) << saved;
-  return path;
+  return test_util::MakeModelDirFromJson(dir, "m", json, seed);
 }
 
 // GRPO with a KL loss to the reference, an entropy bonus (the entropy's gradient) and clipping
-// by the global gradient norm; 8 samples, 2 optimizer steps per rollout.
-config::Config TpConfig() {
-  config::Config c = BaseConfig();
-  c.algorithm.use_kl_loss = true;
-  c.algorithm.kl_loss_coef = 0.05;
-  c.algorithm.entropy_coef = 0.01;
-  c.algorithm.normalize_advantages = true;
-  c.train.micro_batch_size = 1;
-  c.train.global_batch_size = 4;
-  c.train.clip_grad = 0.5;
-  return c;
-}
+// by the global gradient norm; 8 samples, 2 optimizer steps per rollout (trainer_test_util.h).
+config::Config TpConfig() { return test_util::ModelParallelConfig(); }
 
 struct RankResult {
   std::vector<TrainRolloutResult> rollouts;
@@ -301,51 +232,19 @@ struct RankResult {
 // DP groups a TP rank.
 void OnGrid(int tp, int dp, const std::string& model_dir, const config::Config& c,
             const std::function<void(int, TrainerOptions)>& body, const Placement& where = {}) {
-  const int world = tp * dp;
-  std::vector<std::vector<int>> tp_groups, dp_groups;
-  for (int d = 0; d < dp; ++d) {
-    tp_groups.emplace_back();
-    for (int t = 0; t < tp; ++t) tp_groups.back().push_back(d * tp + t);
-  }
-  for (int t = 0; t < tp; ++t) {
-    dp_groups.emplace_back();
-    for (int d = 0; d < dp; ++d) dp_groups.back().push_back(d * tp + t);
-  }
-  auto tp_pgs = MakeGroups(world, tp_groups, "tp", where);
-  auto dp_pgs = dp > 1 ? MakeGroups(world, dp_groups, "dp", where) : decltype(tp_pgs)(world);
-  ASSERT_EQ(tp_pgs.size(), static_cast<size_t>(world));
-  ASSERT_EQ(dp_pgs.size(), static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      TrainerOptions o;
-      o.model_dir = model_dir;
-      o.config = c;
-      o.device = where.device(rank);
-      o.dtype = where.dtype;
-      o.tp_group = std::make_shared<comm::ProcessGroupTensorParallel>(tp_pgs[rank][0]);
-      if (dp > 1) {
-        std::shared_ptr<comm::ProcessGroup> dp_pg = dp_pgs[rank][0];
-        o.dp_size = dp;
-        o.dp_rank = rank / tp;
-        o.dp_all_reduce = [dp_pg](torch::Tensor& t) { return dp_pg->AllReduceSum(t, "dp"); };
-        if (c.train.use_distributed_optimizer) {  // ZeRO-1 over each TP rank's DP group
-          o.dp_reduce_scatter = [dp_pg](const torch::Tensor& in, torch::Tensor& out) -> Status {
-            SLIME_ASSIGN_OR_RETURN(torch::Tensor part, dp_pg->ReduceScatterSum(in, "zero-rs"));
-            out.copy_(part);
-            return absl::OkStatus();
-          };
-          o.dp_all_gather = [dp_pg](const torch::Tensor& in, torch::Tensor& out) -> Status {
-            SLIME_ASSIGN_OR_RETURN(torch::Tensor all, dp_pg->AllGather(in, 0, "zero-ag"));
-            out.copy_(all);
-            return absl::OkStatus();
-          };
-        }
-      }
-      body(rank, std::move(o));
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  RunGrid(
+      tp, dp, "tp",
+      [&](const GridRank& g) {
+        TrainerOptions o;
+        o.model_dir = model_dir;
+        o.config = c;
+        o.device = where.device(g.rank);
+        o.dtype = where.dtype;
+        o.tp_group = std::make_shared<comm::ProcessGroupTensorParallel>(g.mp);
+        WireDataParallel(g, o);
+        body(g.rank, std::move(o));
+      },
+      where.groups());
 }
 
 // Trains `rollouts` rollouts of `batch` on a TP × DP grid.
@@ -734,22 +633,12 @@ TEST(TensorParallelTrainerTest, FullParametersEqualTheUnshardedTrainersAndTheSiz
 TEST(TensorParallelTrainerTest, AVocabThatDoesNotSplitIsRejected) {
   TempDir dir;
   const std::string model_dir = test_util::MakeModelDir(dir, "odd", 3);  // vocab 101
-  auto groups = MakeGroups(2, {{0, 1}}, "odd");
-  ASSERT_EQ(groups.size(), 2u);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      TrainerOptions o;
-      o.model_dir = model_dir;
-      o.config = TpConfig();
-      o.tp_group = std::make_shared<comm::ProcessGroupTensorParallel>(groups[rank][0]);
-      auto trainer = Trainer::Create(o);
-      ASSERT_FALSE(trainer.ok());
-      EXPECT_NE(std::string(trainer.status().message()).find("101"), std::string::npos)
-          << trainer.status();
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  OnGrid(2, 1, model_dir, TpConfig(), [&](int rank, TrainerOptions o) {
+    auto trainer = Trainer::Create(o);
+    ASSERT_FALSE(trainer.ok());
+    EXPECT_NE(std::string(trainer.status().message()).find("101"), std::string::npos)
+        << trainer.status();
+  });
 }
 
 #endif  // SLIME_TP_GPU_TEST

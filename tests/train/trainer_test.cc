@@ -8,12 +8,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <barrier>
 #include <cmath>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "multi_rank_harness.h"
 #include "slime/train/optimizer.h"
 #include "trainer_test_util.h"
 
@@ -29,6 +28,8 @@ using test_util::MakeModelDir;
 using test_util::MakeTrainer;
 using test_util::Msg;
 using test_util::Objective;
+using test_util::RunRanks;
+using test_util::ThreadGroup;
 using test_util::Train;
 using test_util::Value;
 using test_util::Weights;
@@ -187,26 +188,8 @@ TEST(TrainerTest, StepResultDoesNotDependOnTheMicroBatchSplit) {
   }
 }
 
-// Two DP ranks in two threads, summing through a shared-memory all-reduce, train the same
-// weights as one rank with the whole batch.
-class ThreadGroup {
- public:
-  explicit ThreadGroup(int size) : barrier_(size), slots_(size) {}
-  Status AllReduceSum(int rank, torch::Tensor& t) {
-    slots_[rank] = t;
-    barrier_.arrive_and_wait();
-    torch::Tensor sum = torch::zeros_like(t);
-    for (const torch::Tensor& s : slots_) sum += s;  // same order on every rank
-    barrier_.arrive_and_wait();                      // every rank has read every slot
-    t.copy_(sum);
-    return absl::OkStatus();
-  }
-
- private:
-  std::barrier<> barrier_;
-  std::vector<torch::Tensor> slots_;
-};
-
+// Two DP ranks in two threads, summing through a shared-memory all-reduce (ThreadGroup), train
+// the same weights as one rank with the whole batch.
 TEST(TrainerTest, TwoDataParallelRanksMatchOneRank) {
   TempDir dir;
   const std::string model_dir = MakeModelDir(dir, "m", 14);
@@ -227,26 +210,20 @@ TEST(TrainerTest, TwoDataParallelRanksMatchOneRank) {
   ThreadGroup group(2);
   std::vector<std::unique_ptr<Trainer>> ranks(2);
   std::vector<std::vector<TrainRolloutResult>> results(2);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      TrainerOptions o;
-      o.model_dir = model_dir;
-      o.config = c;
-      o.dp_size = 2;
-      o.dp_rank = rank;
-      o.dp_all_reduce = [&group, rank](torch::Tensor& t) { return group.AllReduceSum(rank, t); };
-      auto trainer = Trainer::Create(o);
-      ASSERT_TRUE(trainer.ok()) << trainer.status();
-      ranks[rank] = std::move(*trainer);
-      for (int rollout = 0; rollout < 2; ++rollout) {
-        auto r = ranks[rank]->TrainRollout(rollout, batch);
-        ASSERT_TRUE(r.ok()) << r.status();
-        results[rank].push_back(*r);
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  RunRanks(2, [&](int rank) {
+    TrainerOptions o;
+    o.model_dir = model_dir;
+    o.config = c;
+    group.Wire(rank, o);
+    auto trainer = Trainer::Create(o);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    ranks[rank] = std::move(*trainer);
+    for (int rollout = 0; rollout < 2; ++rollout) {
+      auto r = ranks[rank]->TrainRollout(rollout, batch);
+      ASSERT_TRUE(r.ok()) << r.status();
+      results[rank].push_back(*r);
+    }
+  });
   ASSERT_NE(ranks[0], nullptr);
   ASSERT_NE(ranks[1], nullptr);
   ExpectBitwiseEqual(Weights(*ranks[0]), Weights(*ranks[1]));

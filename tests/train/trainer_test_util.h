@@ -1,6 +1,7 @@
-// Shared helpers of the Trainer tests (trainer_test.cc, critic_test.cc, gpu_test.cc): a tiny
-// random Qwen3 model directory, the base GRPO config, deterministic batches, and small
-// accessors. Header-only; include from tests/train/ only.
+// Shared helpers of the Trainer tests (trainer_test.cc, critic_test.cc, gpu_test.cc and the
+// parallel ones): a tiny random model directory (the Qwen3 config, or any edited config JSON),
+// the base GRPO config, deterministic batches, and small accessors. Header-only; include from
+// tests/train/ only. The multi-rank thread harness is multi_rank_harness.h.
 #ifndef SLIME_TESTS_TRAIN_TRAINER_TEST_UTIL_H_
 #define SLIME_TESTS_TRAIN_TRAINER_TEST_UTIL_H_
 
@@ -31,17 +32,32 @@ using model::testing::TempDir;
 
 inline std::string Msg(const Status& s) { return std::string(s.message()); }
 
-// An HF model directory with the tiny Qwen3 config and random float32 weights.
-inline std::string MakeModelDir(const TempDir& dir, const std::string& name, uint64_t seed) {
+// Replaces the first `from` in `json` with `to` (a test failure if there is none): edits a
+// tiny config before MakeModelDirFromJson.
+inline void Replace(std::string& json, const std::string& from, const std::string& to) {
+  const size_t at = json.find(from);
+  ASSERT_NE(at, std::string::npos) << from;
+  json.replace(at, from.size(), to);
+}
+
+// An HF model directory dir/name with the model config `config_json` and random float32
+// weights drawn from `seed`.
+inline std::string MakeModelDirFromJson(const TempDir& dir, const std::string& name,
+                                        const std::string& config_json, uint64_t seed) {
   const std::string path = dir.Join(name);
-  auto config = model::ParseModelConfigJson(model::testing::TinyQwen3ConfigJson(), "tiny");
+  auto config = model::ParseModelConfigJson(config_json, "tiny");
   EXPECT_TRUE(config.ok()) << config.status();
   auto weights = model::RandomWeights(*config, seed, {});
   EXPECT_TRUE(weights.ok()) << weights.status();
-  model::testing::WriteFile(path + "/config.json", model::testing::TinyQwen3ConfigJson());
+  model::testing::WriteFile(path + "/config.json", config_json);
   Status saved = model::SaveWeights(path, *weights, *config);
   EXPECT_TRUE(saved.ok()) << saved;
   return path;
+}
+
+// An HF model directory with the tiny Qwen3 config and random float32 weights.
+inline std::string MakeModelDir(const TempDir& dir, const std::string& name, uint64_t seed) {
+  return MakeModelDirFromJson(dir, name, model::testing::TinyQwen3ConfigJson(), seed);
 }
 
 // GRPO, one step per rollout of 4 samples, constant LR, no decay.
@@ -56,6 +72,22 @@ inline config::Config BaseConfig() {
   c.data.num_rollout = 100;
   c.data.rollout_batch_size = 4;
   c.data.n_samples_per_prompt = 1;
+  return c;
+}
+
+// The model-parallel tests' config (tensor_parallel_test.cc, pipeline_parallel_test.cc), run
+// against one rank: GRPO with a KL loss to the reference, an entropy bonus, advantage whitening
+// and clipping by the global gradient norm; a batch of 8 samples is 2 optimizer steps of 4
+// micro-batches per rollout.
+inline config::Config ModelParallelConfig() {
+  config::Config c = BaseConfig();
+  c.algorithm.use_kl_loss = true;
+  c.algorithm.kl_loss_coef = 0.05;
+  c.algorithm.entropy_coef = 0.01;
+  c.algorithm.normalize_advantages = true;
+  c.train.micro_batch_size = 1;
+  c.train.global_batch_size = 4;
+  c.train.clip_grad = 0.5;
   return c;
 }
 
@@ -100,6 +132,15 @@ inline std::vector<torch::Tensor> Weights(const Trainer& trainer) {
     out.push_back(nt.tensor.detach().clone());
   }
   return out;
+}
+
+// got and want have the same shape and differ by less than `tol` anywhere.
+inline void ExpectClose(const torch::Tensor& got, const torch::Tensor& want,
+                        const std::string& what, double tol = 1e-5) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const torch::Tensor diff =
+      got.to(torch::kCPU, torch::kFloat32) - want.to(torch::kCPU, torch::kFloat32);
+  EXPECT_LT(diff.abs().max().item<double>(), tol) << what;
 }
 
 inline void ExpectBitwiseEqual(const std::vector<torch::Tensor>& a,

@@ -37,6 +37,7 @@
 #include "slime/workflow/calculator_env.h"
 #include "slime/workflow/env_client.h"
 #include "slime/workflow/env_generator.h"
+#include "test_paths.h"
 
 namespace slime::workflow {
 namespace {
@@ -50,10 +51,7 @@ using rollout::CustomGenerator;
 using rollout::EngineSession;
 using rollout::GenerateTurn;
 
-std::string SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : SLIME_SOURCE_DIR_DEFAULT;
-}
+using slime::testing::SourceDir;
 
 // The calculator environment's reminder when a turn has neither a tool call nor an answer.
 constexpr char kReminder[] =

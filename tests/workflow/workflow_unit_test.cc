@@ -18,6 +18,7 @@
 #include "slime/workflow/env_client.h"
 #include "slime/workflow/episode_render.h"
 #include "slime/workflow/factory.h"
+#include "test_paths.h"
 
 namespace slime::workflow {
 namespace {
@@ -27,10 +28,7 @@ using json = nlohmann::json;
 using tokenizer::ChatTemplateFamily;
 using namespace std::chrono_literals;
 
-std::string SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : SLIME_SOURCE_DIR_DEFAULT;
-}
+using slime::testing::SourceDir;
 
 TEST(ParseToolCallsTest, HermesBlocksAndLlamaJson) {
   const ojson calls = ParseToolCalls(
