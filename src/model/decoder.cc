@@ -491,15 +491,16 @@ torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch:
   const int64_t heads = local_heads(), kv_heads = local_kv_heads();
   TensorParallelGroup& tp = *tp_;
   const cuda::DType dt = FusedType(x_in);
-  // `residual` is the running x of the eager Layer: each block's output is added into it by the
-  // next AddRmsNorm (one kernel for "out = x + block; h = norm(out)").
+  // `residual` is the running x of the eager Layer: each block's output is added into it, in
+  // place, by the next AddRmsNorm (one kernel for "out = x + block; h = norm(out)") or, in decode
+  // steps, by the block's last GEMM itself (fuse_norm below).
   torch::Tensor residual = x_in.contiguous();  // the embedding output, owned by the caller's frame
-  torch::Tensor h = RmsNorm(residual, weights_.layers[0].input_norm, eps);
-  torch::Tensor delta;
+  torch::Tensor delta;  // the block output AddRmsNorm adds; undefined: already in `residual`
   auto add_norm = [&](const torch::Tensor& w) {
     torch::Tensor y = torch::empty_like(residual);
-    const int err = cuda::LaunchAddRmsNorm(residual.data_ptr(), delta.data_ptr(), w.data_ptr(),
-                                           y.data_ptr(), t, static_cast<int>(n),
+    const int err = cuda::LaunchAddRmsNorm(residual.data_ptr(),
+                                           delta.defined() ? delta.data_ptr() : nullptr,
+                                           w.data_ptr(), y.data_ptr(), t, static_cast<int>(n),
                                            static_cast<float>(eps), dt, Stream());
     TORCH_CHECK(err == 0, "fused add+RMSNorm failed with CUDA error ", err);
     return y;
@@ -522,10 +523,55 @@ torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch:
     return row_parallel ? RowParallelLinear(in, weight, b, tp)
                         : ColumnParallelLinear(in, weight, b, tp, false);
   };
+  // Decode steps: the RMSNorms inside the q|k|v and gate|up GEMMs, the residual adds inside the
+  // o and down GEMMs (five kernels a layer; the same bits as the separate kernels).
+  static const bool norm_gemm = cuda::DecodeFusionEnabled("norm_gemm");
+  auto weights_contiguous = [&] {
+    for (const LayerWeights& w : weights_.layers) {
+      if (!w.qkv_proj.defined()) continue;  // not this pipeline stage's layer
+      if (!w.qkv_proj.is_contiguous() || !w.o_proj.is_contiguous() ||
+          !w.gate_up_proj.is_contiguous() || !w.down_proj.is_contiguous()) {
+        return false;
+      }
+    }
+    return true;
+  };
+  const bool fuse_norm = small_gemm && silu_gemm && norm_gemm &&
+                         cuda::NormGemmSupported(t, n, dt) && weights_contiguous();
+  auto norm_linear = [&](const torch::Tensor& norm_w, const torch::Tensor& weight,
+                         const torch::Tensor& b, bool silu) {
+    const int64_t out = silu ? weight.size(0) / 2 : weight.size(0);
+    torch::Tensor y = torch::empty({t, out}, residual.options());
+    const float e = static_cast<float>(eps);
+    const int err =
+        silu ? cuda::LaunchNormSmallGemmSiluMul(residual.data_ptr(), norm_w.data_ptr(), e,
+                                                weight.data_ptr(), y.data_ptr(), t, out, n, dt,
+                                                Stream())
+             : cuda::LaunchNormSmallGemm(residual.data_ptr(), norm_w.data_ptr(), e,
+                                         weight.data_ptr(), b.defined() ? b.data_ptr() : nullptr,
+                                         y.data_ptr(), t, out, n, dt, Stream());
+    TORCH_CHECK(err == 0, "small-m GEMM with RMSNorm failed with CUDA error ", err);
+    return y;
+  };
+  auto linear_into_residual = [&](const torch::Tensor& x, const torch::Tensor& weight,
+                                  const torch::Tensor& b) {
+    const torch::Tensor in = x.contiguous();
+    const int err = cuda::LaunchSmallGemmAddResidual(
+        in.data_ptr(), weight.data_ptr(), b.defined() ? b.data_ptr() : nullptr,
+        residual.data_ptr(), t, weight.size(0), in.size(1), dt, Stream());
+    TORCH_CHECK(err == 0, "small-m GEMM into the residual failed with CUDA error ", err);
+  };
+  torch::Tensor h;
+  if (!fuse_norm) h = RmsNorm(residual, weights_.layers[0].input_norm, eps);
   for (int l = 0; l < static_cast<int>(config_.num_hidden_layers); ++l) {
     const LayerWeights& w = weights_.layers[l];
-    if (l > 0) h = add_norm(w.input_norm);
-    torch::Tensor qkv = linear(h, w.qkv_proj, w.qkv_bias, false);
+    torch::Tensor qkv;
+    if (fuse_norm) {
+      qkv = norm_linear(w.input_norm, w.qkv_proj, w.qkv_bias, false);
+    } else {
+      if (l > 0) h = add_norm(w.input_norm);
+      qkv = linear(h, w.qkv_proj, w.qkv_bias, false);
+    }
     // Decode steps of the paged engine: q/k norm + RoPE and the K/V store inside the attention
     // kernel; otherwise our q/k norm + RoPE kernel, then the backend's Attend.
     AttentionBackend::RawQkv raw;
@@ -544,6 +590,12 @@ torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch:
       o = *std::move(fused);
     } else {
       o = QkNormRopeAttend(l, qkv, w, cos, sin, attention);
+    }
+    if (fuse_norm) {
+      linear_into_residual(o.reshape({t, -1}), w.o_proj, w.o_bias);
+      torch::Tensor act = norm_linear(w.post_attention_norm, w.gate_up_proj, {}, true);
+      linear_into_residual(act, w.down_proj, {});
+      continue;
     }
     delta = linear(o.reshape({t, -1}), w.o_proj, w.o_bias, true);
     h = add_norm(w.post_attention_norm);
@@ -564,7 +616,7 @@ torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch:
     }
     delta = linear(act, w.down_proj, {}, true);
   }
-  return add_norm(weights_.final_norm);
+  return add_norm(weights_.final_norm);  // fused decode: `delta` undefined, the sum is in place
 #else
   TORCH_CHECK(false, "fused forward without the fused kernels");
   return {};

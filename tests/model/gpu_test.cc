@@ -16,6 +16,11 @@
 #include "slime/model/fused_train.h"
 #include "slime/model/offload.h"
 #include "test_util.h"
+#ifdef SLIME_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+
+#include "fused_ops.h"  // src/model/cuda: the decode kernels, called directly below
+#endif
 
 namespace slime::model {
 namespace {
@@ -379,6 +384,106 @@ TEST(FusedTrainingDecoderTest, Qwen3GradientsMatchEagerFp32) {
     if (fused[i].defined()) EXPECT_LE(RelErr(fused[i], eager[i]), 1e-4) << params[i].name;
   }
 }
+
+// ---- the decode GEMMs with the layer's elementwise steps folded in (cuda/fused_ops.h,
+// "norm_gemm"): bit for bit what the separate kernels give.
+
+struct NormGemmCase {
+  torch::ScalarType dtype;
+  int64_t k;
+};
+
+class NormGemmTest : public ::testing::TestWithParam<NormGemmCase> {};
+
+TEST_P(NormGemmTest, FoldedNormAndResidualAddEqualTheSeparateKernels) {
+  SKIP_WITHOUT_CUDA();
+#ifdef SLIME_WITH_CUDA
+  const auto [dtype, k] = GetParam();
+  const cuda::DType dt = dtype == torch::kFloat32 ? cuda::DType::kFloat32 : cuda::DType::kBFloat16;
+  const auto opts = torch::TensorOptions().dtype(dtype).device(torch::kCUDA);
+  torch::manual_seed(5);
+  const int64_t n = 203;  // not a multiple of the 8 warps of a block: idle warps in the last one
+  const int64_t k2 = 384;  // the in-features of the GEMM that adds into the residual
+  const float eps = 1e-6f;
+  void* stream = at::cuda::getCurrentCUDAStream().stream();  // the one torch's ops below use
+  for (const int64_t m : {1, 3, 8}) {
+    if (!cuda::NormGemmSupported(m, k, dt)) {
+      ASSERT_GT(m * k * torch::elementSize(dtype), 40 * 1024) << "m=" << m;
+      continue;
+    }
+    SCOPED_TRACE(::testing::Message() << "m=" << m);
+    const torch::Tensor residual = torch::randn({m, k}, opts);
+    const torch::Tensor x2 = torch::randn({m, k2}, opts);
+    const torch::Tensor w2 = torch::randn({k, k2}, opts) / 16;
+    const torch::Tensor b2 = torch::randn({k}, opts);
+    const torch::Tensor norm = 1 + 0.1 * torch::randn({k}, opts);
+    const torch::Tensor w = torch::randn({n, k}, opts) / 16;
+    const torch::Tensor gate_up = torch::randn({2 * n, k}, opts) / 16;
+    const torch::Tensor bias = torch::randn({n}, opts);
+
+    // Separate kernels: delta = x2 W2^T + b2; residual += delta and normed = RmsNorm(residual);
+    // then the GEMMs on `normed`.
+    torch::Tensor delta = torch::empty({m, k}, opts);
+    ASSERT_EQ(cuda::LaunchSmallGemm(x2.data_ptr(), w2.data_ptr(), b2.data_ptr(), delta.data_ptr(),
+                                    m, k, k2, dt, stream),
+              0);
+    torch::Tensor ref_res = residual.clone(), normed = torch::empty_like(residual);
+    ASSERT_EQ(cuda::LaunchAddRmsNorm(ref_res.data_ptr(), delta.data_ptr(), norm.data_ptr(),
+                                     normed.data_ptr(), m, static_cast<int>(k), eps, dt, stream),
+              0);
+    torch::Tensor ref_y = torch::empty({m, n}, opts), ref_act = torch::empty({m, n}, opts);
+    ASSERT_EQ(cuda::LaunchSmallGemm(normed.data_ptr(), w.data_ptr(), bias.data_ptr(),
+                                    ref_y.data_ptr(), m, n, k, dt, stream),
+              0);
+    ASSERT_EQ(cuda::LaunchSmallGemmSiluMul(normed.data_ptr(), gate_up.data_ptr(),
+                                           ref_act.data_ptr(), m, n, k, dt, stream),
+              0);
+    // The null-delta AddRmsNorm of the final norm: the residual as it is, not written.
+    torch::Tensor again = ref_res.clone(), normed_again = torch::empty_like(residual);
+    ASSERT_EQ(cuda::LaunchAddRmsNorm(again.data_ptr(), nullptr, norm.data_ptr(),
+                                     normed_again.data_ptr(), m, static_cast<int>(k), eps, dt,
+                                     stream),
+              0);
+
+    // Folded: the add inside the GEMM, the norm inside the next ones.
+    torch::Tensor res = residual.clone();
+    ASSERT_EQ(cuda::LaunchSmallGemmAddResidual(x2.data_ptr(), w2.data_ptr(), b2.data_ptr(),
+                                               res.data_ptr(), m, k, k2, dt, stream),
+              0);
+    torch::Tensor y = torch::full({m, n}, 7, opts), act = torch::full({m, n}, 7, opts);
+    ASSERT_EQ(cuda::LaunchNormSmallGemm(res.data_ptr(), norm.data_ptr(), eps, w.data_ptr(),
+                                        bias.data_ptr(), y.data_ptr(), m, n, k, dt, stream),
+              0);
+    ASSERT_EQ(cuda::LaunchNormSmallGemmSiluMul(res.data_ptr(), norm.data_ptr(), eps,
+                                               gate_up.data_ptr(), act.data_ptr(), m, n, k, dt,
+                                               stream),
+              0);
+    torch::cuda::synchronize();
+    EXPECT_TRUE(torch::equal(res, ref_res)) << "max diff " << MaxAbsDiff(res, ref_res);
+    EXPECT_TRUE(torch::equal(y, ref_y)) << "max diff " << MaxAbsDiff(y, ref_y);
+    EXPECT_TRUE(torch::equal(act, ref_act)) << "max diff " << MaxAbsDiff(act, ref_act);
+    EXPECT_TRUE(torch::equal(again, ref_res));
+    EXPECT_TRUE(torch::equal(normed_again, normed));
+    EXPECT_FALSE(torch::equal(res, residual));  // the add happened
+    EXPECT_GT(y.abs().max().item<double>(), 0.0);
+  }
+  EXPECT_FALSE(cuda::NormGemmSupported(1, k + 8, dt));
+  EXPECT_FALSE(cuda::NormGemmSupported(9, k, dt));
+  const torch::Tensor x = torch::randn({1, k + 8}, opts), w8 = torch::randn({8, k + 8}, opts);
+  torch::Tensor y8 = torch::empty({1, 8}, opts);
+  EXPECT_NE(cuda::LaunchNormSmallGemm(x.data_ptr(), x.data_ptr(), eps, w8.data_ptr(), nullptr,
+                                      y8.data_ptr(), 1, 8, k + 8, dt, stream),
+            0);
+#else
+  GTEST_SKIP() << "built without CUDA kernels";
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(DtypesAndWidths, NormGemmTest,
+                         ::testing::Values(NormGemmCase{torch::kBFloat16, 1024},
+                                           NormGemmCase{torch::kBFloat16, 2560},
+                                           NormGemmCase{torch::kFloat32, 1024},
+                                           NormGemmCase{torch::kFloat32, 4096}));
 
 }  // namespace
 }  // namespace slime::model

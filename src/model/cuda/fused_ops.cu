@@ -86,12 +86,12 @@ __global__ void AddRmsNormKernel(T* __restrict__ res, const T* __restrict__ delt
   GridDependencyLaunch();
   const int64_t row = blockIdx.x;
   T* rr = res + row * n;
-  const T* dr = delta + row * n;
+  const T* dr = delta != nullptr ? delta + row * n : nullptr;
   T* yr = y + row * n;
   float ss = 0.f;
   for (int i = threadIdx.x; i < n; i += kNormThreads) {
-    const T s = To<T>(F(rr[i]) + F(dr[i]));
-    rr[i] = s;
+    const T s = dr != nullptr ? To<T>(F(rr[i]) + F(dr[i])) : rr[i];
+    if (dr != nullptr) rr[i] = s;
     const float v = F(s);
     ss += v * v;
   }
@@ -206,9 +206,110 @@ constexpr int kGemmWarps = 8;
 // the previous kernel; the accumulation order is the same as without the prefetch.
 constexpr int kPrefetch = 8;
 
+// Where a small-m GEMM's input rows come from. Lane `lane` of warp `warp` multiplies the 16-byte
+// vectors at columns base = (i * 32 + lane) * V of every row; Load(m, base) returns the vector of
+// row m there. BeforeWait runs before the grid dependency wait (it may only read memory no
+// earlier kernel of the stream writes), AfterWait once after it in every warp of the block, idle
+// ones included (it may synchronise the block).
+
+// x [M, k] as stored in memory (written by the kernel before).
+template <typename T>
+struct StoredRows {
+  const T* x;
+  int k;
+  __device__ __forceinline__ void BeforeWait(int, int) {}
+  __device__ __forceinline__ void AfterWait(int, int) {}
+  __device__ __forceinline__ Vec16<T> Load(int m, int base) const {
+    return *reinterpret_cast<const Vec16<T>*>(x + static_cast<int64_t>(m) * k + base);
+  }
+};
+
+// The norm's 16-byte vectors one thread handles: k / (32 V) "virtual warps" over kGemmWarps warps.
+constexpr int kNormVecsPerThread = 4;
+
+// RmsNorm(x) with weight `norm`, computed by the block into shared memory (dynamic, M * k * T):
+// the roundings and the float summation order of AddRmsNormVecKernel — its warp v summed the
+// vectors v * 32 + lane; here warp v % kGemmWarps does, into partial[m][v], and every thread adds
+// the partials in order — so the GEMM result is bit-identical to that kernel's output followed by
+// the GEMM. x is read once per block, not once per warp; the norm weight is loaded before the wait.
 template <typename T, int M>
+struct NormRows {
+  const T* x;
+  const T* norm;
+  int k;
+  float eps;
+  T* xs;  // shared memory: the normalised rows (set by AfterWait)
+  Vec16<T> nw[kNormVecsPerThread];
+
+  __device__ __forceinline__ void BeforeWait(int warp, int lane) {
+    constexpr int V = 16 / sizeof(T);
+    const int vw = k / (32 * V);
+#pragma unroll
+    for (int i = 0; i < kNormVecsPerThread; ++i) {
+      const int v = warp + i * kGemmWarps;
+      if (v < vw) nw[i] = *reinterpret_cast<const Vec16<T>*>(norm + (v * 32 + lane) * V);
+    }
+  }
+  __device__ __forceinline__ void AfterWait(int warp, int lane) {
+    constexpr int V = 16 / sizeof(T);
+    extern __shared__ __align__(16) unsigned char norm_rows_smem[];
+    __shared__ float partial[M][32];
+    xs = reinterpret_cast<T*>(norm_rows_smem);
+    const int vw = k / (32 * V);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int i = 0; i < kNormVecsPerThread; ++i) {
+        const int v = warp + i * kGemmWarps;
+        if (v < vw) {
+          const int64_t off = static_cast<int64_t>(m) * k + (v * 32 + lane) * V;
+          const Vec16<T> h = *reinterpret_cast<const Vec16<T>*>(x + off);
+          *reinterpret_cast<Vec16<T>*>(xs + off) = h;
+          float ss = 0.f;
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            const float f = F(h.v[j]);
+            ss += f * f;
+          }
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+          if (lane == 0) partial[m][v] = ss;
+        }
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float total = 0.f;
+      for (int v = 0; v < vw; ++v) total += partial[m][v];
+      const float r = rsqrtf(total / static_cast<float>(k) + eps);
+#pragma unroll
+      for (int i = 0; i < kNormVecsPerThread; ++i) {
+        const int v = warp + i * kGemmWarps;
+        if (v < vw) {
+          Vec16<T>* p = reinterpret_cast<Vec16<T>*>(xs + static_cast<int64_t>(m) * k +
+                                                     (v * 32 + lane) * V);
+          Vec16<T> h = *p;
+#pragma unroll
+          for (int j = 0; j < V; ++j) h.v[j] = To<T>(F(nw[i].v[j]) * R<T>(F(h.v[j]) * r));
+          *p = h;
+        }
+      }
+    }
+    __syncthreads();
+  }
+  __device__ __forceinline__ Vec16<T> Load(int m, int base) const {
+    return *reinterpret_cast<const Vec16<T>*>(xs + static_cast<int64_t>(m) * k + base);
+  }
+};
+
+// y [M, n] = x W^T (+ bias): warp `row` streams weight row `row`. With ADD, y is the residual
+// stream [M, n] and gets y += T(x W^T + bias) (the rounding of the eager linear, then of the eager
+// add); its old values are read before the grid dependency wait, so the kernel right before must
+// not write it (in the decoder it was last written two or more kernels back).
+template <typename T, int M, typename Rows, bool ADD>
 __global__ void __launch_bounds__(kGemmWarps * 32)
-    SmallGemmKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+    SmallGemmKernel(Rows in, const T* __restrict__ w, const T* __restrict__ bias,
                     T* __restrict__ y, int n, int k) {
   constexpr int V = 16 / sizeof(T);
   const int warp = threadIdx.x / 32;
@@ -222,8 +323,15 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
     const int base = (i * 32 + lane) * V;
     if (active && base < k) pre[i] = *reinterpret_cast<const Vec16<T>*>(wr + base);
   }
+  float old[M];
+  if (ADD && active && lane == 0) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) old[m] = F(y[static_cast<int64_t>(m) * n + row]);
+  }
+  in.BeforeWait(warp, lane);
   GridDependencyWait();
   GridDependencyLaunch();
+  in.AfterWait(warp, lane);
   if (!active) return;
   float acc[M];
 #pragma unroll
@@ -234,8 +342,7 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
     if (base < k) {
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        const Vec16<T> xv =
-            *reinterpret_cast<const Vec16<T>*>(x + static_cast<int64_t>(m) * k + base);
+        const Vec16<T> xv = in.Load(m, base);
 #pragma unroll
         for (int j = 0; j < V; ++j) acc[m] += F(pre[i].v[j]) * F(xv.v[j]);
       }
@@ -246,7 +353,7 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
     const Vec16<T> wv = *reinterpret_cast<const Vec16<T>*>(wr + base);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      const Vec16<T> xv = *reinterpret_cast<const Vec16<T>*>(x + static_cast<int64_t>(m) * k + base);
+      const Vec16<T> xv = in.Load(m, base);
 #pragma unroll
       for (int j = 0; j < V; ++j) acc[m] += F(wv.v[j]) * F(xv.v[j]);
     }
@@ -259,7 +366,10 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
   if (lane == 0) {
     const float b = bias != nullptr ? F(bias[row]) : 0.f;
 #pragma unroll
-    for (int m = 0; m < M; ++m) y[static_cast<int64_t>(m) * n + row] = To<T>(acc[m] + b);
+    for (int m = 0; m < M; ++m) {
+      const T v = To<T>(acc[m] + b);
+      y[static_cast<int64_t>(m) * n + row] = ADD ? To<T>(old[m] + F(v)) : v;
+    }
   }
 }
 
@@ -267,10 +377,9 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
 // and up (rows [n, 2n)) weight; the warp of output feature j streams gate row j and up row j and
 // writes y[m][j] = SiluMul(T(x·gate_j), T(x·up_j)) with the roundings of the two-kernel path
 // (small-m GEMM, then SiluMulPacked), so the result is bit-identical to it.
-template <typename T, int M>
+template <typename T, int M, typename Rows>
 __global__ void __launch_bounds__(kGemmWarps * 32)
-    SmallGemmSiluKernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int n,
-                        int k) {
+    SmallGemmSiluKernel(Rows in, const T* __restrict__ w, T* __restrict__ y, int n, int k) {
   constexpr int V = 16 / sizeof(T);
   constexpr int kHalf = kPrefetch / 2;
   const int warp = threadIdx.x / 32;
@@ -288,8 +397,10 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
       pu[i] = *reinterpret_cast<const Vec16<T>*>(wu + base);
     }
   }
+  in.BeforeWait(warp, lane);
   GridDependencyWait();
   GridDependencyLaunch();
+  in.AfterWait(warp, lane);
   if (!active) return;
   float ag[M], au[M];
 #pragma unroll
@@ -300,8 +411,7 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
     if (base < k) {
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        const Vec16<T> xv =
-            *reinterpret_cast<const Vec16<T>*>(x + static_cast<int64_t>(m) * k + base);
+        const Vec16<T> xv = in.Load(m, base);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           ag[m] += F(pg[i].v[j]) * F(xv.v[j]);
@@ -316,7 +426,7 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
     const Vec16<T> uv = *reinterpret_cast<const Vec16<T>*>(wu + base);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      const Vec16<T> xv = *reinterpret_cast<const Vec16<T>*>(x + static_cast<int64_t>(m) * k + base);
+      const Vec16<T> xv = in.Load(m, base);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         ag[m] += F(gv.v[j]) * F(xv.v[j]);
@@ -360,16 +470,19 @@ __global__ void AddRmsNormVecKernel(T* __restrict__ res, const T* __restrict__ d
   GridDependencyWait();
   GridDependencyLaunch();
   if (!prefetch) rv = *reinterpret_cast<const Vec16<T>*>(res + off);
-  const Vec16<T> dv = *reinterpret_cast<const Vec16<T>*>(delta + off);
+  if (delta != nullptr) {
+    const Vec16<T> dv = *reinterpret_cast<const Vec16<T>*>(delta + off);
+#pragma unroll
+    for (int j = 0; j < V; ++j) rv.v[j] = To<T>(F(rv.v[j]) + F(dv.v[j]));
+    *reinterpret_cast<Vec16<T>*>(res + off) = rv;
+  }
   float v[V];
   float ss = 0.f;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    rv.v[j] = To<T>(F(rv.v[j]) + F(dv.v[j]));
     v[j] = F(rv.v[j]);
     ss += v[j] * v[j];
   }
-  *reinterpret_cast<Vec16<T>*>(res + off) = rv;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   __shared__ float warp_sums[32];
@@ -431,10 +544,11 @@ struct AddRmsNormLauncher {
     const bool aligned = (reinterpret_cast<uintptr_t>(res) | reinterpret_cast<uintptr_t>(delta) |
                           reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(y)) % 16 == 0;
     if (aligned && n % V == 0 && threads % 32 == 0 && threads <= 1024) {
+      // Without delta the residual may come from the kernel right before: read after the wait.
       static const bool prefetch = DecodeFusionEnabled("norm_prefetch");
       LaunchKernel(AddRmsNormVecKernel<T>, static_cast<unsigned>(rows), threads, 0, s,
                    static_cast<T*>(res), static_cast<const T*>(delta), static_cast<const T*>(w),
-                   static_cast<T*>(y), n, eps, prefetch);
+                   static_cast<T*>(y), n, eps, prefetch && delta != nullptr);
       return static_cast<int>(cudaGetLastError());
     }
     LaunchKernel(AddRmsNormKernel<T>, static_cast<unsigned>(rows), kNormThreads, 0, s,
@@ -488,68 +602,124 @@ struct SiluMulPackedLauncher {
   }
 };
 
+// Host side of the small-m GEMMs: where the input rows come from (StoredInput or NormInput),
+// which kernel runs (plain, plain adding into the residual, or gate|up with SiLU), m = 1..8.
+enum class GemmKind { kPlain, kAddResidual, kSilu };
+
+template <typename T>
+struct StoredInput {
+  const T* x;
+  int k;
+  template <int M>
+  StoredRows<T> Rows() const {
+    return {x, k};
+  }
+  size_t SharedBytes(int) const { return 0; }
+};
+
+template <typename T>
+struct NormInput {
+  const T* x;
+  const T* norm;
+  int k;
+  float eps;
+  template <int M>
+  NormRows<T, M> Rows() const {
+    NormRows<T, M> rows;
+    rows.x = x;
+    rows.norm = norm;
+    rows.k = k;
+    rows.eps = eps;
+    return rows;
+  }
+  size_t SharedBytes(int m) const { return static_cast<size_t>(m) * k * sizeof(T); }
+};
+
+template <typename T, int M, typename Input>
+void LaunchGemmM(const Input& in, const T* w, const T* b, T* y, int n, int k, GemmKind kind,
+                 cudaStream_t s) {
+  using Rows = decltype(in.template Rows<M>());
+  const unsigned blocks = static_cast<unsigned>((n + kGemmWarps - 1) / kGemmWarps);
+  const size_t smem = in.SharedBytes(M);
+  switch (kind) {
+    case GemmKind::kPlain:
+      LaunchKernel(SmallGemmKernel<T, M, Rows, false>, blocks, kGemmWarps * 32, smem, s,
+                   in.template Rows<M>(), w, b, y, n, k);
+      break;
+    case GemmKind::kAddResidual:
+      LaunchKernel(SmallGemmKernel<T, M, Rows, true>, blocks, kGemmWarps * 32, smem, s,
+                   in.template Rows<M>(), w, b, y, n, k);
+      break;
+    case GemmKind::kSilu:
+      LaunchKernel(SmallGemmSiluKernel<T, M, Rows>, blocks, kGemmWarps * 32, smem, s,
+                   in.template Rows<M>(), w, y, n, k);
+      break;
+  }
+}
+
+// m, n, k and the weight's alignment checked by the caller.
+template <typename T, typename Input>
+int RunSmallGemm(const Input& in, const void* wv, const void* bv, void* yv, int64_t m, int64_t n,
+                 int64_t k, GemmKind kind, cudaStream_t s) {
+  const T* w = static_cast<const T*>(wv);
+  const T* b = static_cast<const T*>(bv);
+  T* y = static_cast<T*>(yv);
+  const int ni = static_cast<int>(n), ki = static_cast<int>(k);
+  switch (m) {
+    case 1: LaunchGemmM<T, 1>(in, w, b, y, ni, ki, kind, s); break;
+    case 2: LaunchGemmM<T, 2>(in, w, b, y, ni, ki, kind, s); break;
+    case 3: LaunchGemmM<T, 3>(in, w, b, y, ni, ki, kind, s); break;
+    case 4: LaunchGemmM<T, 4>(in, w, b, y, ni, ki, kind, s); break;
+    case 5: LaunchGemmM<T, 5>(in, w, b, y, ni, ki, kind, s); break;
+    case 6: LaunchGemmM<T, 6>(in, w, b, y, ni, ki, kind, s); break;
+    case 7: LaunchGemmM<T, 7>(in, w, b, y, ni, ki, kind, s); break;
+    default: LaunchGemmM<T, 8>(in, w, b, y, ni, ki, kind, s); break;
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <typename T>
+bool GemmShapeOk(int64_t m, int64_t n, int64_t k, const void* w) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T));
+  return m >= 1 && m <= 8 && k % V == 0 && n > 0 && Aligned16(w);
+}
+
+// The normalised rows in dynamic shared memory, below the 48 KiB a block gets without opting in
+// (the partial sums take 1 KiB of static shared memory).
+constexpr size_t kNormGemmMaxShared = 40 * 1024;
+
+bool NormGemmShapeOk(int64_t m, int64_t k, size_t elem) {
+  const int64_t v = 16 / static_cast<int64_t>(elem);
+  return m >= 1 && m <= 8 && k % (32 * v) == 0 &&
+         k / (32 * v) <= kNormVecsPerThread * kGemmWarps &&
+         static_cast<size_t>(m * k) * elem <= kNormGemmMaxShared;
+}
+
 template <typename T>
 struct SmallGemmLauncher {
-  template <int M>
-  static void Go(const T* x, const T* w, const T* b, T* y, int n, int k, cudaStream_t s) {
-    const unsigned blocks = static_cast<unsigned>((n + kGemmWarps - 1) / kGemmWarps);
-    LaunchKernel(SmallGemmKernel<T, M>, blocks, kGemmWarps * 32, 0, s, x, w, b, y, n, k);
-  }
-  static int Run(const void* xv, const void* wv, const void* bv, void* yv, int64_t m, int64_t n,
-                 int64_t k, cudaStream_t s) {
-    constexpr int V = 16 / static_cast<int>(sizeof(T));
-    if (m < 1 || m > 8 || k % V != 0 || n <= 0 ||
-        (reinterpret_cast<uintptr_t>(xv) | reinterpret_cast<uintptr_t>(wv)) % 16 != 0) {
+  static int Run(const void* x, const void* w, const void* b, void* y, int64_t m, int64_t n,
+                 int64_t k, GemmKind kind, cudaStream_t s) {
+    if (!GemmShapeOk<T>(m, n, k, w) || !Aligned16(x)) {
       return static_cast<int>(cudaErrorInvalidValue);
     }
-    const T* x = static_cast<const T*>(xv);
-    const T* w = static_cast<const T*>(wv);
-    const T* b = static_cast<const T*>(bv);
-    T* y = static_cast<T*>(yv);
-    const int ni = static_cast<int>(n), ki = static_cast<int>(k);
-    switch (m) {
-      case 1: Go<1>(x, w, b, y, ni, ki, s); break;
-      case 2: Go<2>(x, w, b, y, ni, ki, s); break;
-      case 3: Go<3>(x, w, b, y, ni, ki, s); break;
-      case 4: Go<4>(x, w, b, y, ni, ki, s); break;
-      case 5: Go<5>(x, w, b, y, ni, ki, s); break;
-      case 6: Go<6>(x, w, b, y, ni, ki, s); break;
-      case 7: Go<7>(x, w, b, y, ni, ki, s); break;
-      default: Go<8>(x, w, b, y, ni, ki, s); break;
-    }
-    return static_cast<int>(cudaGetLastError());
+    return RunSmallGemm<T>(StoredInput<T>{static_cast<const T*>(x), static_cast<int>(k)}, w, b, y,
+                           m, n, k, kind, s);
   }
 };
 
 template <typename T>
-struct SmallGemmSiluLauncher {
-  template <int M>
-  static void Go(const T* x, const T* w, T* y, int n, int k, cudaStream_t s) {
-    const unsigned blocks = static_cast<unsigned>((n + kGemmWarps - 1) / kGemmWarps);
-    LaunchKernel(SmallGemmSiluKernel<T, M>, blocks, kGemmWarps * 32, 0, s, x, w, y, n, k);
-  }
-  static int Run(const void* xv, const void* wv, void* yv, int64_t m, int64_t n, int64_t k,
-                 cudaStream_t s) {
-    constexpr int V = 16 / static_cast<int>(sizeof(T));
-    if (m < 1 || m > 8 || k % V != 0 || n <= 0 ||
-        (reinterpret_cast<uintptr_t>(xv) | reinterpret_cast<uintptr_t>(wv)) % 16 != 0) {
+struct NormGemmLauncher {
+  static int Run(const void* x, const void* norm, float eps, const void* w, const void* b, void* y,
+                 int64_t m, int64_t n, int64_t k, GemmKind kind, cudaStream_t s) {
+    if (!GemmShapeOk<T>(m, n, k, w) || !NormGemmShapeOk(m, k, sizeof(T)) || !Aligned16(x) ||
+        !Aligned16(norm)) {
       return static_cast<int>(cudaErrorInvalidValue);
     }
-    const T* x = static_cast<const T*>(xv);
-    const T* w = static_cast<const T*>(wv);
-    T* y = static_cast<T*>(yv);
-    const int ni = static_cast<int>(n), ki = static_cast<int>(k);
-    switch (m) {
-      case 1: Go<1>(x, w, y, ni, ki, s); break;
-      case 2: Go<2>(x, w, y, ni, ki, s); break;
-      case 3: Go<3>(x, w, y, ni, ki, s); break;
-      case 4: Go<4>(x, w, y, ni, ki, s); break;
-      case 5: Go<5>(x, w, y, ni, ki, s); break;
-      case 6: Go<6>(x, w, y, ni, ki, s); break;
-      case 7: Go<7>(x, w, y, ni, ki, s); break;
-      default: Go<8>(x, w, y, ni, ki, s); break;
-    }
-    return static_cast<int>(cudaGetLastError());
+    const NormInput<T> in{static_cast<const T*>(x), static_cast<const T*>(norm),
+                          static_cast<int>(k), eps};
+    return RunSmallGemm<T>(in, w, b, y, m, n, k, kind, s);
   }
 };
 
@@ -615,14 +785,40 @@ bool SmallGemmSupported(int64_t m, int64_t k, DType dtype) {
 
 int LaunchSmallGemm(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
                     int64_t k, DType dtype, void* stream) {
-  return Dispatch<SmallGemmLauncher>(dtype, x, w, bias, y, m, n, k,
+  return Dispatch<SmallGemmLauncher>(dtype, x, w, bias, y, m, n, k, GemmKind::kPlain,
                                      static_cast<cudaStream_t>(stream));
 }
 
 int LaunchSmallGemmSiluMul(const void* x, const void* gate_up, void* y, int64_t m, int64_t n,
                            int64_t k, DType dtype, void* stream) {
-  return Dispatch<SmallGemmSiluLauncher>(dtype, x, gate_up, y, m, n, k,
-                                         static_cast<cudaStream_t>(stream));
+  return Dispatch<SmallGemmLauncher>(dtype, x, gate_up, static_cast<const void*>(nullptr), y, m,
+                                     n, k, GemmKind::kSilu, static_cast<cudaStream_t>(stream));
+}
+
+int LaunchSmallGemmAddResidual(const void* x, const void* w, const void* bias, void* residual,
+                               int64_t m, int64_t n, int64_t k, DType dtype, void* stream) {
+  return Dispatch<SmallGemmLauncher>(dtype, x, w, bias, residual, m, n, k,
+                                     GemmKind::kAddResidual, static_cast<cudaStream_t>(stream));
+}
+
+bool NormGemmSupported(int64_t m, int64_t k, DType dtype) {
+  const size_t elem = dtype == DType::kFloat32 ? 4 : 2;
+  return NormGemmShapeOk(m, k, elem);
+}
+
+int LaunchNormSmallGemm(const void* x, const void* norm, float eps, const void* w,
+                        const void* bias, void* y, int64_t m, int64_t n, int64_t k, DType dtype,
+                        void* stream) {
+  return Dispatch<NormGemmLauncher>(dtype, x, norm, eps, w, bias, y, m, n, k, GemmKind::kPlain,
+                                    static_cast<cudaStream_t>(stream));
+}
+
+int LaunchNormSmallGemmSiluMul(const void* x, const void* norm, float eps, const void* gate_up,
+                               void* y, int64_t m, int64_t n, int64_t k, DType dtype,
+                               void* stream) {
+  return Dispatch<NormGemmLauncher>(dtype, x, norm, eps, gate_up,
+                                    static_cast<const void*>(nullptr), y, m, n, k, GemmKind::kSilu,
+                                    static_cast<cudaStream_t>(stream));
 }
 
 bool QkNormRopeSupported(int d) { return d == 32 || d == 64 || d == 128 || d == 256; }

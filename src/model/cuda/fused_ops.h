@@ -29,7 +29,8 @@ int LaunchSiluMul(const void* g, const void* u, void* y, int64_t n, DType dtype,
 
 // residual [rows, n] in place (+= delta [rows, n]); y [rows, n] = RmsNorm(residual) with w [n].
 // With programmatic launch, `residual` may be read before the kernel waits for the previous
-// kernel of the stream: only `delta` may come from that kernel (the decoder's layout).
+// kernel of the stream: only `delta` may come from that kernel (the decoder's layout). A null
+// `delta` normalises the residual as it is (then it is read after the wait, and not written).
 int LaunchAddRmsNorm(void* residual, const void* delta, const void* w, void* y, int64_t rows,
                      int n, float eps, DType dtype, void* stream);
 
@@ -70,6 +71,27 @@ int LaunchSmallGemm(const void* x, const void* w, const void* bias, void* y, int
 int LaunchSmallGemmSiluMul(const void* x, const void* gate_up, void* y, int64_t m, int64_t n,
                            int64_t k, DType dtype, void* stream);
 
+// The decode GEMMs with the layer's elementwise steps folded in, so a decoder layer's decode step
+// runs five kernels (q|k|v, attention, o, gate|up, down) and every result stays bit-identical to
+// the separate kernels:
+//   LaunchNormSmallGemm / LaunchNormSmallGemmSiluMul: y = RmsNorm(x) W^T (+ bias), each block
+//     normalising x itself: the same bits as LaunchAddRmsNorm's y (for x = its residual after the
+//     add) followed by LaunchSmallGemm / LaunchSmallGemmSiluMul;
+//   LaunchSmallGemmAddResidual: residual [m, n] += T(x W^T + bias), the eager linear then the
+//     eager add (LaunchSmallGemm, then the add of LaunchAddRmsNorm). `residual` is read before
+//     the grid dependency wait: the kernel right before must not write it.
+// NormGemmSupported: m in 1..8, k a multiple of 32 * (16 / sizeof(T)), at most 32 such groups,
+// m * k * sizeof(T) <= 40 KiB (the normalised rows sit in shared memory).
+bool NormGemmSupported(int64_t m, int64_t k, DType dtype);
+int LaunchNormSmallGemm(const void* x, const void* norm, float eps, const void* w,
+                        const void* bias, void* y, int64_t m, int64_t n, int64_t k, DType dtype,
+                        void* stream);
+int LaunchNormSmallGemmSiluMul(const void* x, const void* norm, float eps, const void* gate_up,
+                               void* y, int64_t m, int64_t n, int64_t k, DType dtype,
+                               void* stream);
+int LaunchSmallGemmAddResidual(const void* x, const void* w, const void* bias, void* residual,
+                               int64_t m, int64_t n, int64_t k, DType dtype, void* stream);
+
 // gu [rows, 2n] = gate | up (the fused gate/up projection) -> y [rows, n] = SiluMul(gate, up).
 int LaunchSiluMulPacked(const void* gu, void* y, int64_t rows, int64_t n, DType dtype,
                         void* stream);
@@ -87,10 +109,11 @@ void SetProgrammaticLaunch(bool enabled);
 // paged decode kernel loads cached K/V before its grid dependency wait, when the batch is small
 // enough to be split), "attn_merge" (its split-K partials merged by the last block of each KV
 // head instead of a second kernel) or "attn_qkv" (the paged decode kernel applies q/k norm +
-// RoPE to the raw projection rows and stores the new K/V itself, at <= 8 decode rows) or
+// RoPE to the raw projection rows and stores the new K/V itself, at <= 8 decode rows),
 // "norm_prefetch" (add + RMSNorm reads the residual before its grid dependency wait; see
-// LaunchAddRmsNorm). All are on unless SLIME_DECODE_UNFUSE in the environment lists the name
-// (comma-separated, read once per process).
+// LaunchAddRmsNorm) or "norm_gemm" (RMSNorm inside the q|k|v and gate|up decode GEMMs, the
+// residual add inside the o and down GEMMs; LaunchNormSmallGemm). All are on unless
+// SLIME_DECODE_UNFUSE in the environment lists the name (comma-separated, read once per process).
 bool DecodeFusionEnabled(const char* name);
 
 }  // namespace slime::model::cuda
