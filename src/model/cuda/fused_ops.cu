@@ -206,31 +206,6 @@ constexpr int kGemmWarps = 8;
 // the previous kernel; the accumulation order is the same as without the prefetch.
 constexpr int kPrefetch = 8;
 
-// A GEMM of more blocks than fit on the GPU next to the previous kernel runs in waves, and a later
-// wave's blocks load their weights only once they start. So before the grid dependency wait the
-// first `lead` blocks (one per SM) ask for the weight slabs of blocks blockIdx.x + lead,
-// + 2 lead, ... to be pulled into L2 (one bulk prefetch per slab of kGemmWarps rows: the rows of
-// a block are contiguous), while the kernel before is still finishing. A hint only: no register
-// or result depends on it. `rows_offset`: the second stacked matrix of the gate|up kernel.
-template <typename T>
-__device__ __forceinline__ void PrefetchLaterWaves(const T* w, int n, int k, int lead,
-                                                   int64_t rows_offset) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (threadIdx.x != 0 || static_cast<int>(blockIdx.x) >= lead) return;
-  for (int b = blockIdx.x + lead; b < static_cast<int>(gridDim.x); b += lead) {
-    const int rows = min(kGemmWarps, n - b * kGemmWarps);
-    const T* slab = w + static_cast<int64_t>(b) * kGemmWarps * k;
-    const unsigned bytes = static_cast<unsigned>(rows) * k * sizeof(T);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(slab), "r"(bytes) : "memory");
-    if (rows_offset != 0) {
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(slab + rows_offset * k),
-                   "r"(bytes)
-                   : "memory");
-    }
-  }
-#endif
-}
-
 // Where a small-m GEMM's input rows come from. Lane `lane` of warp `warp` multiplies the 16-byte
 // vectors at columns base = (i * 32 + lane) * V of every row; Load(m, base) returns the vector of
 // row m there. BeforeWait runs before the grid dependency wait (it may only read memory no
@@ -335,7 +310,7 @@ struct NormRows {
 template <typename T, int M, typename Rows, bool ADD>
 __global__ void __launch_bounds__(kGemmWarps * 32)
     SmallGemmKernel(Rows in, const T* __restrict__ w, const T* __restrict__ bias,
-                    T* __restrict__ y, int n, int k, int lead) {
+                    T* __restrict__ y, int n, int k) {
   constexpr int V = 16 / sizeof(T);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -348,7 +323,6 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
     const int base = (i * 32 + lane) * V;
     if (active && base < k) pre[i] = *reinterpret_cast<const Vec16<T>*>(wr + base);
   }
-  PrefetchLaterWaves(w, n, k, lead, 0);
   float old[M];
   if (ADD && active && lane == 0) {
 #pragma unroll
@@ -405,8 +379,7 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
 // (small-m GEMM, then SiluMulPacked), so the result is bit-identical to it.
 template <typename T, int M, typename Rows>
 __global__ void __launch_bounds__(kGemmWarps * 32)
-    SmallGemmSiluKernel(Rows in, const T* __restrict__ w, T* __restrict__ y, int n, int k,
-                        int lead) {
+    SmallGemmSiluKernel(Rows in, const T* __restrict__ w, T* __restrict__ y, int n, int k) {
   constexpr int V = 16 / sizeof(T);
   constexpr int kHalf = kPrefetch / 2;
   const int warp = threadIdx.x / 32;
@@ -424,7 +397,6 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
       pu[i] = *reinterpret_cast<const Vec16<T>*>(wu + base);
     }
   }
-  PrefetchLaterWaves(w, n, k, lead, n);
   in.BeforeWait(warp, lane);
   GridDependencyWait();
   GridDependencyLaunch();
@@ -663,41 +635,24 @@ struct NormInput {
   size_t SharedBytes(int m) const { return static_cast<size_t>(m) * k * sizeof(T); }
 };
 
-// PrefetchLaterWaves' `lead`: the device's SM count (0 = off, SLIME_DECODE_UNFUSE=wave_prefetch
-// or before sm_90), decided once per process.
-int WavePrefetchLead() {
-  static const int lead = [] {
-    int device = 0, major = 0, sms = 0;
-    if (!DecodeFusionEnabled("wave_prefetch") || cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        major < 9) {
-      return 0;
-    }
-    return sms;
-  }();
-  return lead;
-}
-
 template <typename T, int M, typename Input>
 void LaunchGemmM(const Input& in, const T* w, const T* b, T* y, int n, int k, GemmKind kind,
                  cudaStream_t s) {
   using Rows = decltype(in.template Rows<M>());
   const unsigned blocks = static_cast<unsigned>((n + kGemmWarps - 1) / kGemmWarps);
   const size_t smem = in.SharedBytes(M);
-  const int lead = WavePrefetchLead();
   switch (kind) {
     case GemmKind::kPlain:
       LaunchKernel(SmallGemmKernel<T, M, Rows, false>, blocks, kGemmWarps * 32, smem, s,
-                   in.template Rows<M>(), w, b, y, n, k, lead);
+                   in.template Rows<M>(), w, b, y, n, k);
       break;
     case GemmKind::kAddResidual:
       LaunchKernel(SmallGemmKernel<T, M, Rows, true>, blocks, kGemmWarps * 32, smem, s,
-                   in.template Rows<M>(), w, b, y, n, k, lead);
+                   in.template Rows<M>(), w, b, y, n, k);
       break;
     case GemmKind::kSilu:
       LaunchKernel(SmallGemmSiluKernel<T, M, Rows>, blocks, kGemmWarps * 32, smem, s,
-                   in.template Rows<M>(), w, y, n, k, lead);
+                   in.template Rows<M>(), w, y, n, k);
       break;
   }
 }

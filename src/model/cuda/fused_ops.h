@@ -111,10 +111,8 @@ void SetProgrammaticLaunch(bool enabled);
 // head instead of a second kernel) or "attn_qkv" (the paged decode kernel applies q/k norm +
 // RoPE to the raw projection rows and stores the new K/V itself, at <= 8 decode rows),
 // "norm_prefetch" (add + RMSNorm reads the residual before its grid dependency wait; see
-// LaunchAddRmsNorm), "norm_gemm" (RMSNorm inside the q|k|v and gate|up decode GEMMs, the
-// residual add inside the o and down GEMMs; LaunchNormSmallGemm) or "wave_prefetch" (the first
-// wave of a small-m GEMM's blocks pulls the later waves' weights into L2 before its grid
-// dependency wait). All are on unless
+// LaunchAddRmsNorm) or "norm_gemm" (RMSNorm inside the q|k|v and gate|up decode GEMMs, the
+// residual add inside the o and down GEMMs; LaunchNormSmallGemm). All are on unless
 // SLIME_DECODE_UNFUSE in the environment lists the name (comma-separated, read once per process).
 bool DecodeFusionEnabled(const char* name);
 
