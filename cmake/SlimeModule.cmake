@@ -38,8 +38,9 @@ function(slime_add_test name)
   cmake_parse_arguments(ARG "TORCH" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_compile_options(${name} PRIVATE ${SLIME_WARNINGS})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
-  # Header-only helpers every test may use (tests/support/: promtool, ...).
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} slime_test_paths GTest::gtest
+                        GTest::gtest_main)
+  # Helpers every test may use (tests/support/: promtool, test_paths, ...).
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support)
   if(ARG_TORCH)
     target_link_libraries(${name} PRIVATE slime_torch_deps)
@@ -48,10 +49,8 @@ function(slime_add_test name)
     set(ARG_TIMEOUT 300)
   endif()
   # Where tests find the repository and the real binary: the environment wins (ctest sets
-  # SLIME_SOURCE_DIR), these compile-time paths are the fallback when a test runs by hand.
-  target_compile_definitions(${name} PRIVATE
-    SLIME_SOURCE_DIR_DEFAULT="${PROJECT_SOURCE_DIR}"
-    SLIME_TRAIN_BIN_DEFAULT="$<TARGET_FILE:slime_train>")
+  # SLIME_SOURCE_DIR), the configure-time paths of slime_test_paths (tests/CMakeLists.txt) are
+  # the fallback when a test runs by hand.
   gtest_discover_tests(${name}
     TEST_PREFIX "${name}."
     PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}

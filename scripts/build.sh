@@ -9,6 +9,10 @@ jobs="${SLIME_JOBS:-$(nproc)}"
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$repo}"
 export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-8G}"
+# The LibTorch translation units use a precompiled <torch/torch.h> (cmake/SlimeModule.cmake);
+# without this ccache refuses them all ("could not use precompiled header") and every build
+# recompiles them. A fresh clone's files are all new, hence the include-file time checks off.
+export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="${SLIME_BUILD_TYPE:-RelWithDebInfo}" "$@" \
   > "$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
 grep -E "^-- slime:" "$build.configure.log" || true

@@ -177,9 +177,8 @@ TEST(WeightSyncGpuTest, NcclSyncMatchesAFreshEngine) {
 class ServeChild {
  public:
   ServeChild(const std::vector<std::string>& args, const std::string& log) : log_(log) {
-    std::vector<std::string> a = {SLIME_TRAIN_BIN_DEFAULT, "serve"};
+    std::vector<std::string> a = {slime::testing::TrainBin(), "serve"};
     a.insert(a.end(), args.begin(), args.end());
-    if (const char* bin = std::getenv("SLIME_TRAIN_BIN"); bin != nullptr && *bin != '\0') a[0] = bin;
     std::vector<char*> argv;
     for (std::string& s : a) argv.push_back(s.data());
     argv.push_back(nullptr);

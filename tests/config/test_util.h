@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "slime/config/config.h"
+#include "test_paths.h"
 
 namespace slime::config::testing {
 
@@ -97,11 +98,7 @@ class TempDir {
 };
 
 // The source tree: $SLIME_SOURCE_DIR (set by ctest), else the configure-time path.
-inline std::filesystem::path SourceDir() {
-  const char* env = std::getenv("SLIME_SOURCE_DIR");
-  if (env != nullptr && *env != '\0') return env;
-  return SLIME_SOURCE_DIR_DEFAULT;
-}
+inline std::filesystem::path SourceDir() { return slime::testing::SourceDir(); }
 
 }  // namespace slime::config::testing
 

@@ -11,11 +11,12 @@
 
 #include "slime/engine/model_runner.h"
 #include "slime/engine/sampler.h"
+#include "test_paths.h"
 
 namespace slime::engine {
 namespace {
 
-std::string FixtureDir() { return std::string(SLIME_SOURCE_DIR_DEFAULT) + "/tests/data/model/tiny-qwen3"; }
+std::string FixtureDir() { return slime::testing::SourceDir() + "/tests/data/model/tiny-qwen3"; }
 
 std::unique_ptr<ModelRunner> MakeRunner(int64_t page_size = 4) {
   ModelRunnerOptions o;

@@ -229,10 +229,7 @@ TEST(OutputTextQwen3Test, StopTokenTrimAndSkipSpecialTokens) {
 
 TEST(OutputTextQwen3Test, FinalTextEqualsDecodeOnTheCorpus) {
   SLIME_REQUIRE_QWEN3(tok);
-  const char* src = std::getenv("SLIME_SOURCE_DIR");
-  std::ifstream corpus(
-      std::string(src != nullptr && *src != '\0' ? src : SLIME_SOURCE_DIR_DEFAULT) +
-      "/tests/data/tokenizer/corpus.jsonl");
+  std::ifstream corpus(slime::testing::SourceDir() + "/tests/data/tokenizer/corpus.jsonl");
   ASSERT_TRUE(corpus.good()) << "tests/data/tokenizer/corpus.jsonl is committed";
   std::string line;
   int cases = 0;

@@ -12,6 +12,7 @@
 
 #include "slime/tokenizer/tokenizer.h"
 #include "slime/tokenizer/unicode.h"
+#include "test_paths.h"
 
 namespace slime::engine::testing {
 
@@ -65,15 +66,7 @@ inline std::unique_ptr<tokenizer::Tokenizer> ByteTokenizer() {
 // compile-time source dir) when it holds tokenizer.json; otherwise "" and `*why` says how to
 // fetch it.
 inline std::string Qwen3Dir(std::string* why) {
-  std::string data;
-  if (const char* env = std::getenv("SLIME_TEST_DATA"); env != nullptr && *env != '\0') {
-    data = env;
-  } else {
-    const char* src = std::getenv("SLIME_SOURCE_DIR");
-    data = std::string(src != nullptr && *src != '\0' ? src : SLIME_SOURCE_DIR_DEFAULT) +
-           "/.cache/testdata";
-  }
-  const std::string dir = data + "/qwen3";
+  const std::string dir = (slime::testing::TestDataDir() / "qwen3").string();
   if (std::filesystem::exists(dir + "/tokenizer.json")) return dir;
   *why = "missing " + dir +
          "/tokenizer.json: run scripts/fetch_test_data.sh (or point "

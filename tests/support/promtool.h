@@ -12,15 +12,14 @@
 #include <fstream>
 #include <string>
 
+#include "test_paths.h"
+
 namespace slime::testing {
 
-// The promtool binary: $SLIME_PROMTOOL, else <source dir>/.cache/tools/bin/promtool
-// (SLIME_SOURCE_DIR from ctest, or the compile-time default).
+// The promtool binary: $SLIME_PROMTOOL, else SourceDir()/.cache/tools/bin/promtool.
 inline std::string PromtoolPath() {
   if (const char* p = std::getenv("SLIME_PROMTOOL"); p != nullptr && *p != '\0') return p;
-  const char* src = std::getenv("SLIME_SOURCE_DIR");
-  std::string dir = src != nullptr && *src != '\0' ? src : SLIME_SOURCE_DIR_DEFAULT;
-  return dir + "/.cache/tools/bin/promtool";
+  return SourceDir() + "/.cache/tools/bin/promtool";
 }
 
 struct PromtoolResult {
