@@ -536,7 +536,9 @@ torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch:
     }
     return true;
   };
-  const bool fuse_norm = small_gemm && silu_gemm && norm_gemm &&
+  // One row only: at 2, 4 and 8 rows the folded kernels measured slower than the separate ones
+  // (docs/benchmarks.md, "Five kernels a layer").
+  const bool fuse_norm = small_gemm && silu_gemm && norm_gemm && t == 1 &&
                          cuda::NormGemmSupported(t, n, dt) && weights_contiguous();
   auto norm_linear = [&](const torch::Tensor& norm_w, const torch::Tensor& weight,
                          const torch::Tensor& b, bool silu) {
