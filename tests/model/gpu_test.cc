@@ -479,6 +479,95 @@ TEST_P(NormGemmTest, FoldedNormAndResidualAddEqualTheSeparateKernels) {
 #endif
 }
 
+// The slab small-m GEMMs (weights copied to shared memory before the grid dependency wait) give
+// the streaming kernels' results bit for bit, for every kind of decode GEMM and the Qwen3-0.6B
+// shapes (q|k|v, o, gate|up, down) plus ragged ones.
+TEST(SlabGemmTest, SlabKernelsEqualTheStreamingKernels) {
+  SKIP_WITHOUT_CUDA();
+#ifdef SLIME_WITH_CUDA
+  void* stream = at::cuda::getCurrentCUDAStream().stream();
+  struct Shape {
+    int64_t n, k;
+  };
+  const std::vector<Shape> shapes = {{4096, 1024}, {1024, 2048}, {3072, 1024},
+                                     {1024, 3072}, {203, 1024},  {203, 2560}};
+  int slab_cases = 0;
+  for (const torch::ScalarType dtype : {torch::kBFloat16, torch::kFloat32}) {
+    const cuda::DType dt =
+        dtype == torch::kFloat32 ? cuda::DType::kFloat32 : cuda::DType::kBFloat16;
+    const auto opts = torch::TensorOptions().dtype(dtype).device(torch::kCUDA);
+    for (const Shape& shape : shapes) {
+      for (const int64_t m : {1, 2, 8}) {  // slab kernels at 1 and 2 rows; 8 streams
+        const int64_t n = shape.n, k = shape.k;
+        SCOPED_TRACE(::testing::Message() << torch::toString(dtype) << " m=" << m << " n=" << n
+                                          << " k=" << k);
+        torch::manual_seed(11);
+        const torch::Tensor x = torch::randn({m, k}, opts);
+        const torch::Tensor w = torch::randn({n, k}, opts) / 16;
+        const torch::Tensor gate_up = torch::randn({2 * n, k}, opts) / 16;
+        const torch::Tensor bias = torch::randn({n}, opts);
+        const torch::Tensor residual = torch::randn({m, n}, opts);
+        const torch::Tensor norm = 1 + 0.1 * torch::randn({k}, opts);
+        const bool norm_ok = cuda::NormGemmSupported(m, k, dt);
+        slab_cases += cuda::SmallGemmUsesSlab(m, n, k, dt, false, false) +
+                      cuda::SmallGemmUsesSlab(m, n, k, dt, true, false) +
+                      cuda::SmallGemmUsesSlab(m, n, k, dt, false, true);
+        auto run = [&](bool slab) {
+          cuda::SetSlabGemm(slab);
+          std::vector<torch::Tensor> out = {torch::full({m, n}, 7, opts),
+                                            torch::full({m, n}, 7, opts), residual.clone(),
+                                            torch::full({m, n}, 7, opts),
+                                            torch::full({m, n}, 7, opts)};
+          EXPECT_EQ(cuda::LaunchSmallGemm(x.data_ptr(), w.data_ptr(), bias.data_ptr(),
+                                          out[0].data_ptr(), m, n, k, dt, stream),
+                    0);
+          EXPECT_EQ(cuda::LaunchSmallGemmSiluMul(x.data_ptr(), gate_up.data_ptr(),
+                                                 out[1].data_ptr(), m, n, k, dt, stream),
+                    0);
+          EXPECT_EQ(cuda::LaunchSmallGemmAddResidual(x.data_ptr(), w.data_ptr(), bias.data_ptr(),
+                                                     out[2].data_ptr(), m, n, k, dt, stream),
+                    0);
+          if (norm_ok) {
+            EXPECT_EQ(cuda::LaunchNormSmallGemm(x.data_ptr(), norm.data_ptr(), 1e-6f,
+                                                w.data_ptr(), bias.data_ptr(), out[3].data_ptr(),
+                                                m, n, k, dt, stream),
+                      0);
+            EXPECT_EQ(cuda::LaunchNormSmallGemmSiluMul(x.data_ptr(), norm.data_ptr(), 1e-6f,
+                                                       gate_up.data_ptr(), out[4].data_ptr(), m,
+                                                       n, k, dt, stream),
+                      0);
+          }
+          torch::cuda::synchronize();
+          cuda::SetSlabGemm(true);
+          return out;
+        };
+        const std::vector<torch::Tensor> slab = run(true);
+        const std::vector<torch::Tensor> streaming = run(false);
+        for (size_t i = 0; i < slab.size(); ++i) {
+          EXPECT_TRUE(torch::equal(slab[i], streaming[i]))
+              << "output " << i << " max diff " << MaxAbsDiff(slab[i], streaming[i]);
+        }
+        // Both are the GEMM, not the same wrong answer.
+        const torch::Tensor ref = torch::addmm(bias.to(torch::kFloat32), x.to(torch::kFloat32),
+                                               w.to(torch::kFloat32).t());
+        EXPECT_LE(RelErr(slab[0].to(torch::kFloat32), ref), 1e-2);
+        EXPECT_LE(RelErr((slab[2] - residual).to(torch::kFloat32), ref), 5e-2);
+      }
+    }
+  }
+  // On a GPU with at least 64 SMs the bf16 Qwen3-0.6B shapes take the slab path.
+  EXPECT_GT(slab_cases, 0);
+  EXPECT_FALSE(cuda::SmallGemmUsesSlab(8, 4096, 1024, cuda::DType::kBFloat16, false, false));
+  if (at::cuda::getCurrentDeviceProperties()->multiProcessorCount >= 64) {
+    EXPECT_TRUE(cuda::SmallGemmUsesSlab(1, 4096, 1024, cuda::DType::kBFloat16, false, false));
+    EXPECT_TRUE(cuda::SmallGemmUsesSlab(1, 3072, 1024, cuda::DType::kBFloat16, true, false));
+    EXPECT_TRUE(cuda::SmallGemmUsesSlab(1, 1024, 3072, cuda::DType::kBFloat16, false, true));
+  }
+#else
+  GTEST_SKIP() << "built without CUDA kernels";
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(DtypesAndWidths, NormGemmTest,
                          ::testing::Values(NormGemmCase{torch::kBFloat16, 1024},
                                            NormGemmCase{torch::kBFloat16, 2560},

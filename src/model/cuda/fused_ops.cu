@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "dtype.cuh"
 #include "fused_ops.h"
@@ -452,6 +453,169 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
   }
 }
 
+// ---- slab small-m GEMMs (decode): the block's weight rows copied into shared memory first
+//
+// A block owns `rows` consecutive output features (a contiguous slab of W; for gate|up the gate
+// slab and the up slab) and copies all of it into shared memory with cp.async before the grid
+// dependency wait. The grid is one block per SM, so every block of a kernel is resident at once
+// and, under PDL, next to the blocks of the kernel before it: each GEMM's weights stream in while
+// the previous kernel still runs, and after the wait the products read shared memory only. The
+// streaming kernels above reach the same overlap only for their first wave of blocks and the
+// first kPrefetch vectors of each row. Arithmetic (per lane, vector order, warp reduction,
+// epilogue roundings) is the streaming kernels', so results are bit-identical to them.
+
+// One block's share of the GEMM (host: PlanSlab).
+struct Slab {
+  int rows;    // output features per block (of each half for gate|up)
+  int offset;  // byte offset of the weight copy in dynamic shared memory (after the input rows)
+};
+
+__device__ __forceinline__ void CopyAsync16(void* dst, const void* src) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void CopyAsyncWaitAll() {
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+// `rows` rows of k elements from src (contiguous) to dst, spread over the block's threads.
+template <typename T>
+__device__ __forceinline__ void CopySlab(T* dst, const T* __restrict__ src, int rows, int k) {
+  constexpr int V = 16 / sizeof(T);
+  const int vecs = rows * (k / V);
+  for (int i = threadIdx.x; i < vecs; i += blockDim.x) CopyAsync16(dst + i * V, src + i * V);
+}
+
+// acc[m] += wr · x_m over the lane's vectors (i * 32 + lane) * V, i ascending: the order of the
+// streaming kernels.
+template <typename T, int M, typename Rows>
+__device__ __forceinline__ void RowDot(const T* wr, const Rows& in, int k, int lane,
+                                       float (&acc)[M]) {
+  constexpr int V = 16 / sizeof(T);
+#pragma unroll 4
+  for (int base = lane * V; base < k; base += 32 * V) {
+    const Vec16<T> wv = *reinterpret_cast<const Vec16<T>*>(wr + base);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const Vec16<T> xv = in.Load(m, base);
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[m] += F(wv.v[j]) * F(xv.v[j]);
+    }
+  }
+}
+
+template <typename T, int M, typename Rows>
+__device__ __forceinline__ void RowDot2(const T* wg, const T* wu, const Rows& in, int k, int lane,
+                                        float (&ag)[M], float (&au)[M]) {
+  constexpr int V = 16 / sizeof(T);
+#pragma unroll 2
+  for (int base = lane * V; base < k; base += 32 * V) {
+    const Vec16<T> gv = *reinterpret_cast<const Vec16<T>*>(wg + base);
+    const Vec16<T> uv = *reinterpret_cast<const Vec16<T>*>(wu + base);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const Vec16<T> xv = in.Load(m, base);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        ag[m] += F(gv.v[j]) * F(xv.v[j]);
+        au[m] += F(uv.v[j]) * F(xv.v[j]);
+      }
+    }
+  }
+}
+
+template <int M>
+__device__ __forceinline__ void WarpSums(float (&acc)[M]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+  }
+}
+
+// SmallGemmKernel with the slab in shared memory. With ADD the block's old residual values are
+// read into shared memory (after the slab) before the wait, as SmallGemmKernel reads them.
+template <typename T, int M, typename Rows, bool ADD>
+__global__ void __launch_bounds__(kGemmWarps * 32)
+    SlabGemmKernel(Rows in, Slab slab, const T* __restrict__ w, const T* __restrict__ bias,
+                   T* __restrict__ y, int n, int k) {
+  extern __shared__ __align__(16) unsigned char slab_smem[];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int r0 = blockIdx.x * slab.rows;
+  const int rows = min(slab.rows, n - r0);
+  T* ws = reinterpret_cast<T*>(slab_smem + slab.offset);
+  float* old = reinterpret_cast<float*>(ws + static_cast<int64_t>(slab.rows) * k);
+  CopySlab(ws, w + static_cast<int64_t>(r0) * k, rows, k);
+  if constexpr (ADD) {
+    for (int i = threadIdx.x; i < rows * M; i += blockDim.x) {
+      old[i] = F(y[static_cast<int64_t>(i % M) * n + r0 + i / M]);
+    }
+  }
+  in.BeforeWait(warp, lane);
+  GridDependencyWait();
+  GridDependencyLaunch();
+  in.AfterWait(warp, lane);
+  CopyAsyncWaitAll();
+  __syncthreads();
+  for (int r = warp; r < rows; r += kGemmWarps) {
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] = 0.f;
+    RowDot<T, M>(ws + static_cast<int64_t>(r) * k, in, k, lane, acc);
+    WarpSums<M>(acc);
+    if (lane == 0) {
+      const int row = r0 + r;
+      const float b = bias != nullptr ? F(bias[row]) : 0.f;
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const T v = To<T>(acc[m] + b);
+        y[static_cast<int64_t>(m) * n + row] = ADD ? To<T>(old[r * M + m] + F(v)) : v;
+      }
+    }
+  }
+}
+
+// SmallGemmSiluKernel with the gate slab and the up slab in shared memory.
+template <typename T, int M, typename Rows>
+__global__ void __launch_bounds__(kGemmWarps * 32)
+    SlabGemmSiluKernel(Rows in, Slab slab, const T* __restrict__ w, T* __restrict__ y, int n,
+                       int k) {
+  extern __shared__ __align__(16) unsigned char slab_smem[];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int r0 = blockIdx.x * slab.rows;
+  const int rows = min(slab.rows, n - r0);
+  T* wg = reinterpret_cast<T*>(slab_smem + slab.offset);
+  T* wu = wg + static_cast<int64_t>(slab.rows) * k;
+  CopySlab(wg, w + static_cast<int64_t>(r0) * k, rows, k);
+  CopySlab(wu, w + (static_cast<int64_t>(n) + r0) * k, rows, k);
+  in.BeforeWait(warp, lane);
+  GridDependencyWait();
+  GridDependencyLaunch();
+  in.AfterWait(warp, lane);
+  CopyAsyncWaitAll();
+  __syncthreads();
+  for (int r = warp; r < rows; r += kGemmWarps) {
+    float ag[M], au[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) ag[m] = au[m] = 0.f;
+    RowDot2<T, M>(wg + static_cast<int64_t>(r) * k, wu + static_cast<int64_t>(r) * k, in, k, lane,
+                  ag, au);
+    WarpSums<M>(ag);
+    WarpSums<M>(au);
+    if (lane == 0) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float gv = F(To<T>(ag[m]));
+        const float sv = gv / (1.0f + expf(-gv));
+        y[static_cast<int64_t>(m) * n + r0 + r] = To<T>(R<T>(sv) * F(To<T>(au[m])));
+      }
+    }
+  }
+}
+
 // AddRmsNorm with one 16-byte vector per thread held in registers (n / V threads, a multiple of
 // 32, at most 1024): one read of residual, delta and w, one write of residual and y.
 // With `prefetch`, the residual and the weight are read before the grid dependency wait: in the
@@ -635,12 +799,109 @@ struct NormInput {
   size_t SharedBytes(int m) const { return static_cast<size_t>(m) * k * sizeof(T); }
 };
 
+// The slab kernels (SlabGemmKernel): rows per block for one block per SM (a multiple of the
+// warps), used at up to kSlabMaxRows input rows when a block's weight rows fit in kSlabMaxBytes
+// of shared memory, so that the
+// slabs of two consecutive GEMMs fit on one SM together (kSlabMaxShared adds the input rows and
+// the old residual values).
+// Only at one or two rows: at four and eight the streaming kernels were faster (more warps per SM
+// to hide the input-row loads; decode graph replay 1.155 / 1.509 ms streaming against 1.261 /
+// 1.730 ms with slabs, and 0.736 / 0.954 ms slab against 0.842 / 0.973 at one and two rows).
+constexpr size_t kSlabMaxBytes = 96 * 1024;
+constexpr int kSlabMaxShared = 160 * 1024;
+constexpr int kSlabMaxRows = 2;
+
+std::atomic<bool> g_slab{true};
+
+bool SlabGemmEnabled() {
+  static const bool env_enabled = DecodeFusionEnabled("slab");
+  return env_enabled && g_slab.load(std::memory_order_relaxed);
+}
+
+constexpr int kMaxDevices = 64;
+
+int SmCount() {
+  static std::atomic<int> counts[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
+  int v = counts[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+    counts[device].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+struct SlabPlan {
+  Slab slab;
+  unsigned blocks = 0;
+  size_t smem = 0;
+};
+
+bool PlanSlab(int m, int n, int k, size_t elem, size_t in_bytes, GemmKind kind, SlabPlan* plan) {
+  if (m > kSlabMaxRows || !SlabGemmEnabled()) return false;
+  const int sms = SmCount();
+  if (sms <= 0) return false;
+  const int per_sm = (n + sms - 1) / sms;
+  const int rows = (per_sm + kGemmWarps - 1) / kGemmWarps * kGemmWarps;
+  const size_t halves = kind == GemmKind::kSilu ? 2 : 1;
+  const size_t slab_bytes = static_cast<size_t>(rows) * k * elem * halves;
+  if (slab_bytes > kSlabMaxBytes) return false;
+  const size_t offset = (in_bytes + 15) / 16 * 16;
+  plan->slab = Slab{rows, static_cast<int>(offset)};
+  plan->blocks = static_cast<unsigned>((n + rows - 1) / rows);
+  plan->smem = offset + slab_bytes +
+               (kind == GemmKind::kAddResidual ? static_cast<size_t>(rows) * m * sizeof(float) : 0);
+  return plan->smem <= static_cast<size_t>(kSlabMaxShared);
+}
+
+// Lets `Kernel` use kSlabMaxShared bytes of dynamic shared memory with the carve-out at its
+// maximum, once per device (function attributes are per device).
+template <auto Kernel>
+void AllowSlabShared() {
+  static std::atomic<uint64_t> done{0};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return;
+  const uint64_t bit = uint64_t{1} << (device % kMaxDevices);
+  if ((done.load(std::memory_order_acquire) & bit) != 0) return;
+  cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSlabMaxShared);
+  cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                       cudaSharedmemCarveoutMaxShared);
+  done.fetch_or(bit, std::memory_order_acq_rel);
+}
+
+template <auto Kernel, typename... Args>
+void LaunchSlab(const SlabPlan& plan, cudaStream_t s, Args&&... args) {
+  AllowSlabShared<Kernel>();
+  LaunchKernel(Kernel, plan.blocks, kGemmWarps * 32, plan.smem, s, std::forward<Args>(args)...);
+}
+
 template <typename T, int M, typename Input>
 void LaunchGemmM(const Input& in, const T* w, const T* b, T* y, int n, int k, GemmKind kind,
                  cudaStream_t s) {
   using Rows = decltype(in.template Rows<M>());
-  const unsigned blocks = static_cast<unsigned>((n + kGemmWarps - 1) / kGemmWarps);
   const size_t smem = in.SharedBytes(M);
+  if constexpr (M <= kSlabMaxRows) {  // no slab kernels compiled for more rows
+    SlabPlan plan;
+    if (PlanSlab(M, n, k, sizeof(T), smem, kind, &plan)) {
+      switch (kind) {
+        case GemmKind::kPlain:
+          LaunchSlab<SlabGemmKernel<T, M, Rows, false>>(plan, s, in.template Rows<M>(),
+                                                        plan.slab, w, b, y, n, k);
+          break;
+        case GemmKind::kAddResidual:
+          LaunchSlab<SlabGemmKernel<T, M, Rows, true>>(plan, s, in.template Rows<M>(), plan.slab,
+                                                       w, b, y, n, k);
+          break;
+        case GemmKind::kSilu:
+          LaunchSlab<SlabGemmSiluKernel<T, M, Rows>>(plan, s, in.template Rows<M>(), plan.slab,
+                                                     w, y, n, k);
+          break;
+      }
+      return;
+    }
+  }
+  const unsigned blocks = static_cast<unsigned>((n + kGemmWarps - 1) / kGemmWarps);
   switch (kind) {
     case GemmKind::kPlain:
       LaunchKernel(SmallGemmKernel<T, M, Rows, false>, blocks, kGemmWarps * 32, smem, s,
@@ -799,6 +1060,20 @@ int LaunchSmallGemmAddResidual(const void* x, const void* w, const void* bias, v
                                int64_t m, int64_t n, int64_t k, DType dtype, void* stream) {
   return Dispatch<SmallGemmLauncher>(dtype, x, w, bias, residual, m, n, k,
                                      GemmKind::kAddResidual, static_cast<cudaStream_t>(stream));
+}
+
+void SetSlabGemm(bool enabled) { g_slab.store(enabled, std::memory_order_relaxed); }
+
+bool SmallGemmUsesSlab(int64_t m, int64_t n, int64_t k, DType dtype, bool gate_up,
+                       bool add_residual) {
+  const size_t elem = dtype == DType::kFloat32 ? 4 : 2;
+  const GemmKind kind = gate_up        ? GemmKind::kSilu
+                        : add_residual ? GemmKind::kAddResidual
+                                       : GemmKind::kPlain;
+  SlabPlan plan;
+  return m >= 1 && m <= 8 && n > 0 &&
+         PlanSlab(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), elem, 0, kind,
+                  &plan);
 }
 
 bool NormGemmSupported(int64_t m, int64_t k, DType dtype) {

@@ -96,6 +96,16 @@ int LaunchSmallGemmAddResidual(const void* x, const void* w, const void* bias, v
 int LaunchSiluMulPacked(const void* gu, void* y, int64_t rows, int64_t n, DType dtype,
                         void* stream);
 
+// The small-m GEMMs above run as "slab" kernels at one or two rows where a block's weight rows
+// fit in shared memory (one block per SM; each block copies its rows of W into shared memory before its grid
+// dependency wait, so under PDL the weights stream in while the kernel before still runs),
+// bit-identical to the streaming kernels. SmallGemmUsesSlab says whether a GEMM of that shape
+// (without folded norm input) takes that path on the current device; SetSlabGemm(false) turns it
+// off for this process (tests, A/B), as does SLIME_DECODE_UNFUSE=slab; SetSlabGemm(true) restores.
+bool SmallGemmUsesSlab(int64_t m, int64_t n, int64_t k, DType dtype, bool gate_up,
+                       bool add_residual);
+void SetSlabGemm(bool enabled);
+
 // Programmatic dependent launch (pdl.cuh) for the kernels of this file and the engine's decode
 // kernels: on by default where the device supports it (sm_90+); SLIME_PDL=0 in the environment
 // or SetProgrammaticLaunch(false) turns it off (A/B measurements); SetProgrammaticLaunch(true)
@@ -111,8 +121,9 @@ void SetProgrammaticLaunch(bool enabled);
 // head instead of a second kernel) or "attn_qkv" (the paged decode kernel applies q/k norm +
 // RoPE to the raw projection rows and stores the new K/V itself, at <= 8 decode rows),
 // "norm_prefetch" (add + RMSNorm reads the residual before its grid dependency wait; see
-// LaunchAddRmsNorm) or "norm_gemm" (RMSNorm inside the q|k|v and gate|up decode GEMMs, the
-// residual add inside the o and down GEMMs; LaunchNormSmallGemm). All are on unless
+// LaunchAddRmsNorm), "norm_gemm" (RMSNorm inside the q|k|v and gate|up decode GEMMs, the
+// residual add inside the o and down GEMMs; LaunchNormSmallGemm) or "slab" (the small-m GEMMs
+// from shared-memory weight slabs; SetSlabGemm). All are on unless
 // SLIME_DECODE_UNFUSE in the environment lists the name (comma-separated, read once per process).
 bool DecodeFusionEnabled(const char* name);
 
