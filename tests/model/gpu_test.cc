@@ -408,7 +408,7 @@ TEST_P(NormGemmTest, FoldedNormAndResidualAddEqualTheSeparateKernels) {
   void* stream = at::cuda::getCurrentCUDAStream().stream();  // the one torch's ops below use
   for (const int64_t m : {1, 3, 8}) {
     if (!cuda::NormGemmSupported(m, k, dt)) {
-      ASSERT_GT(m * k * torch::elementSize(dtype), 40 * 1024) << "m=" << m;
+      ASSERT_GT(m, 1);  // the fold is compiled for single-row steps only
       continue;
     }
     SCOPED_TRACE(::testing::Message() << "m=" << m);
@@ -468,6 +468,7 @@ TEST_P(NormGemmTest, FoldedNormAndResidualAddEqualTheSeparateKernels) {
     EXPECT_GT(y.abs().max().item<double>(), 0.0);
   }
   EXPECT_FALSE(cuda::NormGemmSupported(1, k + 8, dt));
+  EXPECT_FALSE(cuda::NormGemmSupported(2, k, dt));
   EXPECT_FALSE(cuda::NormGemmSupported(9, k, dt));
   const torch::Tensor x = torch::randn({1, k + 8}, opts), w8 = torch::randn({8, k + 8}, opts);
   torch::Tensor y8 = torch::empty({1, 8}, opts);

@@ -304,6 +304,83 @@ struct NormRows {
   }
 };
 
+// Shared by the streaming and the slab kernels below, so that both do the same arithmetic.
+
+// acc[m] += wr · x_m over the lane's 16-byte vectors (i * 32 + lane) * V for i >= first, i
+// ascending.
+template <typename T, int M, typename Rows>
+__device__ __forceinline__ void RowDot(const T* wr, const Rows& in, int k, int lane, int first,
+                                       float (&acc)[M]) {
+  constexpr int V = 16 / sizeof(T);
+#pragma unroll 4
+  for (int base = (first * 32 + lane) * V; base < k; base += 32 * V) {
+    const Vec16<T> wv = *reinterpret_cast<const Vec16<T>*>(wr + base);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const Vec16<T> xv = in.Load(m, base);
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[m] += F(wv.v[j]) * F(xv.v[j]);
+    }
+  }
+}
+
+// RowDot for a gate row and an up row at once.
+template <typename T, int M, typename Rows>
+__device__ __forceinline__ void RowDot2(const T* wg, const T* wu, const Rows& in, int k, int lane,
+                                        int first, float (&ag)[M], float (&au)[M]) {
+  constexpr int V = 16 / sizeof(T);
+#pragma unroll 2
+  for (int base = (first * 32 + lane) * V; base < k; base += 32 * V) {
+    const Vec16<T> gv = *reinterpret_cast<const Vec16<T>*>(wg + base);
+    const Vec16<T> uv = *reinterpret_cast<const Vec16<T>*>(wu + base);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const Vec16<T> xv = in.Load(m, base);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        ag[m] += F(gv.v[j]) * F(xv.v[j]);
+        au[m] += F(uv.v[j]) * F(xv.v[j]);
+      }
+    }
+  }
+}
+
+template <int M>
+__device__ __forceinline__ void WarpSums(float (&acc)[M]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+  }
+}
+
+// Output feature `row` of the M rows (lane 0): T(acc + bias), or with ADD T(old + T(acc + bias))
+// into the residual — the eager linear's rounding, then the eager add's.
+template <typename T, int M, bool ADD>
+__device__ __forceinline__ void StoreRow(T* __restrict__ y, int n, int row,
+                                         const T* __restrict__ bias, const float (&acc)[M],
+                                         const float* old) {
+  const float b = bias != nullptr ? F(bias[row]) : 0.f;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const T v = To<T>(acc[m] + b);
+    y[static_cast<int64_t>(m) * n + row] = ADD ? To<T>(old[m] + F(v)) : v;
+  }
+}
+
+// SiluMul(T(x·gate_j), T(x·up_j)) with the roundings of the small-m GEMM followed by
+// SiluMulPacked.
+template <typename T, int M>
+__device__ __forceinline__ void StoreSiluRow(T* __restrict__ y, int n, int row,
+                                             const float (&ag)[M], const float (&au)[M]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const float gv = F(To<T>(ag[m]));
+    const float sv = gv / (1.0f + expf(-gv));
+    y[static_cast<int64_t>(m) * n + row] = To<T>(R<T>(sv) * F(To<T>(au[m])));
+  }
+}
+
 // y [M, n] = x W^T (+ bias): warp `row` streams weight row `row`. With ADD, y is the residual
 // stream [M, n] and gets y += T(x W^T + bias) (the rounding of the eager linear, then of the eager
 // add); its old values are read before the grid dependency wait, so the kernel right before must
@@ -349,29 +426,9 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
       }
     }
   }
-#pragma unroll 4
-  for (int base = (kPrefetch * 32 + lane) * V; base < k; base += 32 * V) {
-    const Vec16<T> wv = *reinterpret_cast<const Vec16<T>*>(wr + base);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const Vec16<T> xv = in.Load(m, base);
-#pragma unroll
-      for (int j = 0; j < V; ++j) acc[m] += F(wv.v[j]) * F(xv.v[j]);
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
-  }
-  if (lane == 0) {
-    const float b = bias != nullptr ? F(bias[row]) : 0.f;
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const T v = To<T>(acc[m] + b);
-      y[static_cast<int64_t>(m) * n + row] = ADD ? To<T>(old[m] + F(v)) : v;
-    }
-  }
+  RowDot<T, M>(wr, in, k, lane, kPrefetch, acc);
+  WarpSums<M>(acc);
+  if (lane == 0) StoreRow<T, M, ADD>(y, n, row, bias, acc, old);
 }
 
 // The gate|up projection and SiLU·up in one kernel: w [2n, k] is the stacked gate (rows [0, n))
@@ -421,36 +478,10 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
       }
     }
   }
-#pragma unroll 2
-  for (int base = (kHalf * 32 + lane) * V; base < k; base += 32 * V) {
-    const Vec16<T> gv = *reinterpret_cast<const Vec16<T>*>(wg + base);
-    const Vec16<T> uv = *reinterpret_cast<const Vec16<T>*>(wu + base);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const Vec16<T> xv = in.Load(m, base);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        ag[m] += F(gv.v[j]) * F(xv.v[j]);
-        au[m] += F(uv.v[j]) * F(xv.v[j]);
-      }
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      ag[m] += __shfl_xor_sync(0xffffffffu, ag[m], o);
-      au[m] += __shfl_xor_sync(0xffffffffu, au[m], o);
-    }
-  }
-  if (lane == 0) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const float gv = F(To<T>(ag[m]));
-      const float sv = gv / (1.0f + expf(-gv));
-      y[static_cast<int64_t>(m) * n + row] = To<T>(R<T>(sv) * F(To<T>(au[m])));
-    }
-  }
+  RowDot2<T, M>(wg, wu, in, k, lane, kHalf, ag, au);
+  WarpSums<M>(ag);
+  WarpSums<M>(au);
+  if (lane == 0) StoreSiluRow<T, M>(y, n, row, ag, au);
 }
 
 // ---- slab small-m GEMMs (decode): the block's weight rows copied into shared memory first
@@ -461,8 +492,8 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
 // and, under PDL, next to the blocks of the kernel before it: each GEMM's weights stream in while
 // the previous kernel still runs, and after the wait the products read shared memory only. The
 // streaming kernels above reach the same overlap only for their first wave of blocks and the
-// first kPrefetch vectors of each row. Arithmetic (per lane, vector order, warp reduction,
-// epilogue roundings) is the streaming kernels', so results are bit-identical to them.
+// first kPrefetch vectors of each row. The arithmetic is theirs (RowDot, WarpSums, StoreRow), so
+// results are bit-identical to them.
 
 // One block's share of the GEMM (host: PlanSlab).
 struct Slab {
@@ -487,51 +518,16 @@ __device__ __forceinline__ void CopySlab(T* dst, const T* __restrict__ src, int 
   for (int i = threadIdx.x; i < vecs; i += blockDim.x) CopyAsync16(dst + i * V, src + i * V);
 }
 
-// acc[m] += wr · x_m over the lane's vectors (i * 32 + lane) * V, i ascending: the order of the
-// streaming kernels.
-template <typename T, int M, typename Rows>
-__device__ __forceinline__ void RowDot(const T* wr, const Rows& in, int k, int lane,
-                                       float (&acc)[M]) {
-  constexpr int V = 16 / sizeof(T);
-#pragma unroll 4
-  for (int base = lane * V; base < k; base += 32 * V) {
-    const Vec16<T> wv = *reinterpret_cast<const Vec16<T>*>(wr + base);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const Vec16<T> xv = in.Load(m, base);
-#pragma unroll
-      for (int j = 0; j < V; ++j) acc[m] += F(wv.v[j]) * F(xv.v[j]);
-    }
-  }
-}
-
-template <typename T, int M, typename Rows>
-__device__ __forceinline__ void RowDot2(const T* wg, const T* wu, const Rows& in, int k, int lane,
-                                        float (&ag)[M], float (&au)[M]) {
-  constexpr int V = 16 / sizeof(T);
-#pragma unroll 2
-  for (int base = lane * V; base < k; base += 32 * V) {
-    const Vec16<T> gv = *reinterpret_cast<const Vec16<T>*>(wg + base);
-    const Vec16<T> uv = *reinterpret_cast<const Vec16<T>*>(wu + base);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const Vec16<T> xv = in.Load(m, base);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        ag[m] += F(gv.v[j]) * F(xv.v[j]);
-        au[m] += F(uv.v[j]) * F(xv.v[j]);
-      }
-    }
-  }
-}
-
-template <int M>
-__device__ __forceinline__ void WarpSums(float (&acc)[M]) {
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
-  }
+// The slab kernels' grid dependency wait (after they issued the slab copy): the input rows'
+// before/after-wait steps around it, then the copy landed and visible to the whole block.
+template <typename Rows>
+__device__ __forceinline__ void SlabWait(Rows& in, int warp, int lane) {
+  in.BeforeWait(warp, lane);
+  GridDependencyWait();
+  GridDependencyLaunch();
+  in.AfterWait(warp, lane);
+  CopyAsyncWaitAll();
+  __syncthreads();
 }
 
 // SmallGemmKernel with the slab in shared memory. With ADD the block's old residual values are
@@ -553,27 +549,14 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
       old[i] = F(y[static_cast<int64_t>(i % M) * n + r0 + i / M]);
     }
   }
-  in.BeforeWait(warp, lane);
-  GridDependencyWait();
-  GridDependencyLaunch();
-  in.AfterWait(warp, lane);
-  CopyAsyncWaitAll();
-  __syncthreads();
+  SlabWait(in, warp, lane);
   for (int r = warp; r < rows; r += kGemmWarps) {
     float acc[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[m] = 0.f;
-    RowDot<T, M>(ws + static_cast<int64_t>(r) * k, in, k, lane, acc);
+    RowDot<T, M>(ws + static_cast<int64_t>(r) * k, in, k, lane, 0, acc);
     WarpSums<M>(acc);
-    if (lane == 0) {
-      const int row = r0 + r;
-      const float b = bias != nullptr ? F(bias[row]) : 0.f;
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const T v = To<T>(acc[m] + b);
-        y[static_cast<int64_t>(m) * n + row] = ADD ? To<T>(old[r * M + m] + F(v)) : v;
-      }
-    }
+    if (lane == 0) StoreRow<T, M, ADD>(y, n, r0 + r, bias, acc, old + r * M);
   }
 }
 
@@ -591,28 +574,16 @@ __global__ void __launch_bounds__(kGemmWarps * 32)
   T* wu = wg + static_cast<int64_t>(slab.rows) * k;
   CopySlab(wg, w + static_cast<int64_t>(r0) * k, rows, k);
   CopySlab(wu, w + (static_cast<int64_t>(n) + r0) * k, rows, k);
-  in.BeforeWait(warp, lane);
-  GridDependencyWait();
-  GridDependencyLaunch();
-  in.AfterWait(warp, lane);
-  CopyAsyncWaitAll();
-  __syncthreads();
+  SlabWait(in, warp, lane);
   for (int r = warp; r < rows; r += kGemmWarps) {
     float ag[M], au[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) ag[m] = au[m] = 0.f;
     RowDot2<T, M>(wg + static_cast<int64_t>(r) * k, wu + static_cast<int64_t>(r) * k, in, k, lane,
-                  ag, au);
+                  0, ag, au);
     WarpSums<M>(ag);
     WarpSums<M>(au);
-    if (lane == 0) {
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const float gv = F(To<T>(ag[m]));
-        const float sv = gv / (1.0f + expf(-gv));
-        y[static_cast<int64_t>(m) * n + r0 + r] = To<T>(R<T>(sv) * F(To<T>(au[m])));
-      }
-    }
+    if (lane == 0) StoreSiluRow<T, M>(y, n, r0 + r, ag, au);
   }
 }
 
@@ -767,7 +738,8 @@ struct SiluMulPackedLauncher {
 };
 
 // Host side of the small-m GEMMs: where the input rows come from (StoredInput or NormInput),
-// which kernel runs (plain, plain adding into the residual, or gate|up with SiLU), m = 1..8.
+// which kernel runs (plain, plain adding into the residual, or gate|up with SiLU), m = 1 up to
+// the input's kMaxRows.
 enum class GemmKind { kPlain, kAddResidual, kSilu };
 
 template <typename T>
@@ -778,6 +750,7 @@ struct StoredInput {
   StoredRows<T> Rows() const {
     return {x, k};
   }
+  static constexpr int kMaxRows = 8;
   size_t SharedBytes(int) const { return 0; }
 };
 
@@ -796,17 +769,19 @@ struct NormInput {
     rows.eps = eps;
     return rows;
   }
+  // The decoder folds the norm at single-row steps only (more rows measured slower), so no
+  // kernels are compiled for more.
+  static constexpr int kMaxRows = 1;
   size_t SharedBytes(int m) const { return static_cast<size_t>(m) * k * sizeof(T); }
 };
 
 // The slab kernels (SlabGemmKernel): rows per block for one block per SM (a multiple of the
 // warps), used at up to kSlabMaxRows input rows when a block's weight rows fit in kSlabMaxBytes
-// of shared memory, so that the
-// slabs of two consecutive GEMMs fit on one SM together (kSlabMaxShared adds the input rows and
-// the old residual values).
-// Only at one or two rows: at four and eight the streaming kernels were faster (more warps per SM
-// to hide the input-row loads; decode graph replay 1.155 / 1.509 ms streaming against 1.261 /
-// 1.730 ms with slabs, and 0.736 / 0.954 ms slab against 0.842 / 0.973 at one and two rows).
+// of shared memory, so that the slabs of two consecutive GEMMs fit on one SM together
+// (kSlabMaxShared adds the input rows and the old residual values). Only at one or two rows: at
+// four and eight the streaming kernels were faster (more warps per SM to hide the input-row
+// loads; decode graph replay 1.155 / 1.509 ms streaming against 1.261 / 1.730 ms with slabs, and
+// 0.736 / 0.954 ms slab against 0.842 / 0.973 at one and two rows).
 constexpr size_t kSlabMaxBytes = 96 * 1024;
 constexpr int kSlabMaxShared = 160 * 1024;
 constexpr int kSlabMaxRows = 2;
@@ -918,33 +893,38 @@ void LaunchGemmM(const Input& in, const T* w, const T* b, T* y, int n, int k, Ge
   }
 }
 
-// m, n, k and the weight's alignment checked by the caller.
-template <typename T, typename Input>
-int RunSmallGemm(const Input& in, const void* wv, const void* bv, void* yv, int64_t m, int64_t n,
-                 int64_t k, GemmKind kind, cudaStream_t s) {
-  const T* w = static_cast<const T*>(wv);
-  const T* b = static_cast<const T*>(bv);
-  T* y = static_cast<T*>(yv);
-  const int ni = static_cast<int>(n), ki = static_cast<int>(k);
-  switch (m) {
-    case 1: LaunchGemmM<T, 1>(in, w, b, y, ni, ki, kind, s); break;
-    case 2: LaunchGemmM<T, 2>(in, w, b, y, ni, ki, kind, s); break;
-    case 3: LaunchGemmM<T, 3>(in, w, b, y, ni, ki, kind, s); break;
-    case 4: LaunchGemmM<T, 4>(in, w, b, y, ni, ki, kind, s); break;
-    case 5: LaunchGemmM<T, 5>(in, w, b, y, ni, ki, kind, s); break;
-    case 6: LaunchGemmM<T, 6>(in, w, b, y, ni, ki, kind, s); break;
-    case 7: LaunchGemmM<T, 7>(in, w, b, y, ni, ki, kind, s); break;
-    default: LaunchGemmM<T, 8>(in, w, b, y, ni, ki, kind, s); break;
+// LaunchGemmM<T, m> for the run-time m in [M, Input::kMaxRows].
+template <typename T, int M, typename Input>
+void LaunchGemmRows(int m, const Input& in, const T* w, const T* b, T* y, int n, int k,
+                    GemmKind kind, cudaStream_t s) {
+  if constexpr (M < Input::kMaxRows) {
+    if (m > M) return LaunchGemmRows<T, M + 1>(m, in, w, b, y, n, k, kind, s);
   }
+  LaunchGemmM<T, M>(in, w, b, y, n, k, kind, s);
+}
+
+// m (at most Input::kMaxRows), n, k and the weight's alignment checked by the caller.
+template <typename T, typename Input>
+int RunSmallGemm(const Input& in, const void* w, const void* b, void* y, int64_t m, int64_t n,
+                 int64_t k, GemmKind kind, cudaStream_t s) {
+  LaunchGemmRows<T, 1>(static_cast<int>(m), in, static_cast<const T*>(w),
+                       static_cast<const T*>(b), static_cast<T*>(y), static_cast<int>(n),
+                       static_cast<int>(k), kind, s);
   return static_cast<int>(cudaGetLastError());
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+size_t ElementSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+// m = 1..8 input rows of k elements in whole 16-byte vectors.
+bool SmallShapeOk(int64_t m, int64_t k, size_t elem) {
+  return m >= 1 && m <= 8 && k % (16 / static_cast<int64_t>(elem)) == 0;
+}
+
 template <typename T>
 bool GemmShapeOk(int64_t m, int64_t n, int64_t k, const void* w) {
-  constexpr int V = 16 / static_cast<int>(sizeof(T));
-  return m >= 1 && m <= 8 && k % V == 0 && n > 0 && Aligned16(w);
+  return SmallShapeOk(m, k, sizeof(T)) && n > 0 && Aligned16(w);
 }
 
 // The normalised rows in dynamic shared memory, below the 48 KiB a block gets without opting in
@@ -953,7 +933,7 @@ constexpr size_t kNormGemmMaxShared = 40 * 1024;
 
 bool NormGemmShapeOk(int64_t m, int64_t k, size_t elem) {
   const int64_t v = 16 / static_cast<int64_t>(elem);
-  return m >= 1 && m <= 8 && k % (32 * v) == 0 &&
+  return m >= 1 && m <= NormInput<float>::kMaxRows && k % (32 * v) == 0 &&
          k / (32 * v) <= kNormVecsPerThread * kGemmWarps &&
          static_cast<size_t>(m * k) * elem <= kNormGemmMaxShared;
 }
@@ -1040,8 +1020,7 @@ int LaunchAddRmsNorm(void* residual, const void* delta, const void* w, void* y, 
 }
 
 bool SmallGemmSupported(int64_t m, int64_t k, DType dtype) {
-  const int64_t v = dtype == DType::kFloat32 ? 4 : 8;
-  return m >= 1 && m <= 8 && k % v == 0;
+  return SmallShapeOk(m, k, ElementSize(dtype));
 }
 
 int LaunchSmallGemm(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
@@ -1066,19 +1045,17 @@ void SetSlabGemm(bool enabled) { g_slab.store(enabled, std::memory_order_relaxed
 
 bool SmallGemmUsesSlab(int64_t m, int64_t n, int64_t k, DType dtype, bool gate_up,
                        bool add_residual) {
-  const size_t elem = dtype == DType::kFloat32 ? 4 : 2;
   const GemmKind kind = gate_up        ? GemmKind::kSilu
                         : add_residual ? GemmKind::kAddResidual
                                        : GemmKind::kPlain;
   SlabPlan plan;
-  return m >= 1 && m <= 8 && n > 0 &&
-         PlanSlab(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), elem, 0, kind,
-                  &plan);
+  return SmallShapeOk(m, k, ElementSize(dtype)) && n > 0 &&
+         PlanSlab(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                  ElementSize(dtype), 0, kind, &plan);
 }
 
 bool NormGemmSupported(int64_t m, int64_t k, DType dtype) {
-  const size_t elem = dtype == DType::kFloat32 ? 4 : 2;
-  return NormGemmShapeOk(m, k, elem);
+  return NormGemmShapeOk(m, k, ElementSize(dtype));
 }
 
 int LaunchNormSmallGemm(const void* x, const void* norm, float eps, const void* w,

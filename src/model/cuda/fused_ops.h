@@ -80,8 +80,9 @@ int LaunchSmallGemmSiluMul(const void* x, const void* gate_up, void* y, int64_t 
 //   LaunchSmallGemmAddResidual: residual [m, n] += T(x W^T + bias), the eager linear then the
 //     eager add (LaunchSmallGemm, then the add of LaunchAddRmsNorm). `residual` is read before
 //     the grid dependency wait: the kernel right before must not write it.
-// NormGemmSupported: m in 1..8, k a multiple of 32 * (16 / sizeof(T)), at most 32 such groups,
-// m * k * sizeof(T) <= 40 KiB (the normalised rows sit in shared memory).
+// NormGemmSupported: m == 1 (the decoder folds the norm at single-row steps only: at 2-8 rows the
+// separate kernels measured faster), k a multiple of 32 * (16 / sizeof(T)), at most 32 such
+// groups, k * sizeof(T) <= 40 KiB (the normalised row sits in shared memory).
 bool NormGemmSupported(int64_t m, int64_t k, DType dtype);
 int LaunchNormSmallGemm(const void* x, const void* norm, float eps, const void* w,
                         const void* bias, void* y, int64_t m, int64_t n, int64_t k, DType dtype,
