@@ -514,6 +514,23 @@ std::string ReadLogs(const fs::path& run_dir, const Child& run) {
   return all;
 }
 
+// Runs slime_train with `args` in `dir` (its run dir dir/run) for at most `limit` and puts its
+// logs (stderr and the run's log files) in *logs; false, with a test failure naming `label` and
+// showing both outputs, when it did not exit with 0.
+bool RunToCompletion(const std::vector<std::string>& args, const fs::path& dir,
+                     std::chrono::seconds limit, const std::string& label, std::string* logs) {
+  Child child(args, dir);
+  const std::optional<int> code = child.Wait(limit);
+  *logs = ReadLogs(dir / "run", child);
+  if (code == 0) return true;
+  ADD_FAILURE() << label << " exited with "
+                << (code.has_value() ? std::to_string(*code) : std::string("a timeout"))
+                << "\nstdout:\n"
+                << child.out() << "\nstderr:\n"
+                << *logs;
+  return false;
+}
+
 TEST_F(DriverE2eTest, AnEngineKilledMidRolloutIsRestartedResyncedAndItsGroupsRetried) {
   const fs::path config = WriteConfig(
       3, "fault_tolerance:\n  max_engine_restarts: 2\n  restart_backoff: 0.5\n"
@@ -815,17 +832,7 @@ std::map<int64_t, Json> DriverE2eTest::TrainSavedRollouts(
       "--set",    "checkpoint.save=" + (run / "ckpt").string(),
       "--set",    "checkpoint.load=" + (run / "ckpt").string()};
   args.insert(args.end(), extra.begin(), extra.end());
-  Child train(args, run);
-  const std::optional<int> code = train.Wait(std::chrono::seconds(400));
-  *logs = ReadLogs(run / "run", train);
-  if (code != 0) {
-    ADD_FAILURE() << name << " exited with "
-                  << (code.has_value() ? std::to_string(*code) : std::string("a timeout"))
-                  << "\nstdout:\n"
-                  << train.out() << "\nstderr:\n"
-                  << *logs;
-    return {};
-  }
+  if (!RunToCompletion(args, run, std::chrono::seconds(400), name, logs)) return {};
   EXPECT_TRUE(fs::exists(run / "ckpt" / "latest_checkpointed_iteration.txt")) << name;
   return StepValues(run / "run" / "metrics.jsonl");
 }
@@ -855,11 +862,8 @@ TEST_F(DriverE2eTest, TensorParallelTrainersMatchOneTrainerAndSyncFullWeights) {
                                      "--set",    "cluster.actor_num_gpus_per_node=2",
                                      "--set",    "train.tensor_model_parallel_size=2"};
     args.insert(args.end(), common.begin(), common.end());
-    Child a(args, dir_);
-    ASSERT_EQ(a.Wait(std::chrono::seconds(500)), 0) << "stdout:\n"
-                                                    << a.out() << "\nstderr:\n"
-                                                    << ReadLogs(dir_ / "run", a);
-    const std::string logs = ReadLogs(dir_ / "run", a);
+    std::string logs;
+    ASSERT_TRUE(RunToCompletion(args, dir_, std::chrono::seconds(500), "the run", &logs));
     EXPECT_NE(logs.find("tensor-parallel size 2 × data-parallel size 1"), std::string::npos)
         << logs;
     // Each worker's trainer is a TP shard (rank 1: tp rank 1 of DP rank 0), not a DP replica.
@@ -889,14 +893,12 @@ TEST_F(DriverE2eTest, TensorParallelTrainersSyncThroughTheDiskTransport) {
                   "algorithm:\n  get_mismatch_metrics: true\n  entropy_coef: 0.01\n"
                   "weight_sync:\n  transport: disk\n  disk_dir: " +
                       (dir_ / "weights").string() + "\n");
-  Child a({"--config", config.string(), "--set", "cluster.actor_num_gpus_per_node=2", "--set",
-           "train.tensor_model_parallel_size=2", "--set", "train.lr=1.0e-3", "--set",
-           "eval.interval=null"},
-          dir_);
-  ASSERT_EQ(a.Wait(std::chrono::seconds(500)), 0) << "stdout:\n"
-                                                  << a.out() << "\nstderr:\n"
-                                                  << ReadLogs(dir_ / "run", a);
-  const std::string logs = ReadLogs(dir_ / "run", a);
+  std::string logs;
+  ASSERT_TRUE(RunToCompletion(
+      {"--config", config.string(), "--set", "cluster.actor_num_gpus_per_node=2", "--set",
+       "train.tensor_model_parallel_size=2", "--set", "train.lr=1.0e-3", "--set",
+       "eval.interval=null"},
+      dir_, std::chrono::seconds(500), "the run", &logs));
   EXPECT_NE(logs.find("weight sync: disk transport"), std::string::npos) << logs;
   const std::map<int64_t, Json> steps = StepValues(dir_ / "run" / "metrics.jsonl");
   ASSERT_EQ(steps.size(), 2u);
@@ -931,11 +933,8 @@ TEST_F(DriverE2eTest, PipelineParallelTrainersMatchOneTrainerAndSyncFullWeights)
                                      "--set",    "cluster.actor_num_gpus_per_node=2",
                                      "--set",    "train.pipeline_model_parallel_size=2"};
     args.insert(args.end(), common.begin(), common.end());
-    Child a(args, dir_);
-    ASSERT_EQ(a.Wait(std::chrono::seconds(500)), 0) << "stdout:\n"
-                                                    << a.out() << "\nstderr:\n"
-                                                    << ReadLogs(dir_ / "run", a);
-    const std::string logs = ReadLogs(dir_ / "run", a);
+    std::string logs;
+    ASSERT_TRUE(RunToCompletion(args, dir_, std::chrono::seconds(500), "the run", &logs));
     EXPECT_NE(
         logs.find("tensor-parallel size 1 × data-parallel size 1 × pipeline-parallel size 2"),
         std::string::npos)
@@ -976,15 +975,13 @@ TEST_F(DriverE2eTest, PipelineParallelTrainersMatchOneTrainerAndSyncFullWeights)
 TEST_F(DriverE2eTest, PipelineTimesTensorParallelTrainersSyncFullWeights) {
   const fs::path config =
       WriteConfig(2, "algorithm:\n  get_mismatch_metrics: true\n  entropy_coef: 0.01\n");
-  Child a({"--config", config.string(), "--set", "cluster.cpu_slots_per_node=6", "--set",
-           "cluster.actor_num_gpus_per_node=4", "--set", "train.pipeline_model_parallel_size=2",
-           "--set", "train.tensor_model_parallel_size=2", "--set", "train.lr=1.0e-3", "--set",
-           "eval.interval=null"},
-          dir_);
-  ASSERT_EQ(a.Wait(std::chrono::seconds(600)), 0) << "stdout:\n"
-                                                  << a.out() << "\nstderr:\n"
-                                                  << ReadLogs(dir_ / "run", a);
-  const std::string logs = ReadLogs(dir_ / "run", a);
+  std::string logs;
+  ASSERT_TRUE(RunToCompletion(
+      {"--config", config.string(), "--set", "cluster.cpu_slots_per_node=6", "--set",
+       "cluster.actor_num_gpus_per_node=4", "--set", "train.pipeline_model_parallel_size=2",
+       "--set", "train.tensor_model_parallel_size=2", "--set", "train.lr=1.0e-3", "--set",
+       "eval.interval=null"},
+      dir_, std::chrono::seconds(600), "the run", &logs));
   EXPECT_NE(logs.find("tensor-parallel size 2 × data-parallel size 1 × pipeline-parallel size 2"),
             std::string::npos)
       << logs;
@@ -1006,14 +1003,12 @@ TEST_F(DriverE2eTest, PipelineParallelTrainersSyncThroughTheDiskTransport) {
                   "algorithm:\n  get_mismatch_metrics: true\n  entropy_coef: 0.01\n"
                   "weight_sync:\n  transport: disk\n  interval: 2\n  disk_dir: " +
                       (dir_ / "weights").string() + "\n");
-  Child a({"--config", config.string(), "--set", "cluster.actor_num_gpus_per_node=2", "--set",
-           "train.pipeline_model_parallel_size=2", "--set", "train.lr=1.0e-3", "--set",
-           "eval.interval=null"},
-          dir_);
-  ASSERT_EQ(a.Wait(std::chrono::seconds(500)), 0) << "stdout:\n"
-                                                  << a.out() << "\nstderr:\n"
-                                                  << ReadLogs(dir_ / "run", a);
-  const std::string logs = ReadLogs(dir_ / "run", a);
+  std::string logs;
+  ASSERT_TRUE(RunToCompletion(
+      {"--config", config.string(), "--set", "cluster.actor_num_gpus_per_node=2", "--set",
+       "train.pipeline_model_parallel_size=2", "--set", "train.lr=1.0e-3", "--set",
+       "eval.interval=null"},
+      dir_, std::chrono::seconds(500), "the run", &logs));
   EXPECT_NE(logs.find("weight sync: disk transport"), std::string::npos) << logs;
   EXPECT_NE(logs.find("pipeline-parallel size 2"), std::string::npos) << logs;
   const std::map<int64_t, Json> steps = StepValues(dir_ / "run" / "metrics.jsonl");
