@@ -254,23 +254,43 @@ std::string ProcessGroup::Recent() const {
 Status ProcessGroup::RunCollective(const std::string& op, const std::string& name,
                                    const torch::Tensor& tensor, double timeout_s,
                                    const std::function<void(std::chrono::milliseconds)>& fn) {
+  Frame frame;
+  SLIME_RETURN_IF_ERROR(BeginCollective(op, name, tensor, timeout_s, frame));
+  return FinishCollective(frame, fn);
+}
+
+Status ProcessGroup::BeginCollective(const std::string& op, const std::string& name,
+                                     const torch::Tensor& tensor, double timeout_s,
+                                     Frame& frame) {
   SLIME_RETURN_IF_ERROR(CheckUsable());
   if (!tensor.defined()) return absl::InvalidArgumentError(fmt::format("{} of an undefined tensor", op));
-  const double limit = timeout_s > 0 ? timeout_s : options_.timeout_s;
-  const std::string label = name.empty() ? std::string("tensor") : "'" + name + "'";
-  const uint64_t seq = Record(fmt::format("{} {} [{}] {}", op, label,
-                                          fmt::join(tensor.sizes().vec(), ","),
-                                          c10::toString(tensor.scalar_type())));
-  const auto start = std::chrono::steady_clock::now();
-  Status s = Guard(fmt::format("{} on {}", op, Describe()), absl::StatusCode::kInternal,
-                   [&] { fn(Millis(limit)); });
+  frame.op = op;
+  frame.limit_s = timeout_s > 0 ? timeout_s : options_.timeout_s;
+  frame.label = name.empty() ? std::string("tensor") : "'" + name + "'";
+  frame.seq = Record(fmt::format("{} {} [{}] {}", op, frame.label,
+                                 fmt::join(tensor.sizes().vec(), ","),
+                                 c10::toString(tensor.scalar_type())));
+  frame.start = std::chrono::steady_clock::now();
+  return absl::OkStatus();
+}
+
+Status ProcessGroup::FinishCollective(
+    const Frame& frame, const std::function<void(std::chrono::milliseconds)>& fn) {
+  const auto limit = Millis(frame.limit_s);
+  const auto left = std::max(
+      limit - std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::steady_clock::now() - frame.start),
+      std::chrono::milliseconds(1));
+  Status s = Guard(fmt::format("{} on {}", frame.op, Describe()), absl::StatusCode::kInternal,
+                   [&] { fn(left); });
   if (s.ok()) return s;
   broken_ = true;
-  const bool timed_out = LooksLikeTimeout(s) ||
-                         std::chrono::steady_clock::now() - start >= Millis(limit);
+  const bool timed_out =
+      LooksLikeTimeout(s) || std::chrono::steady_clock::now() - frame.start >= limit;
   return Status(timed_out ? absl::StatusCode::kDeadlineExceeded : s.code(),
-                fmt::format("{} #{} of {} {} after {:.1f} s: {}{}{}", op, seq, label,
-                            timed_out ? "timed out" : "failed", limit, std::string(s.message()),
+                fmt::format("{} #{} of {} {} after {:.1f} s: {}{}{}", frame.op, frame.seq,
+                            frame.label, timed_out ? "timed out" : "failed", frame.limit_s,
+                            std::string(s.message()),
                             timed_out ? " (a peer did not take part: does every rank run the "
                                         "same collectives in the same order?)"
                                       : "",
@@ -299,6 +319,46 @@ Status ProcessGroup::AllReduceSum(torch::Tensor& tensor, const std::string& name
     ao.timeout = limit;
     state_->backend->allreduce(one, ao)->wait(limit);
     if (copy) tensor.copy_(work.view(tensor.sizes()));
+  });
+}
+
+StatusOr<std::function<Status()>> ProcessGroup::AllReduceSumAsync(torch::Tensor& tensor,
+                                                                   const std::string& name,
+                                                                   double timeout_s) {
+  // What the wait needs: the posted work, the buffer c10d reduces and the caller's tensor.
+  struct Posted {
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor buffer;
+    torch::Tensor target;
+    bool copy = false;
+  };
+  auto posted = std::make_shared<Posted>();
+  Frame frame;
+  SLIME_RETURN_IF_ERROR(BeginCollective("all-reduce", name, tensor, timeout_s, frame));
+  const torch::Device dev = device();
+  SLIME_RETURN_IF_ERROR(FinishCollective(frame, [&](std::chrono::milliseconds limit) {
+    const bool widen = GlooReducesInFloat(backend_, tensor);
+    posted->copy = !tensor.is_contiguous() || tensor.device() != dev || widen;
+    posted->target = tensor;
+    posted->buffer = posted->copy
+                         ? tensor.to(dev, widen ? torch::kFloat32 : tensor.scalar_type()).contiguous()
+                         : tensor;
+    if (posted->buffer.dim() == 0) posted->buffer = posted->buffer.view({1});
+    std::vector<at::Tensor> one{posted->buffer};
+    c10d::AllreduceOptions ao;
+    ao.timeout = limit;
+    posted->work = state_->backend->allreduce(one, ao);
+  }));
+  return std::function<Status()>([this, frame, posted]() -> Status {
+    if (!posted->work) return absl::FailedPreconditionError("all-reduce already waited for");
+    Status s = FinishCollective(frame, [&](std::chrono::milliseconds left) {
+      posted->work->wait(left);
+      if (posted->copy) posted->target.copy_(posted->buffer.view(posted->target.sizes()));
+    });
+    posted->work.reset();
+    posted->buffer = at::Tensor();
+    posted->target = torch::Tensor();
+    return s;
   });
 }
 

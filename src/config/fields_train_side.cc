@@ -258,6 +258,15 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
           "use_distributed_optimizer, one reduce-scatter and one parameter all-gather) per "
           "bucket; a larger parameter goes alone. Megatron's default of 40M elements is 80 MB "
           "of bf16.");
+  b.Add("overlap_grad_reduce", &TrainConfig::overlap_grad_reduce)
+      .Slime("--overlap-grad-reduce")
+      .Doc(
+          "Sum the data-parallel gradients while the last micro-batch's backward pass of each "
+          "step runs: each bucket (ddp_bucket_size elements, in the order backward finishes "
+          "the parameters) is all-reduced as soon as its gradients are final, instead of all "
+          "buckets after the pass. Same sums as without it. Applies with the plain optimizer; "
+          "with use_distributed_optimizer the reduce-scatter still follows the backward pass "
+          "(logged). No effect with one data-parallel rank.");
   b.Add("seed", &TrainConfig::seed).Slime("--seed").Doc("Trainer random seed.");
   b.Add("micro_batch_size", &TrainConfig::micro_batch_size)
       .Slime("--micro-batch-size")

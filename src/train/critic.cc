@@ -151,7 +151,27 @@ StatusOr<std::unique_ptr<Critic>> Critic::Create(CriticOptions options) {
                c10::toString(dtype), loaded_head ? "loaded" : "initialised N(0, 0.02)", lr);
   std::unique_ptr<Critic> critic(new Critic(std::move(options), std::move(model), std::move(head),
                                             std::move(optimizer), LrScheduler(schedule)));
+  const CriticOptions& o = critic->options_;
+  SLIME_ASSIGN_OR_RETURN(critic->grad_reducer_,
+                         internal::MakeGradReducer("critic", o.config.train, o.dp_size,
+                                                   critic->optimizer_->distributed(),
+                                                   o.dp_all_reduce_async,
+                                                   critic->TrainableParameters()));
   return critic;
+}
+
+std::vector<torch::Tensor> Critic::TrainableParameters() const {
+  const std::vector<torch::Tensor> params = Parameters();
+  std::vector<std::string> names;
+  for (const model::NamedTensor& nt : model::NamedParameters(model_->weights(), model_->config())) {
+    names.push_back(nt.name);
+  }
+  names.push_back(kValueHeadName);
+  std::vector<torch::Tensor> trainable;
+  for (size_t k = 0; k < params.size(); ++k) {
+    if (optimizer_->IsTrainable(names[k])) trainable.push_back(params[k]);
+  }
+  return trainable;
 }
 
 std::vector<torch::Tensor> Critic::Parameters() const {
@@ -216,7 +236,10 @@ StatusOr<CriticStepResult> Critic::TrainStep(const RolloutBatch& batch,
                                              const std::vector<torch::Tensor>& returns,
                                              int64_t num_samples) {
   std::map<std::string, torch::Tensor> sums;
-  for (const CriticMicroBatch& mb : micro_batches) {
+  GradReducer* overlap = grad_reducer_.get();  // train.overlap_grad_reduce
+  if (overlap != nullptr) overlap->Disarm();
+  for (size_t k = 0; k < micro_batches.size(); ++k) {
+    const CriticMicroBatch& mb = micro_batches[k];
     SLIME_ASSIGN_OR_RETURN(torch::Tensor values, ForwardValues(batch, *mb.samples));
     ValueLossInputs in;
     SLIME_RETURN_IF_ERROR(GuardTorch("critic: value loss inputs", [&]() -> Status {
@@ -232,29 +255,25 @@ StatusOr<CriticStepResult> Critic::TrainStep(const RolloutBatch& batch,
     SLIME_ASSIGN_OR_RETURN(LossOutput loss,
                            ValueLoss(options_.config.algorithm.value_clip, *mb.reducer, in));
     SLIME_RETURN_IF_ERROR(GuardTorch("critic: backward", [&]() -> Status {
+      if (overlap != nullptr && k + 1 == micro_batches.size()) overlap->Arm();
       if (loss.loss.requires_grad()) loss.loss.backward();
       internal::Accumulate(loss.metrics, sums);
       return absl::OkStatus();
     }));
   }
-  if (options_.dp_size > 1 && optimizer_->distributed()) {
+  if (overlap != nullptr) {
+    if (micro_batches.empty()) overlap->Arm();  // nothing ran: post every bucket now
+    SLIME_RETURN_IF_ERROR(overlap->Finish());
+    SLIME_RETURN_IF_ERROR(internal::AllReduceGradsAndMetrics(
+        options_.dp_all_reduce, {}, sums, options_.config.train.ddp_bucket_size));
+  } else if (options_.dp_size > 1 && optimizer_->distributed()) {
     // ZeRO-1: the optimizer reduce-scatters the gradients; only the metrics are summed here.
     SLIME_RETURN_IF_ERROR(internal::AllReduceGradsAndMetrics(
         options_.dp_all_reduce, {}, sums, options_.config.train.ddp_bucket_size));
   } else if (options_.dp_size > 1) {
-    std::vector<torch::Tensor> trainable;
-    const std::vector<torch::Tensor> params = Parameters();
-    std::vector<std::string> names;
-    for (const model::NamedTensor& nt :
-         model::NamedParameters(model_->weights(), model_->config())) {
-      names.push_back(nt.name);
-    }
-    names.push_back(kValueHeadName);
-    for (size_t k = 0; k < params.size(); ++k) {
-      if (optimizer_->IsTrainable(names[k])) trainable.push_back(params[k]);
-    }
-    SLIME_RETURN_IF_ERROR(internal::AllReduceGradsAndMetrics(
-        options_.dp_all_reduce, trainable, sums, options_.config.train.ddp_bucket_size));
+    SLIME_RETURN_IF_ERROR(internal::AllReduceGradsAndMetrics(options_.dp_all_reduce,
+                                                             TrainableParameters(), sums,
+                                                             options_.config.train.ddp_bucket_size));
   }
   CriticStepResult result;
   SLIME_RETURN_IF_ERROR(GuardTorch("critic: read metrics", [&]() -> Status {

@@ -312,6 +312,15 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   SLIME_ASSIGN_OR_RETURN(std::unique_ptr<AdamW> optimizer,
                          AdamW::ForModel(model->weights(), model->config(), std::move(adam)));
 
+  // The parameters the optimizer trains; with train.overlap_grad_reduce the reducer hooks them.
+  for (const std::string& name : optimizer->TrainableNames()) {
+    const auto k = std::find(impl->names.begin(), impl->names.end(), name) - impl->names.begin();
+    impl->trainable.push_back(impl->params[k]);
+  }
+  SLIME_ASSIGN_OR_RETURN(impl->grad_reducer,
+                         internal::MakeGradReducer("trainer", config.train, options.dp_size,
+                                                   optimizer->distributed(),
+                                                   options.dp_all_reduce_async, impl->trainable));
   impl->estimator = estimator;
   impl->policy = policy;
   impl->batching = batching;
@@ -384,6 +393,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
     co.dp_size = options.dp_size;
     co.dp_rank = options.dp_rank;
     co.dp_all_reduce = options.dp_all_reduce;
+    co.dp_all_reduce_async = options.dp_all_reduce_async;
     co.dp_reduce_scatter = options.dp_reduce_scatter;
     co.dp_all_gather = options.dp_all_gather;
     SLIME_ASSIGN_OR_RETURN(impl->critic, Critic::Create(std::move(co)));

@@ -31,6 +31,7 @@
 #include "slime/config/config.h"
 #include "slime/train/batching.h"
 #include "slime/train/critic.h"
+#include "slime/train/grad_reducer.h"
 #include "slime/train/logprobs.h"
 #include "slime/train/losses.h"
 #include "slime/train/lr_schedule.h"
@@ -111,6 +112,17 @@ Status AllReduceGradsAndMetrics(const AllReduceSumFn& all_reduce,
                                 const std::vector<torch::Tensor>& trainable,
                                 std::map<std::string, torch::Tensor>& sums, int64_t bucket_size);
 
+// train.overlap_grad_reduce (grad_reducer.h) for the trainable parameters of `who` ("trainer",
+// "critic"): the reducer when it applies — dp_size > 1 and the plain optimizer —, else null
+// (logged: one DP rank has nothing to sum; with train.use_distributed_optimizer the gradients
+// are reduce-scattered by the optimizer after the backward pass). InvalidArgument when it
+// applies and `all_reduce` is unset.
+StatusOr<std::unique_ptr<GradReducer>> MakeGradReducer(const std::string& who,
+                                                       const config::TrainConfig& train,
+                                                       int dp_size, bool distributed,
+                                                       const AsyncAllReduceSumFn& all_reduce,
+                                                       const std::vector<torch::Tensor>& trainable);
+
 // A float32 tensor of `values` on `device`.
 torch::Tensor FloatTensor(const std::vector<float>& values, torch::Device device);
 
@@ -152,10 +164,13 @@ using StageLossFn = std::function<StatusOr<torch::Tensor>(size_t k, const torch:
 // this pipeline stage, with the 1F1B schedule of trainer_pipeline.cc; `loss` runs on the last
 // stage only. Gradients accumulate in the stage's parameters. Every stage must run it with the
 // same micro-batches. With one stage: forward, loss, backward per micro-batch.
+// `before_last_backward` (optional) runs just before the stage's last backward pass of the step
+// (GradReducer::Arm).
 Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGroup& pp,
                            const RolloutBatch& batch,
                            const std::vector<const std::vector<int64_t>*>& micro_batches,
-                           const StageLossFn& loss);
+                           const StageLossFn& loss,
+                           const std::function<void()>& before_last_backward = nullptr);
 
 // ForwardOnly through the pipeline (stage size > 1): activations flow stage to stage, the last
 // stage computes the log-probs (and entropy), and one broadcast gives every stage all of them,
@@ -211,11 +226,13 @@ struct Trainer::Impl {
   // tensor k of a copy belonging to parameter k.
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
+  std::vector<torch::Tensor> trainable;  // the optimizer's trainable subset of params, in order
   std::map<std::string, std::vector<torch::Tensor>> copies;
   std::vector<torch::Tensor> actor_backup;  // the actor while another policy is swapped in
   bool actor_backup_current = false;        // actor_backup equals the live parameters
 
   std::unique_ptr<Critic> critic;  // advantage_estimator "ppo" (not with sft_loss)
+  std::unique_ptr<GradReducer> grad_reducer;  // train.overlap_grad_reduce, when it applies
 };
 
 }  // namespace slime::train

@@ -52,7 +52,8 @@ Status InStage(const Status& s, const model::PipelineStage& stage, const char* w
 Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGroup& pp,
                            const RolloutBatch& batch,
                            const std::vector<const std::vector<int64_t>*>& micro_batches,
-                           const StageLossFn& loss) {
+                           const StageLossFn& loss,
+                           const std::function<void()>& before_last_backward) {
   const model::PipelineStage& stage = model.stage();
   const int s = stage.rank;
   const int p = stage.size;
@@ -97,9 +98,11 @@ Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGr
   };
   // Backward of the oldest micro-batch in flight with the gradient of its output (none on the
   // last stage); returns the gradient of its input (undefined on the first stage).
+  size_t backwards = 0;
   auto backward = [&](const torch::Tensor& grad) -> torch::Tensor {
     InFlight f = std::move(in_flight.front());
     in_flight.pop_front();
+    if (++backwards == m && before_last_backward) before_last_backward();
     if (stage.is_last()) {
       if (f.output.requires_grad()) f.output.backward();
     } else {

@@ -136,6 +136,37 @@ Status AllReduceGradsAndMetrics(const AllReduceSumFn& all_reduce,
     return absl::OkStatus();
   });
 }
+StatusOr<std::unique_ptr<GradReducer>> MakeGradReducer(const std::string& who,
+                                                       const config::TrainConfig& train,
+                                                       int dp_size, bool distributed,
+                                                       const AsyncAllReduceSumFn& all_reduce,
+                                                       const std::vector<torch::Tensor>& trainable) {
+  if (!train.overlap_grad_reduce) return nullptr;
+  if (dp_size == 1) {
+    spdlog::info("{}: train.overlap_grad_reduce with one data-parallel rank: nothing to sum", who);
+    return nullptr;
+  }
+  if (distributed) {
+    spdlog::warn(
+        "{}: train.overlap_grad_reduce is not applied with train.use_distributed_optimizer: the "
+        "optimizer reduce-scatters the gradients after the backward pass",
+        who);
+    return nullptr;
+  }
+  if (!all_reduce) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: train.overlap_grad_reduce with dp_size = {} needs dp_all_reduce_async (the DP "
+        "group's asynchronous all-reduce)",
+        who, dp_size));
+  }
+  SLIME_ASSIGN_OR_RETURN(std::unique_ptr<GradReducer> reducer,
+                         GradReducer::Create(trainable, train.ddp_bucket_size, all_reduce));
+  spdlog::info("{}: gradient all-reduce overlapped with the last backward pass of each step ({} "
+               "buckets of up to {} elements)",
+               who, reducer->num_buckets(), train.ddp_bucket_size);
+  return reducer;
+}
+
 torch::Tensor FloatTensor(const std::vector<float>& values, torch::Device device) {
   return torch::tensor(values, torch::kFloat32).to(device);
 }
@@ -365,23 +396,33 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
   };
   std::vector<const std::vector<int64_t>*> mb_samples;
   for (const MicroBatch& mb : micro_batches) mb_samples.push_back(&mb.samples);
-  SLIME_RETURN_IF_ERROR(
-      internal::RunPipelineSchedule(*model_, pp, batch, mb_samples, micro_loss));
+  // train.overlap_grad_reduce: the gradient buckets are posted during the last backward pass.
+  GradReducer* overlap = impl_->grad_reducer.get();
+  bool armed = false;
+  Status scheduled = internal::RunPipelineSchedule(*model_, pp, batch, mb_samples, micro_loss,
+                                                   [overlap, &armed] {
+                                                     if (overlap == nullptr) return;
+                                                     overlap->Arm();
+                                                     armed = true;
+                                                   });
+  if (!scheduled.ok()) {
+    if (overlap != nullptr) overlap->Disarm();
+    return scheduled;
+  }
 
   // DP: sum the gradients and the metrics over the group (ZeRO-1: only the metrics; AdamW
-  // reduce-scatters the gradients).
-  if (options_.dp_size > 1 && optimizer_->distributed()) {
+  // reduce-scatters the gradients; overlapped: wait for the buckets, then the metrics).
+  if (overlap != nullptr) {
+    if (!armed) overlap->Arm();  // no backward pass ran on this rank: post every bucket now
+    SLIME_RETURN_IF_ERROR(overlap->Finish());
+    SLIME_RETURN_IF_ERROR(internal::AllReduceGradsAndMetrics(
+        options_.dp_all_reduce, {}, sums, options_.config.train.ddp_bucket_size));
+  } else if (options_.dp_size > 1 && optimizer_->distributed()) {
     SLIME_RETURN_IF_ERROR(internal::AllReduceGradsAndMetrics(
         options_.dp_all_reduce, {}, sums, options_.config.train.ddp_bucket_size));
   } else if (options_.dp_size > 1) {
-    std::vector<torch::Tensor> trainable;
-    for (const std::string& name : optimizer_->TrainableNames()) {
-      const auto k =
-          std::find(impl_->names.begin(), impl_->names.end(), name) - impl_->names.begin();
-      trainable.push_back(impl_->params[k]);
-    }
     SLIME_RETURN_IF_ERROR(internal::AllReduceGradsAndMetrics(
-        options_.dp_all_reduce, trainable, sums, options_.config.train.ddp_bucket_size));
+        options_.dp_all_reduce, impl_->trainable, sums, options_.config.train.ddp_bucket_size));
   }
 
   // Tied embeddings over a pipeline: the first stage's embedding and the last stage's LM head

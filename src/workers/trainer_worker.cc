@@ -291,6 +291,10 @@ StatusOr<nlohmann::json> TrainerWorker::Init() {
     to.dp_all_reduce = [dp](torch::Tensor& t) -> Status {
       return dp->AllReduceSum(t, "trainer data-parallel sum");
     };
+    // train.overlap_grad_reduce: gradient buckets posted from the backward pass's hooks.
+    to.dp_all_reduce_async = [dp](torch::Tensor& t) {
+      return dp->AllReduceSumAsync(t, "trainer data-parallel gradient bucket");
+    };
     // ZeRO-1 (train.use_distributed_optimizer): the group's reduce-scatter and all-gather (NCCL's
     // own; on Gloo the reduce-scatter is an all-reduce and a slice, process_group.h).
     if (config.train.use_distributed_optimizer) {

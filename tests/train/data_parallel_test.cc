@@ -683,6 +683,82 @@ TEST(DataParallelTrainerTest, BucketedAllReduceEqualsPerParameter) {
             per_parameter.sizes.end());
 }
 
+// ---- Overlapped gradient all-reduce ------------------------------------------------------------
+
+// train.overlap_grad_reduce over two Gloo ranks, PPO (the actor's and the critic's reducers),
+// small buckets: bitwise the synchronous run's training (weights of both models, every metric),
+// with every gradient element posted through the asynchronous all-reduce and none through the
+// synchronous one (which keeps the statistics and metrics).
+TEST(DataParallelTrainerTest, OverlappedGradReduceEqualsTheSynchronousPath) {
+  TempDir dir;
+  const std::string model_dir = MakeModelDir(dir, "m", 61);
+  const RolloutBatch batch = MakeBatch(8, 63);
+  config::Config c = DpConfig();
+  c.algorithm.advantage_estimator = "ppo";
+  c.algorithm.use_kl_loss = false;
+  c.algorithm.kl_loss_coef = 0.0;
+  c.algorithm.value_clip = 0.2;
+  c.train.critic_lr = 1e-3;
+  c.train.ddp_bucket_size = 3000;  // several buckets over ~30k parameters
+  struct Run {
+    std::vector<torch::Tensor> weights, critic;
+    std::vector<TrainRolloutResult> results;
+    int64_t async_elements = 0;  // posted by the reducers, rank 0
+    int64_t largest_sync = 0;    // numel of the largest synchronous all-reduce, rank 0
+  };
+  auto run = [&](bool overlap) {
+    config::Config rc = c;
+    rc.train.overlap_grad_reduce = overlap;
+    std::vector<Run> out(2);
+    RunTwoGlooRanks(overlap ? "overlap" : "sync", [&](int rank, TrainerOptions& o) {
+      o.model_dir = model_dir;
+      o.config = rc;
+      AllReduceSumFn sync = o.dp_all_reduce;
+      AsyncAllReduceSumFn async = o.dp_all_reduce_async;
+      Run& r = out[rank];
+      o.dp_all_reduce = [sync, &r](torch::Tensor& t) {
+        r.largest_sync = std::max(r.largest_sync, t.numel());
+        return sync(t);
+      };
+      o.dp_all_reduce_async = [async, &r](torch::Tensor& t) {
+        r.async_elements += t.numel();
+        return async(t);
+      };
+      auto trainer = Trainer::Create(o);
+      ASSERT_TRUE(trainer.ok()) << trainer.status();
+      for (int rollout = 0; rollout < 2; ++rollout) {
+        auto result = (*trainer)->TrainRollout(rollout, batch);
+        ASSERT_TRUE(result.ok()) << result.status();
+        r.results.push_back(*result);
+      }
+      r.weights = Weights(**trainer);
+      r.critic = CriticWeights(**trainer);
+    });
+    EXPECT_EQ(out[0].async_elements, out[1].async_elements);
+    return out[0];
+  };
+  const Run sync = run(false);
+  const Run overlapped = run(true);
+  ExpectBitwiseEqual(sync.weights, overlapped.weights);
+  ExpectBitwiseEqual(sync.critic, overlapped.critic);
+  ASSERT_EQ(sync.results.size(), overlapped.results.size());
+  for (size_t r = 0; r < sync.results.size(); ++r) {
+    ASSERT_EQ(sync.results[r].steps.size(), overlapped.results[r].steps.size());
+    for (size_t s = 0; s < sync.results[r].steps.size(); ++s) {
+      EXPECT_EQ(sync.results[r].steps[s].values, overlapped.results[r].steps[s].values);
+    }
+  }
+  int64_t trainable = 0;  // actor + critic (the critic's LM head is frozen)
+  for (const torch::Tensor& w : sync.weights) trainable += w.numel();
+  for (const torch::Tensor& w : sync.critic) trainable += w.numel();
+  trainable -= sync.weights.back().numel();  // the untied test model's LM head, in the critic
+  const int64_t steps = 2 * 2;               // 2 rollouts x 2 optimizer steps
+  EXPECT_EQ(sync.async_elements, 0);
+  EXPECT_GT(sync.largest_sync, 3000);  // gradient buckets
+  EXPECT_EQ(overlapped.async_elements, steps * trainable);
+  EXPECT_LT(overlapped.largest_sync, 100) << "a gradient went through the synchronous all-reduce";
+}
+
 // ---- Bad settings -------------------------------------------------------------------------------
 
 TEST(DataParallelTrainerTest, SettingsAreCheckedAndOneRankIgnoresZero) {

@@ -228,14 +228,15 @@ inline void RunGrid(int mp, int dp, const std::string& name,
 }
 
 // Sets o's data-parallel seams for grid rank g: with dp_size > 1, dp_size, dp_rank,
-// dp_all_reduce over g.dp, and dp_reduce_scatter / dp_all_gather made of that all-reduce
-// (optimizer.h), as the trainer worker wires them. With dp_size 1 it leaves o unchanged.
+// dp_all_reduce and dp_all_reduce_async over g.dp, and dp_reduce_scatter / dp_all_gather made
+// of that all-reduce (optimizer.h), as the trainer worker wires them. With dp_size 1 it leaves o unchanged.
 inline void WireDataParallel(const GridRank& g, TrainerOptions& o) {
   if (g.dp_size <= 1) return;
   std::shared_ptr<comm::ProcessGroup> dp = g.dp;
   o.dp_size = g.dp_size;
   o.dp_rank = g.dp_rank;
   o.dp_all_reduce = [dp](torch::Tensor& t) { return dp->AllReduceSum(t, "dp"); };
+  o.dp_all_reduce_async = [dp](torch::Tensor& t) { return dp->AllReduceSumAsync(t, "dp"); };
   o.dp_reduce_scatter = ReduceScatterThroughAllReduce(o.dp_all_reduce, g.dp_size, g.dp_rank);
   o.dp_all_gather = AllGatherThroughAllReduce(o.dp_all_reduce, g.dp_size, g.dp_rank);
 }

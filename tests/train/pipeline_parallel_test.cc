@@ -188,6 +188,7 @@ struct Grid {
   bool cuda = false;
   torch::ScalarType dtype = torch::kFloat32;
   double tol = 2e-5;
+  bool overlap = false;  // train.overlap_grad_reduce
   int world() const { return pp * dp * tp; }
   torch::Device device(int rank) const {
     return cuda ? torch::Device(torch::kCUDA, static_cast<int8_t>(rank)) : torch::kCPU;
@@ -341,6 +342,7 @@ void ExpectMatchesOneStage(const Grid& g, bool tied, bool zero = false, bool sp 
   config::Config c = PpConfig();
   c.train.use_distributed_optimizer = zero;
   c.train.sequence_parallel = sp;  // the one-rank reference ignores it
+  c.train.overlap_grad_reduce = g.overlap;  // likewise
   const RolloutBatch batch = MakeBatch(8, 15);
   constexpr int kRollouts = 2;
 
@@ -491,6 +493,15 @@ TEST(PipelineParallelTrainerTest, TwoStagesWithTiedEmbeddingsMatchOneStage) {
 
 TEST(PipelineParallelTrainerTest, TwoStagesTimesTwoDataParallelMatchOneStage) {
   ExpectMatchesOneStage(2, 2, false);
+}
+
+// train.overlap_grad_reduce: each stage's DP buckets posted from its last backward pass of the
+// step (the 1F1B cool-down on stage 0, the steady phase on the last stage); tied embeddings,
+// whose two copies are summed after the DP sums.
+TEST(PipelineParallelTrainerTest, TwoStagesTimesTwoDataParallelWithOverlappedGradReduce) {
+  Grid g{2, 2, 1};
+  g.overlap = true;
+  ExpectMatchesOneStage(g, /*tied=*/true);
 }
 
 // Weight export (the workers' weight sync) at PP > 1: FullParameter(i) on every rank at once (a

@@ -298,12 +298,14 @@ std::vector<model::ParamSpec> Specs(const std::string& model_dir) {
 // Compares a TP × DP run with the TP=1 one: metrics per step, gathered weights, replicated
 // parameters equal on the TP ranks.
 void ExpectMatchesOneRank(int tp, int dp, bool llama = false, const Placement& where = {},
-                          bool sequence_parallel = false, bool zero = false) {
+                          bool sequence_parallel = false, bool zero = false,
+                          bool overlap = false) {
   TempDir dir;
   const std::string model_dir = MakeTpModelDir(dir, 14, llama);
   config::Config c = TpConfig();
   c.train.sequence_parallel = sequence_parallel;  // the TP=1 reference ignores it
   c.train.use_distributed_optimizer = zero;       // no effect on the one-rank trainer
+  c.train.overlap_grad_reduce = overlap;           // likewise
   const RolloutBatch batch = MakeBatch(8, 15);
   constexpr int kRollouts = 2;
 
@@ -419,6 +421,14 @@ TEST(TensorParallelTrainerTest, TwoByTwoWithTheDistributedOptimizerMatchesOneRan
 // The same with sequence parallelism.
 TEST(TensorParallelTrainerTest, TwoByTwoWithTheDistributedOptimizerAndSequenceParallelism) {
   ExpectMatchesOneRank(2, 2, /*llama=*/true, {}, /*sequence_parallel=*/true, /*zero=*/true);
+}
+
+// train.overlap_grad_reduce at TP × DP: the DP buckets are posted from the backward pass while
+// its TP collectives (the column / row-parallel layers', sequence parallelism's) run on the
+// other group; the same training as one rank.
+TEST(TensorParallelTrainerTest, TwoByTwoWithOverlappedGradReduceAndSequenceParallelism) {
+  ExpectMatchesOneRank(2, 2, /*llama=*/true, {}, /*sequence_parallel=*/true, /*zero=*/false,
+                       /*overlap=*/true);
 }
 
 // A checkpoint saved at TP=2 × DP=2 with ZeRO-1 (the DP shards gathered, then the TP shards;

@@ -83,6 +83,19 @@ class ProcessGroup {
   // is not contiguous or not on the backend's device goes through a temporary copy; Gloo sums
   // bfloat16 / float16 in float32. `name` labels errors.
   Status AllReduceSum(torch::Tensor& tensor, const std::string& name = "", double timeout_s = 0);
+  // AllReduceSum without the wait: posts the all-reduce and returns a function that waits for
+  // it (the deadline counts from the post), copies the sum into `tensor` when it went through a
+  // temporary, and returns the collective's status (the watchdog and flight recorder as for
+  // every collective). Until that function has returned, `tensor` must stay alive and neither
+  // be read nor written; the group must outlive the function. The post is the collective's
+  // place in the group's order, so every rank posts in the same order; the waits may be made
+  // later, from another thread (one at a time, as the thread-safety note below says). For
+  // overlapping gradient sums with the backward pass (train/grad_reducer.h). On NCCL the sum
+  // runs on the backend's stream after the work queued on this thread's current stream; the
+  // wait makes the waiting thread's current stream wait for it.
+  StatusOr<std::function<Status()>> AllReduceSumAsync(torch::Tensor& tensor,
+                                                      const std::string& name = "",
+                                                      double timeout_s = 0);
   // Concatenation of every rank's `tensor` along `dim`, in rank order (one c10d all-gather).
   // Every rank must pass the same shape and dtype; the result has the input's dtype and
   // device, with size(dim) multiplied by world_size. Any dtype: Gloo moves the raw bytes.
@@ -139,6 +152,19 @@ class ProcessGroup {
   Status RunCollective(const std::string& op, const std::string& name, const torch::Tensor& tensor,
                        double timeout_s,
                        const std::function<void(std::chrono::milliseconds limit)>& fn);
+  // RunCollective in two parts, for collectives waited on later: BeginCollective checks and
+  // records (`frame` describes the collective), FinishCollective runs `fn` guarded and turns a
+  // failure into the error above. RunCollective is the two in a row.
+  struct Frame {
+    std::string op, label;
+    uint64_t seq = 0;
+    double limit_s = 0;
+    std::chrono::steady_clock::time_point start;
+  };
+  Status BeginCollective(const std::string& op, const std::string& name,
+                         const torch::Tensor& tensor, double timeout_s, Frame& frame);
+  Status FinishCollective(const Frame& frame,
+                          const std::function<void(std::chrono::milliseconds left)>& fn);
   // The buffer c10d moves for `t` (see Send); `copied` is set when it is a copy.
   at::Tensor WireBuffer(const torch::Tensor& t, bool& copied) const;
   // Numbers a collective and remembers it; Recent() lists the last kRecent.

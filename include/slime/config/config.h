@@ -234,6 +234,7 @@ struct TrainConfig {
   bool use_stateless_adam = false;
   bool use_distributed_optimizer = false;  // ZeRO-1 over the data-parallel ranks
   int64_t ddp_bucket_size = 40'000'000;    // gradient elements per DP collective
+  bool overlap_grad_reduce = false;  // DP gradient buckets summed during the last backward pass
   int seed = 1234;
   int micro_batch_size = 1;
   std::optional<int> global_batch_size;  // resolved: always set

@@ -45,6 +45,7 @@
 
 #include "slime/common/status.h"
 #include "slime/config/config.h"
+#include "slime/train/grad_reducer.h"
 #include "slime/train/advantages.h"
 #include "slime/train/batching.h"
 #include "slime/train/lr_schedule.h"
@@ -78,6 +79,7 @@ struct CriticOptions {
   int dp_size = 1;  // as TrainerOptions (with train.use_distributed_optimizer, ZeRO-1 too)
   int dp_rank = 0;
   AllReduceSumFn dp_all_reduce;
+  AsyncAllReduceSumFn dp_all_reduce_async;  // train.overlap_grad_reduce (as TrainerOptions)
   std::function<Status(const torch::Tensor& input, torch::Tensor& output)> dp_reduce_scatter;
   std::function<Status(const torch::Tensor& input, torch::Tensor& output)> dp_all_gather;
 };
@@ -142,6 +144,8 @@ class Critic {
  private:
   Critic(CriticOptions options, std::unique_ptr<model::DecoderModel> model,
          torch::Tensor value_head, std::unique_ptr<AdamW> optimizer, LrScheduler lr_scheduler);
+  // The tensors of Parameters() the optimizer trains.
+  std::vector<torch::Tensor> TrainableParameters() const;
   // Values [T] of one packed micro-batch (with the autograd graph when grad mode is on).
   StatusOr<torch::Tensor> ForwardValues(const RolloutBatch& batch,
                                         const std::vector<int64_t>& samples);
@@ -151,6 +155,7 @@ class Critic {
   torch::Tensor value_head_;  // [1, hidden], model dtype, requires grad
   std::unique_ptr<AdamW> optimizer_;
   LrScheduler lr_scheduler_;
+  std::unique_ptr<GradReducer> grad_reducer_;  // train.overlap_grad_reduce, when it applies
   int64_t step_ = 0;
 };
 

@@ -54,10 +54,11 @@
 // AdamW reduce-scatters them, updates its 1/dp shard of the float32 masters and Adam moments and
 // all-gathers the parameters (the same buckets), so every rank ends the step with the same
 // weights; only the metrics are all-reduced here. With dp_size 1 the setting is ignored (logged).
-// No overlap of the gradient collectives with backward: LibTorch 1.13 (the CPU build) has no
-// post-accumulate-grad hooks, the DP seam is synchronous (a Status-returning std::function; the
-// c10d group waits with a watchdog deadline), and a step accumulates gradients over several
-// micro-batch backward passes, so only the last one could overlap; the collectives run after it.
+// With train.overlap_grad_reduce (and the plain optimizer) the gradient buckets are summed
+// while the step's last micro-batch backward pass runs (grad_reducer.h: hooks on the
+// parameters' gradient accumulators post each bucket's all-reduce through dp_all_reduce_async
+// as soon as its gradients are final; earlier passes only accumulate, so only the last can
+// overlap); the metrics are summed after it. The sums are the synchronous path's.
 //
 // Tensor parallelism (Megatron-style, model/tensor_parallel.h). With options.tp_group of size
 // P every TP rank holds its shard of the sharded parameters (column / row / vocab-parallel) and
@@ -150,6 +151,7 @@
 #include "slime/model/checkpoint.h"
 #include "slime/train/advantages.h"
 #include "slime/train/batching.h"
+#include "slime/train/grad_reducer.h"
 #include "slime/train/lr_schedule.h"
 #include "slime/train/rollout_batch.h"
 
@@ -250,6 +252,10 @@ struct TrainerOptions {
   int dp_size = 1;
   int dp_rank = 0;
   AllReduceSumFn dp_all_reduce;
+  // dp_all_reduce posted without waiting (grad_reducer.h's AsyncAllReduceSumFn, e.g.
+  // comm::ProcessGroup::AllReduceSumAsync): required when dp_size > 1 and
+  // train.overlap_grad_reduce is set without train.use_distributed_optimizer.
+  AsyncAllReduceSumFn dp_all_reduce_async;
   std::function<Status(const torch::Tensor& input, torch::Tensor& output)> dp_reduce_scatter;
   std::function<Status(const torch::Tensor& input, torch::Tensor& output)> dp_all_gather;
   // Tensor parallelism (header comment, "Tensor parallelism"): this trainer is TP rank
