@@ -349,7 +349,9 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
   b.Add("recompute_granularity", &TrainConfig::recompute_granularity)
       .Slime("--recompute-granularity")
       .Enum({"full", "selective"})
-      .Doc("Activation recomputation; unset = none.");
+      .Doc(
+          "Activation recomputation (Megatron's). Not implemented: accepted for slime "
+          "compatibility, ignored with a warning (every activation is kept).");
   b.Add("recompute_method", &TrainConfig::recompute_method)
       .Slime("--recompute-method")
       .Enum({"uniform", "block"})
@@ -362,7 +364,10 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
           "per stage (block).");
   b.Add("recompute_loss_function", &TrainConfig::recompute_loss_function)
       .Slime("--recompute-loss-function")
-      .Doc("Recompute the loss (logits-sized buffers) in backward to save memory.");
+      .Doc(
+          "Recompute the loss (logits-sized buffers) in backward to save memory. Not "
+          "implemented: accepted, ignored with a warning (log_probs_chunk_size bounds those "
+          "buffers).");
   b.Add("calculate_per_token_loss", &TrainConfig::calculate_per_token_loss)
       .Slime("--calculate-per-token-loss")
       .Doc("Average the loss over all tokens of the step instead of per-sample token means.");

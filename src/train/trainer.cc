@@ -196,6 +196,13 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
         options.dp_size));
   }
   SLIME_RETURN_IF_ERROR(CheckSupported(config));
+  if (config.train.recompute_granularity.has_value() || config.train.recompute_loss_function) {
+    spdlog::warn(
+        "trainer: activation recomputation (train.recompute_granularity, "
+        "recompute_loss_function) is not implemented: the settings are accepted for slime "
+        "compatibility and every activation is kept; lower train.max_tokens_per_gpu if memory "
+        "runs out");
+  }
   SLIME_ASSIGN_OR_RETURN(AdvantageEstimator estimator,
                          ParseAdvantageEstimator(config.algorithm.advantage_estimator));
   const bool sft = config.algorithm.loss_type == "sft_loss";
