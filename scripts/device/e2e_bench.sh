@@ -4,12 +4,16 @@
 # Qwen3-0.6B, run synchronously, with --async (one step off policy), and synchronously with the
 # engine worker SIGKILLed 3 s into rollout 2's generation (restart, resync, retried groups), and
 # colocated on one GPU (configs/qwen3-0.6b-grpo.yaml: offloads both ways, CUDA IPC weight sync)
-# with the same batch shape.
+# with the same batch shape. Mode colocate-4b: slime's Qwen3-4B recipe
+# (configs/qwen3-4b-grpo-8gpu.yaml) squeezed onto one GPU — random-weight Qwen3-4B shape
+# (tests/data/model/configs/qwen3-4b.json), TP 1, one engine, 32 prompts × 8 samples of
+# SLIME_4B_RESPONSE_LEN (default 1024) tokens — the single-GPU slice of issue 9's runs.
 # Run inside scripts/device/run.sh (it sets SLIME_BUILD and SLIME_LOGS):
 #
 #   scripts/device/run.sh --no-tests --run 'scripts/device/e2e_bench.sh [ROLLOUTS] [MODES]'
 #
-# ROLLOUTS per run (default 5), MODES a subset of "sync async kill colocate" (default all four).
+# ROLLOUTS per run (default 5), MODES a subset of "sync async kill colocate colocate-4b"
+# (default the first four).
 # Per mode: <mode>.log (console) and <mode>.jsonl (metrics) in $SLIME_LOGS, and a summary of the
 # per-rollout times on stdout.
 set -uo pipefail
@@ -45,6 +49,24 @@ for mode in ${modes}; do
   args=(--config configs/qwen3-0.6b-grpo-2gpu.yaml --set "cluster.run_dir=${run_dir}"
         --set "checkpoint.save=${run_dir}/ckpt")
   [ "${mode}" = async ] && args+=(--async)
+  if [ "${mode}" = colocate-4b ]; then  # the 8-GPU recipe on one GPU
+    model4b=/tmp/qwen3-4b
+    if [ ! -f "${model4b}/config.json" ]; then
+      "${bin}" init-model --config tests/data/model/configs/qwen3-4b.json \
+        --tokenizer .cache/testdata/qwen3 --out "${model4b}" --dtype bf16 || exit 1
+    fi
+    args=(--config configs/qwen3-4b-grpo-8gpu.yaml --set "cluster.run_dir=${run_dir}"
+          --set model.hf_checkpoint="${model4b}" --set checkpoint.ref_load="${model4b}"
+          --set checkpoint.load=null --set "checkpoint.save=${run_dir}/ckpt"
+          --set checkpoint.save_interval=1000
+          --set cluster.num_gpus_per_node=1 --set cluster.actor_num_gpus_per_node=1
+          --set cluster.rollout_num_gpus_per_engine=1 --set train.tensor_model_parallel_size=1
+          --set train.sequence_parallel=false --set "eval.datasets=[]" --set eval.interval=null
+          --set data.prompt_data=data/demo/train.jsonl --set data.input_key=input
+          --set reward.rm_type=exact_match
+          --set "rollout.max_response_len=${SLIME_4B_RESPONSE_LEN:-1024}"
+          --set "data.num_rollout=${rollouts}" --set train.max_tokens_per_gpu=8192)
+  fi
   if [ "${mode}" = colocate ]; then  # one GPU; the 2-GPU job's batch shape and data
     args=(--config configs/qwen3-0.6b-grpo.yaml --set "cluster.run_dir=${run_dir}"
           --set "checkpoint.save=${run_dir}/ckpt" --set "eval.datasets=[]" --set eval.interval=null
@@ -56,7 +78,7 @@ for mode in ${modes}; do
   fi
   echo "== ${mode}: slime_train ${args[*]}"
   start=$(date +%s)
-  if [ "${mode}" = colocate ]; then
+  if [ "${mode}" = colocate ] || [ "${mode}" = colocate-4b ]; then
     (while sleep 1; do nvidia-smi --query-gpu=index,memory.used --format=csv,noheader -i 0; done) \
       > "${logs}/${mode}.mem" 2>&1 &
     mem_pid=$!
