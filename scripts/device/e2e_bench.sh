@@ -22,7 +22,7 @@ modes="${2:-sync async kill colocate}"
 bin="${SLIME_BUILD:?run inside scripts/device/run.sh}/src/app/slime_train"
 logs="${SLIME_LOGS:-/tmp}"
 model=/tmp/qwen3-0.6b
-if [ ! -f "${model}/model.safetensors" ]; then
+if [ "${modes}" != colocate-4b ] && [ ! -f "${model}/model.safetensors" ]; then
   "${bin}" init-model --config tests/data/model/configs/qwen3-0.6b.json \
     --tokenizer .cache/testdata/qwen3 --out "${model}" --dtype bf16 || exit 1
 fi
@@ -65,7 +65,9 @@ for mode in ${modes}; do
           --set data.prompt_data=data/demo/train.jsonl --set data.input_key=input
           --set reward.rm_type=exact_match
           --set "rollout.max_response_len=${SLIME_4B_RESPONSE_LEN:-1024}"
-          --set "data.num_rollout=${rollouts}" --set train.max_tokens_per_gpu=8192)
+          --set "data.num_rollout=${rollouts}" --set train.max_tokens_per_gpu=8192
+          --set rollout.mem_fraction_static=0.45)  # 0.7 is per GPU of TP 2; the whole
+                                                  # trainer (56 GB at init) shares this one
   fi
   if [ "${mode}" = colocate ]; then  # one GPU; the 2-GPU job's batch shape and data
     args=(--config configs/qwen3-0.6b-grpo.yaml --set "cluster.run_dir=${run_dir}"
