@@ -83,10 +83,14 @@ for mode in ${modes}; do
   if [ "${mode}" = colocate ] || [ "${mode}" = colocate-4b ]; then
     (while sleep 1; do nvidia-smi --query-gpu=index,memory.used --format=csv,noheader -i 0; done) \
       > "${logs}/${mode}.mem" 2>&1 &
+    (while sleep 1; do echo "$(date +%T) $(free -m | awk '/Mem:/{print $3}')"; done) \
+      > "${logs}/${mode}.host" 2>&1 &
+    host_pid=$!
     mem_pid=$!
     CUDA_VISIBLE_DEVICES=0 "${bin}" "${args[@]}" > "${logs}/${mode}.log" 2>&1
     rc=$?
-    kill "${mem_pid}" 2>/dev/null
+    kill "${mem_pid}" "${host_pid}" 2>/dev/null
+    echo "colocate: host memory used (MiB, free -m) max over the run: $(awk '{print $2}' "${logs}/${mode}.host" | sort -n | tail -1)"
     echo "colocate: GPU 0 memory used (MiB) min/max over the run: $(awk -F', ' '{gsub(/ MiB/,"",$2); print $2}' "${logs}/${mode}.mem" | sort -n | sed -n '1p;$p' | tr '\n' ' ')"
   elif [ "${mode}" = kill ]; then
     "${bin}" "${args[@]}" > "${logs}/${mode}.log" 2>&1 &

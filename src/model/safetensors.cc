@@ -234,6 +234,22 @@ const SafetensorsTensorInfo* SafetensorsFile::Find(const std::string& name) cons
 
 Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
                         const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsStreamEntry> streamed;
+  streamed.reserve(entries.size());
+  for (const SafetensorsWriteEntry& e : entries) {
+    if (e.nbytes > 0 && e.data == nullptr) {
+      return absl::InvalidArgumentError(fmt::format("{}: tensor '{}': no data", path, e.name));
+    }
+    const void* data = e.data;
+    streamed.push_back(SafetensorsStreamEntry{
+        e.name, e.dtype, e.shape, e.nbytes, [data]() -> StatusOr<const void*> { return data; }});
+  }
+  return WriteSafetensorsStreamed(path, streamed, metadata);
+}
+
+Status WriteSafetensorsStreamed(const std::string& path,
+                                const std::vector<SafetensorsStreamEntry>& entries,
+                                const std::map<std::string, std::string>& metadata) {
   Json header = Json::object();
   if (!metadata.empty()) {
     Json meta = Json::object();
@@ -242,7 +258,7 @@ Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsWr
   }
   std::set<std::string> seen;
   uint64_t offset = 0;
-  for (const SafetensorsWriteEntry& e : entries) {
+  for (const SafetensorsStreamEntry& e : entries) {
     if (e.name.empty() || e.name == "__metadata__" || !seen.insert(e.name).second) {
       return absl::InvalidArgumentError(
           fmt::format("{}: tensor name '{}' is empty, reserved or repeated", path, e.name));
@@ -253,7 +269,7 @@ Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsWr
           fmt::format("{}: tensor '{}': {} bytes given, dtype {} and shape need {}", path, e.name,
                       e.nbytes, SafetensorsDTypeName(e.dtype), expected));
     }
-    if (e.nbytes > 0 && e.data == nullptr) {
+    if (!e.fill) {
       return absl::InvalidArgumentError(fmt::format("{}: tensor '{}': no data", path, e.name));
     }
     header[e.name] = {{"dtype", SafetensorsDTypeName(e.dtype)},
@@ -271,7 +287,18 @@ Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsWr
   SLIME_ASSIGN_OR_RETURN(internal::AtomicFileWriter w, internal::AtomicFileWriter::Open(path));
   SLIME_RETURN_IF_ERROR(w.Write(len, sizeof(len)));
   SLIME_RETURN_IF_ERROR(w.Write(text.data(), text.size()));
-  for (const SafetensorsWriteEntry& e : entries) SLIME_RETURN_IF_ERROR(w.Write(e.data, e.nbytes));
+  for (const SafetensorsStreamEntry& e : entries) {
+    StatusOr<const void*> data = e.fill();
+    if (!data.ok()) {
+      return Status(data.status().code(),
+                    fmt::format("{}: tensor '{}': {}", path, e.name,
+                                std::string(data.status().message())));
+    }
+    if (e.nbytes > 0 && *data == nullptr) {
+      return absl::InvalidArgumentError(fmt::format("{}: tensor '{}': no data", path, e.name));
+    }
+    SLIME_RETURN_IF_ERROR(w.Write(*data, e.nbytes));
+  }
   return w.Commit();
 }
 

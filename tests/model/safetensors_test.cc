@@ -98,6 +98,52 @@ TEST(SafetensorsTest, WriterRejectsBadEntries) {
   EXPECT_FALSE(std::filesystem::exists(dir.Join("w.safetensors")));
 }
 
+// The streamed writer asks for each tensor's bytes only when it reaches it, in order, and may
+// be handed the same buffer every time; a failing fill leaves no file and names the tensor.
+TEST(SafetensorsTest, StreamedWriterFillsOneTensorAtATime) {
+  TempDir dir;
+  std::vector<float> staged;  // one buffer, reused
+  std::vector<std::string> filled;
+  std::vector<SafetensorsStreamEntry> entries;
+  for (int k = 0; k < 3; ++k) {
+    const std::string name = "t" + std::to_string(k);
+    entries.push_back({name, SafetensorsDType::kF32, {2, k + 1},
+                       static_cast<size_t>(2 * (k + 1)) * sizeof(float),
+                       [&, k, name]() -> StatusOr<const void*> {
+                         filled.push_back(name);
+                         staged.assign(2 * (k + 1), static_cast<float>(k) + 0.5f);
+                         return static_cast<const void*>(staged.data());
+                       }});
+  }
+  const std::string path = dir.Join("s.safetensors");
+  ASSERT_TRUE(WriteSafetensorsStreamed(path, entries, {{"step", "7"}}).ok());
+  EXPECT_EQ(filled, (std::vector<std::string>{"t0", "t1", "t2"}));
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->metadata().at("step"), "7");
+  for (int k = 0; k < 3; ++k) {
+    const SafetensorsTensorInfo* info = (*f)->Find("t" + std::to_string(k));
+    ASSERT_NE(info, nullptr);
+    EXPECT_EQ(info->shape, (std::vector<int64_t>{2, k + 1}));
+    const float* v = reinterpret_cast<const float*>((*f)->Data(*info));
+    for (int i = 0; i < 2 * (k + 1); ++i) EXPECT_EQ(v[i], static_cast<float>(k) + 0.5f);
+  }
+
+  entries[1].fill = []() -> StatusOr<const void*> { return absl::ResourceExhaustedError("no memory"); };
+  const std::string failed = dir.Join("f.safetensors");
+  Status s = WriteSafetensorsStreamed(failed, entries);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Msg(s), failed + ": tensor 't1': no memory");
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 1) << "the failed write left a file behind";
+  entries[1].fill = nullptr;
+  EXPECT_EQ(Msg(WriteSafetensorsStreamed(failed, entries)), failed + ": tensor 't1': no data");
+}
+
 TEST(SafetensorsTest, MissingFileIsNotFound) {
   auto f = SafetensorsFile::Open("/nonexistent/dir/model.safetensors");
   ASSERT_FALSE(f.ok());

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -102,6 +103,26 @@ struct SafetensorsWriteEntry {
 // Writes a .safetensors file atomically. Names must be unique and not "__metadata__".
 Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsWriteEntry>& entries,
                         const std::map<std::string, std::string>& metadata = {});
+
+// One tensor of a streamed write: the header fields, and `fill`, which the writer calls when it
+// reaches the tensor and which returns a pointer to its nbytes bytes, valid until the next
+// `fill` call or the end of the write (so a caller can stage one tensor at a time in a buffer
+// it reuses).
+struct SafetensorsStreamEntry {
+  std::string name;
+  SafetensorsDType dtype = SafetensorsDType::kF32;
+  std::vector<int64_t> shape;
+  size_t nbytes = 0;
+  std::function<StatusOr<const void*>()> fill;
+};
+
+// WriteSafetensors for data that should not all be in memory at once (a large model's
+// optimizer state beside a colocated run's offload buffers): the header is written from the
+// entries, then each tensor's bytes as its `fill` provides them. Atomic as WriteSafetensors: a
+// failed `fill` (its error is returned, naming the file and tensor) leaves no file.
+Status WriteSafetensorsStreamed(const std::string& path,
+                                const std::vector<SafetensorsStreamEntry>& entries,
+                                const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace slime::model
 
