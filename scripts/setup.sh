@@ -35,7 +35,7 @@ echo "setup: installing ${missing[*]}"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -q
+$sudo apt-get update -q || { echo "setup: FAILED: apt-get update (is Debian's package registry reachable?)" >&2; exit 1; }
 # The SLURM and munge packages enable services; installing them must not start daemons (the
 # tests start their own with a private config): a policy-rc.d that denies starts, unless one
 # is already there, for the duration of the install.
@@ -50,4 +50,5 @@ fi
 status=0
 $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" || status=$?
 [ "$added_policy" = 0 ] || $sudo rm -f "$policy"
+[ "$status" = 0 ] || echo "setup: FAILED: apt-get install exited $status (packages: ${missing[*]})" >&2
 exit "$status"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # README command 2: install dependencies, build, and run every CPU test with ctest.
 # Tests labelled `gpu` are excluded here; they run on the GPU machine (scripts/device/run.sh).
-set -euo pipefail
+set -Eeuo pipefail
+trap 'rc=$?; echo "test: FAILED: \`${BASH_COMMAND}\` exited ${rc} (scripts/test.sh line ${LINENO})" >&2' ERR
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 start=$(date +%s)

@@ -19,14 +19,15 @@
 # passes over the 80 conversations, default 16); SLIME_RUNS (default runs).
 # OPENBLAS_NUM_THREADS defaults to 1: the recipe was measured so, and one BLAS thread per
 # process keeps the two-core machine's other processes responsive.
-set -euo pipefail
+set -Eeuo pipefail
+trap 'rc=$?; echo "warm_start: FAILED: \`${BASH_COMMAND}\` exited ${rc} (scripts/warm_start.sh line ${LINENO})" >&2' ERR
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${repo_root}"
 bin="${SLIME_BIN:-build/src/app/slime_train}"
 runs="${SLIME_RUNS:-runs}"
 epochs="${SLIME_WARM_START_EPOCHS:-16}"
-qwen3_dir=".cache/testdata/qwen3"
+qwen3_dir="${SLIME_TEST_DATA:-.cache/testdata}/qwen3"
 tok_dir="${runs}/tiny-tokenizer"
 model_config="configs/tiny-model/config.json"
 data_dir="${runs}/demo-add1"
@@ -60,10 +61,6 @@ sft_args=(--device cpu --dtype fp32 --epochs "${epochs}" --batch-size 8 --micro-
 init_args=(--seed 1 --dtype fp32)
 data_args=(--digits 1 --train 80 --eval 20 --sft 80 --seed 1)
 hash_of() { sha256sum | cut -c1-16; }
-data_recipe="make-demo-data ${data_args[*]}"
-tok_recipe="make-byte-tokenizer $(cat "${qwen3_dir}/tokenizer.json" "${qwen3_dir}/tokenizer_config.json" 2>/dev/null | hash_of)"
-init_recipe="${tok_recipe} | init $(cat "${model_config}" | hash_of) ${init_args[*]}"
-sft_recipe="${init_recipe} | ${data_recipe} | sft ${sft_args[*]}"
 
 # done_with NAME RECIPE: the output directory and its stamp with this recipe exist.
 done_with() {
@@ -81,11 +78,14 @@ if [[ -f "${qwen3_dir}/tokenizer.json" && -f "${qwen3_dir}/tokenizer_config.json
   echo "warm_start:       present"
 else
   scripts/fetch_test_data.sh
-  tok_recipe="make-byte-tokenizer $(cat "${qwen3_dir}/tokenizer.json" "${qwen3_dir}/tokenizer_config.json" | hash_of)"
-  init_recipe="${tok_recipe} | init $(cat "${model_config}" | hash_of) ${init_args[*]}"
-  sft_recipe="${init_recipe} | ${data_recipe} | sft ${sft_args[*]}"
 fi
 echo "warm_start:       $(took "${t}")"
+
+# Each step's recipe: its inputs' hashes and arguments (computed once the tokenizer is there).
+data_recipe="make-demo-data ${data_args[*]}"
+tok_recipe="make-byte-tokenizer $(cat "${qwen3_dir}/tokenizer.json" "${qwen3_dir}/tokenizer_config.json" | hash_of)"
+init_recipe="${tok_recipe} | init $(hash_of < "${model_config}") ${init_args[*]}"
+sft_recipe="${init_recipe} | ${data_recipe} | sft ${sft_args[*]}"
 
 mkdir -p "${runs}"
 t="$(now)"
