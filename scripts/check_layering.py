@@ -2,12 +2,14 @@
 """Checks that the source tree keeps the layering of cmake/layering.txt (docs/architecture.md).
 
   check_layering.py [--root DIR] [--rules FILE] [--libraries BUILD/slime_libraries.txt]
+                    [--docs docs/architecture.md]
 
 Rules (the file's header says the format): every `#include "slime/<b>/..."` in src/<a>/ or
 include/slime/<a>/ needs b == a or b on a's line; every directory of src/ and include/slime/ is a
 module; torch-free code includes no LibTorch header, neither directly nor through our headers
 (torch-free: every file of a module without a (torch) library, and, given --libraries, the
-sources of every torch-free library); public headers never include <torch/torch.h>.
+sources of every torch-free library); public headers never include <torch/torch.h>; with --docs,
+the rule list of docs/architecture.md ("### Layering") says what the rules file says.
 
 Exit 0 with one summary line when the tree keeps them; exit 1 with one line per violation,
 `path:line: ...` naming the file, its module and the module it may not use.
@@ -34,6 +36,7 @@ class Rules:
     self.path = shown_as or path  # in messages
     self.modules = []     # in file order
     self.uses = {}        # module -> set of modules it may use (allowances included)
+    self.declared = {}    # module -> the modules its own line names (no allowances)
     self.torch = {}       # library -> built with LibTorch
     self.module_of = {}   # library -> module
     self.errors = []
@@ -85,6 +88,7 @@ class Rules:
         self.torch[match.group(1)] = bool(match.group(2))
     self.modules.append(module)
     self.uses[module] = set(uses)
+    self.declared[module] = set(uses)
 
 
 class Tree:
@@ -231,6 +235,35 @@ class Checker:
                              'the rest)')
 
 
+def check_docs(file, rules, path):
+  """The rule list of docs/architecture.md (the ```text block after its "### Layering" heading,
+  `<module>: <modules>` lines, `-` for none) must say what cmake/layering.txt says."""
+  with open(file, encoding='utf-8') as f:
+    lines = f.read().split('\n')
+  try:
+    start = lines.index('### Layering')
+    start = lines.index('```text', start) + 1
+    end = lines.index('```', start)
+  except ValueError:
+    return [f'{path}: no "### Layering" section with a ```text block of the rules']
+  errors, listed = [], {}
+  for number, line in enumerate(lines[start:end], start + 1):
+    if not line.strip():
+      continue
+    module, _, uses = line.partition(':')
+    listed[module.strip()] = (number, {u for u in uses.split() if u != '-'})
+  for module in rules.modules:
+    if module not in listed:
+      errors.append(f"{path}: the layering block has no line for module '{module}'")
+    elif listed[module][1] != rules.declared[module]:
+      errors.append(f"{path}:{listed[module][0]}: module '{module}' may use "
+                    f"{' '.join(sorted(rules.declared[module])) or '-'} in {rules.path}, "
+                    f"not {' '.join(sorted(listed[module][1])) or '-'}")
+  for module in listed.keys() - set(rules.modules):
+    errors.append(f"{path}:{listed[module][0]}: module '{module}' is not in {rules.path}")
+  return errors
+
+
 def read_libraries(path):
   """slime_libraries.txt (written by the configure step): `<library>: <source> ...` lines."""
   libraries = {}
@@ -248,6 +281,7 @@ def main():
   parser.add_argument('--root', default=os.path.dirname(here), help='the source tree')
   parser.add_argument('--rules', help='default: <root>/cmake/layering.txt')
   parser.add_argument('--libraries', help="the configure step's slime_libraries.txt")
+  parser.add_argument('--docs', help='also check the rule list of this docs/architecture.md')
   args = parser.parse_args()
   rules_path = args.rules or os.path.join(args.root, 'cmake', 'layering.txt')
   shown_as = os.path.relpath(rules_path, args.root)
@@ -255,6 +289,8 @@ def main():
     shown_as = rules_path
   checker = Checker(Tree(args.root), Rules(rules_path, shown_as))
   errors = checker.run(read_libraries(args.libraries) if args.libraries else {})
+  if args.docs:
+    errors += check_docs(args.docs, checker.rules, os.path.relpath(args.docs, args.root))
   for error in errors:
     print(error)
   counts = checker.counts

@@ -134,6 +134,25 @@ class LayeringCheckerTest(unittest.TestCase):
     self.assert_fails_with("cmake/layering.txt:1: module 'common' may use 'job', which has no "
                            'line above it')
 
+  def write_docs(self, block):
+    self.write('docs/architecture.md', '# Architecture\n\n### Layering\n\nRules:\n\n```text\n'
+               + block + '```\n')
+    return ('--docs', os.path.join(self.root, 'docs', 'architecture.md'))
+
+  def test_the_docs_list_matches_the_rules(self):
+    docs = self.write_docs('common: -\nmodel: common\nengine: common model\nrollout: common\n'
+                           'job: engine common rollout\n')
+    rc, out = self.check(*docs)
+    self.assertEqual(rc, 0, out)
+
+  def test_a_docs_list_that_differs_from_the_rules(self):
+    docs = self.write_docs('common: -\nmodel: common\nengine: common model\n'
+                           'rollout: common engine\n')
+    self.assert_fails_with(
+        "docs/architecture.md:11: module 'rollout' may use common in cmake/layering.txt, not "
+        'common engine', "docs/architecture.md: the layering block has no line for module 'job'",
+        extra=docs)
+
   def test_a_malformed_rule_line(self):
     self.write('cmake/layering.txt', 'allow rollout engine\n', append=True)
     self.assert_fails_with("cmake/layering.txt:6: not a rule: 'allow rollout engine'")
