@@ -2,6 +2,9 @@
 #   One static library per module (docs/architecture.md): target slime_<NAME>, alias slime::<NAME>.
 #   Public headers live in include/slime/<NAME>/. TORCH marks a module that may include LibTorch:
 #   it links LibTorch and gets a precompiled header; other modules never see torch include paths.
+#   NAME, its TORCH flag and its slime:: DEPS are checked against cmake/layering.txt
+#   (SlimeLayering.cmake): a dependency the layering forbids stops the configure step.
+include(SlimeLayering)
 set(SLIME_WARNINGS -Wall -Wextra -Wno-unused-parameter)
 
 # All torch modules share one precompiled <torch/torch.h>, built once by slime_torch_pch.
@@ -15,6 +18,16 @@ endif()
 
 function(slime_add_module name)
   cmake_parse_arguments(ARG "TORCH" "" "SOURCES;DEPS" ${ARGN})
+  slime_check_layering(${name} "${ARG_TORCH}" "${ARG_DEPS}")
+  # For scripts/check_layering.py: which sources each torch-free library compiles.
+  set(sources)
+  foreach(source IN LISTS ARG_SOURCES)
+    get_filename_component(source ${source} ABSOLUTE BASE_DIR ${CMAKE_CURRENT_SOURCE_DIR})
+    file(RELATIVE_PATH source ${PROJECT_SOURCE_DIR} ${source})
+    list(APPEND sources ${source})
+  endforeach()
+  string(REPLACE ";" " " sources "${sources}")
+  set_property(GLOBAL APPEND PROPERTY SLIME_LIBRARY_SOURCES "${name}: ${sources}")
   set(target slime_${name})
   add_library(${target} STATIC ${ARG_SOURCES})
   add_library(slime::${name} ALIAS ${target})

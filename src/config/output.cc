@@ -120,8 +120,8 @@ end of this page.
 
 constexpr const char* kRules = R"md(## Validation rules and derived values
 
-Applied in this order when a config is resolved (slime's `slime_validate_args`, inventory
-§2.17, plus checks of our own marked *ours*). Warnings do not stop the job.
+Applied in this order when a config is resolved (slime's `slime_validate_args`, plus checks
+of our own marked *ours*). Warnings do not stop the job.
 
 - `algorithm.use_kl_loss: true` or `algorithm.kl_coef != 0` requires `checkpoint.ref_load`.
   As in slime this holds even with `kl_loss_coef: 0` (slime's Qwen3-4B recipe does this: the

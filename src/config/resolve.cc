@@ -1,4 +1,4 @@
-// ResolveConfig: slime's derived values and cross-checks (inventory §2.17, mirroring the order
+// ResolveConfig: slime's derived values and cross-checks (docs/config.md, mirroring the order
 // of slime's argument validation), plus range/placement checks of our own. Every message names
 // the keys involved and what would be valid.
 #include <fmt/format.h>

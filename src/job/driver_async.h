@@ -1,5 +1,5 @@
 // The one-step-off-policy loop of `slime_train --async` (internal to the job module): slime's
-// train_async.py (../shared/reference/slime-inventory.md §1.3) as a schedule over the driver's
+// train_async.py (docs/algorithms.md, "One step off policy") as a schedule over the driver's
 // per-rollout steps. The Driver (driver.cc) implements RolloutSteps; RunAsyncLoop only decides
 // what runs when, so the schedule reads in one place:
 //

@@ -1,6 +1,8 @@
 // Fused training ops (see include/slime/model/fused_train.h).
 #include "slime/model/fused_train.h"
 
+#include <torch/torch.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>

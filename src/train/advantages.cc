@@ -1,4 +1,4 @@
-// Reward post-processing, KL estimators and advantage estimators (slime inventory §3.1–§3.5).
+// Reward post-processing, KL estimators and advantage estimators (docs/algorithms.md).
 #include "slime/train/advantages.h"
 
 #include <fmt/format.h>

@@ -1,4 +1,4 @@
-// Policy, value and SFT losses and slime's loss reduction (slime inventory §3.6–§3.9).
+// Policy, value and SFT losses and slime's loss reduction (docs/algorithms.md).
 #include "slime/train/losses.h"
 
 #include <fmt/format.h>

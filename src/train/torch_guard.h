@@ -1,5 +1,5 @@
 // Private to src/train: the guard that turns LibTorch (or any standard) exceptions into Status
-// at the train module's edge (STYLE.md habit 2), shared by every source of the module. Not
+// at the module's edge (docs/architecture.md, "Errors and logging"), shared by every source. Not
 // installed; include only from src/train/. Thread-safety: pure functions.
 #ifndef SLIME_SRC_TRAIN_TORCH_GUARD_H_
 #define SLIME_SRC_TRAIN_TORCH_GUARD_H_

@@ -1,4 +1,4 @@
-// ResolveConfig: every derived value and cross-check (inventory §2.17 plus our own checks).
+// ResolveConfig: every derived value and cross-check (docs/config.md, slime's and our own).
 #include <gtest/gtest.h>
 
 #include "slime/config/config.h"

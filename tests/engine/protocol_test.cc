@@ -1,5 +1,5 @@
 // /generate parsing, validation and response JSON (protocol.h) against SGLang's rules
-// (sglang-api.md §3–4). Uses the in-memory byte tokenizer: id = byte value.
+// (docs/http-api.md §1). Uses the in-memory byte tokenizer: id = byte value.
 #include "slime/engine/protocol.h"
 
 #include <gtest/gtest.h>
@@ -65,7 +65,7 @@ TEST_F(GenerateParseTest, SingleInputIdsGetsSGLangDefaults) {
 }
 
 TEST_F(GenerateParseTest, SlimeRolloutBody) {
-  // Exactly what slime's default rollout sends (§3.2), with the optional extras.
+  // Exactly what slime's default rollout sends (docs/http-api.md §1.1), with the optional extras.
   const ParsedGenerate p = ParseOk(R"({
     "input_ids": [10, 11, 12, 13],
     "sampling_params": {

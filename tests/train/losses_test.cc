@@ -1,6 +1,6 @@
 // Policy / value / SFT losses and slime's reduction against numbers computed by hand (each
 // literal's formula is in the comment beside it; the values were evaluated with plain python3
-// from the formulas of slime-inventory §3.6–§3.9), finite-difference gradient checks in double
+// from the formulas of docs/algorithms.md), finite-difference gradient checks in double
 // precision, and slime's CI gates (ratio ≡ 1 ⇒ ppo_kl = pg_clipfrac = 0; logp = ref ⇒ kl = 0).
 #include "slime/train/losses.h"
 

@@ -172,7 +172,7 @@ TEST(TensorParallelLayersTest, VocabParallelEmbeddingMatchesIndexSelect) {
 }
 
 // Log-probs and entropy over a vocab-parallel LM head: values and the gradients of hidden and
-// the head (the max / sum-exp all-reduces of inventory §3.10) against one rank.
+// the head (the max / sum-exp all-reduces of docs/algorithms.md) against one rank.
 TEST(TensorParallelLayersTest, VocabParallelLogProbsAndEntropyMatchOneRank) {
   torch::manual_seed(4);
   const torch::Tensor hidden = torch::randn({7, 6}), head = torch::randn({12, 6});

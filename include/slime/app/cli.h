@@ -1,4 +1,4 @@
-// The `slime_train` command line: subcommands (DESIGN.md §3) and their dispatch.
+// The `slime_train` command line: subcommands (docs/architecture.md, `app`) and their dispatch.
 //
 // RunCli parses argv, runs the chosen subcommand and returns the process exit code. It never
 // calls exit() itself, so tests can drive it in-process. Errors a user can cause are printed

@@ -1,7 +1,7 @@
 // Status and StatusOr: the error currency across module and process boundaries.
 //
-// We use absl::Status / absl::StatusOr directly (STYLE.md habit 2). This header adds the two
-// propagation macros every module uses. Thread-safety: stateless.
+// We use absl::Status / absl::StatusOr directly (docs/architecture.md, "Errors and logging").
+// This header adds the two propagation macros every module uses. Thread-safety: stateless.
 #ifndef SLIME_COMMON_STATUS_H_
 #define SLIME_COMMON_STATUS_H_
 

@@ -1,4 +1,4 @@
-// The typed configuration of a slime-cpp job (DESIGN.md §6) and the functions that load it.
+// The typed configuration of a slime-cpp job (docs/config.md) and the functions that load it.
 //
 // One YAML file with thirteen sections (cluster, model, rollout, data, eval, reward, algorithm,
 // train, weight_sync, checkpoint, metrics, fault_tolerance, debug) becomes one `Config` value.
@@ -9,10 +9,10 @@
 // Loading = read YAML → follow `base:` includes (deep merge, including file wins) → expand
 // `${VAR}` / `${VAR:-default}` → apply `--set section.key=value` overrides → convert every key
 // into the typed struct (unknown keys, type, range and enum errors) → ResolveConfig (slime's
-// cross-checks and derived values, inventory §2.17). Only a resolved config is handed out by
-// LoadConfig*, so consumers can rely on derived fields being set (e.g. `eps_clip_high`,
-// `offload_train`, `global_batch_size`, `over_sampling_batch_size`); the comment on each such
-// field says so.
+// cross-checks and derived values, docs/config.md, "Validation rules and derived values").
+// Only a resolved config is handed out by LoadConfig*, so consumers can rely on derived fields
+// being set (e.g. `eps_clip_high`, `offload_train`, `global_batch_size`,
+// `over_sampling_batch_size`); the comment on each such field says so.
 //
 // Ownership: plain value types, copy freely. Thread-safety: all functions are pure apart from
 // reading files and the environment; concurrent calls are safe.
@@ -370,7 +370,7 @@ StatusOr<Config> LoadConfigFromString(const std::string& yaml_text, const std::s
                                       const std::vector<std::string>& set_overrides,
                                       std::vector<std::string>* warnings = nullptr);
 
-// Applies slime's cross-checks and derived values (inventory §2.17) plus range/enum checks of
+// Applies slime's cross-checks and derived values (docs/config.md) plus range/enum checks of
 // every field, in place. Idempotent: resolving a resolved config changes nothing. Warnings are
 // appended to `*warnings` (may be null). On error `*config` may be partly resolved.
 Status ResolveConfig(Config* config, std::vector<std::string>* warnings);

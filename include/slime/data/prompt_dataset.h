@@ -1,7 +1,7 @@
 // Prompt data for RL: a JSONL file of prompts → PromptDataset (tokenized, filtered rows), and
 // PromptDataSource, which hands out groups of Samples epoch after epoch and saves its position
 // with each checkpoint so a resumed run continues at the same prompt (slime's
-// RolloutDataSource, inventory §4.1, §1.4).
+// RolloutDataSource; docs/data.md).
 //
 // Input (one JSON object per line; blank lines are ignored), keys set by PromptDatasetOptions:
 //   {"input": "What is 2+3?" | [{"role": "user", "content": "..."}, ...],

@@ -1,5 +1,5 @@
 // Sample: one prompt and (once generated) one response, the record the rollout coordinator,
-// the reward functions and the trainer pass between them (slime's `Sample`, inventory §4.2).
+// the reward functions and the trainer pass between them (slime's `Sample`, docs/data.md).
 //
 // Life of a sample:
 //   PromptDataSource::GetSamples   tokens = prompt ids, response_length = 0, status kPending

@@ -1,4 +1,4 @@
-// The JSON side of the OpenAI-compatible endpoints (sglang-api.md §7): `POST /v1/completions`,
+// The JSON side of the OpenAI-compatible endpoints (docs/http-api.md §2): `POST /v1/completions`,
 // `POST /v1/chat/completions` and `GET /v1/models`. Requests become GenerateInputs with the same
 // validation as /generate (protocol.h), responses are built from the engine's RequestOutputs.
 // No I/O: the HTTP layer frames SSE events (SseEvent, kSseDone in protocol.h).

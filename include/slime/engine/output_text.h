@@ -1,5 +1,5 @@
 // OutputText: the detokenized output of one request, built token by token, with SGLang's stop
-// string matching and stop trimming (sglang-api.md §3.4, detokenizer_manager.py).
+// string matching and stop trimming (docs/http-api.md §1.5; SGLang's detokenizer_manager.py).
 //
 // Feed each sampled token; the text grows through a tokenizer::IncrementalDecoder, so a UTF-8
 // character split across tokens appears only once complete. Stop strings are matched on the text

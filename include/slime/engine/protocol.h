@@ -1,5 +1,5 @@
-// The JSON side of SGLang's native `POST /generate` (docs/http-api.md,
-// ../shared/reference/sglang-api.md §3–4): request bodies → validated GenerateInputs, engine
+// The JSON side of SGLang's native `POST /generate` (docs/http-api.md
+// §1): request bodies → validated GenerateInputs, engine
 // outputs → response objects, Status → HTTP status and error bodies. No LibTorch, no I/O.
 //
 // Parsing follows SGLang's GenerateReqInput normalization:
@@ -144,7 +144,7 @@ nlohmann::json ErrorJson(const Status& status);
 nlohmann::json ErrorJson(std::string_view message);
 
 // The HTTP status of a finished output: 200 except an abort carrying status_code >= 400, which
-// becomes that status (SGLang §3.5: a user abort is a normal 200 body with partial output).
+// becomes that status (docs/http-api.md §1.5: a user abort is a 200 body with partial output).
 int HttpStatusForFinish(const FinishReason& f);
 // The first such error status among `outs` (a batch answers with it), else 200.
 int HttpStatusForOutputs(std::span<const RequestOutput> outs);

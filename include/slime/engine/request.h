@@ -6,7 +6,7 @@
 // model, the KV cache and the scheduler. One GenerateInput is one sequence: a batch body or
 // `n > 1` is expanded into several inputs before it reaches the engine.
 //
-// Field semantics follow SGLang (docs/http-api.md, ../shared/reference/sglang-api.md §3–4).
+// Field semantics follow SGLang (docs/http-api.md §1).
 // Thread-safety: plain values; copy freely between threads.
 #ifndef SLIME_ENGINE_REQUEST_H_
 #define SLIME_ENGINE_REQUEST_H_

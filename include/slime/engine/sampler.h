@@ -1,5 +1,5 @@
 // Sampler: next tokens and their log-probs for a batch of sequences, exactly as SGLang defines
-// them (docs/http-api.md, ../shared/reference/sglang-api.md §3.3, §4).
+// them (docs/http-api.md §1.2, §1.5).
 //
 // Per row, in order:
 //   1. logits += logit_bias;

@@ -1,5 +1,5 @@
 // The driver: what `slime_train --config F` runs — slime's train.py loop over our runtime
-// (../shared/reference/slime-inventory.md §1.1, §1.4, §1.5).
+// (docs/algorithms.md, "The synchronous loop" and "Resume").
 //
 //   setup     load the tokenizer and the prompt data (bad data fails here, before any process
 //             starts; data.num_rollout defaults to dataset size / rollout_batch_size ×

@@ -12,7 +12,7 @@
 #ifndef SLIME_MODEL_FUSED_TRAIN_H_
 #define SLIME_MODEL_FUSED_TRAIN_H_
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 namespace slime::model {
 

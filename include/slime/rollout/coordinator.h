@@ -1,5 +1,5 @@
 // RolloutCoordinator: the generation core of slime's default rollout
-// (slime/rollout/sglang_rollout.py; ../shared/reference/slime-inventory.md §4.3–4.5, §3.1) as a
+// (slime/rollout/sglang_rollout.py; docs/algorithms.md, "The default rollout") as a
 // library class. The runtime wraps it as the rollout actor; this class knows nothing of gRPC.
 //
 // One Generate(rollout_id):

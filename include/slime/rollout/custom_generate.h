@@ -1,6 +1,6 @@
 // Custom generation: the seam through which user logic generates a sample instead of the
 // coordinator's single /generate call (slime's --custom-generate-function-path,
-// ../shared/reference/slime-inventory.md §4.3–4.4, §4.7). Three kinds plug in here:
+// docs/algorithms.md, "Custom generation"). Three kinds plug in here:
 //   * a generate plugin: a shared library behind the versioned C ABI of
 //     include/slime/plugin/generate_plugin.h (plugin/plugin_generator.h);
 //   * a tool environment spoken to over HTTP, run as a multi-turn episode

@@ -1,4 +1,4 @@
-// Rollout and eval metrics under slime's names (../shared/reference/slime-inventory.md §8),
+// Rollout and eval metrics under slime's names (docs/algorithms.md, "Metrics"),
 // computed from finished samples. Pure functions; torch-free.
 //
 //   rollout/raw_reward                  mean scalar reward (Sample::reward) of the kept samples

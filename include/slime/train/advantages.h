@@ -1,5 +1,5 @@
 // Reward post-processing, per-token KL estimators and advantage estimators, exactly as slime
-// computes them (../shared/reference/slime-inventory.md §3.1–§3.5).
+// computes them (docs/algorithms.md, "Reward post-processing" to "Advantage whitening").
 //
 // The pipeline for one rollout, in slime's order:
 //   1. PostProcessRewards (rollout coordinator, CPU): raw scalar rewards → r̃ (group

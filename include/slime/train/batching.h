@@ -1,7 +1,7 @@
 // Micro-batch scheduling for the trainer: which samples go into which optimizer step, which
 // micro-batch and which data-parallel (DP) rank. Pure bookkeeping on token counts, no LibTorch.
 //
-// slime's order ("pack first, distribute second", inventory §3.11), one stage per function:
+// slime's order ("pack first, distribute second", docs/algorithms.md), one stage per function:
 //   SplitIntoSteps          rollout samples -> optimizer steps. Samples sharing a rollout id stay
 //                           in one step; a step holds global_batch_size rollouts; trailing
 //                           rollouts that do not fill a step are dropped (and logged).

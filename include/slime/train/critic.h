@@ -1,4 +1,4 @@
-// Critic: the PPO value model of one replica (advantage_estimator "ppo"; inventory §3.3, §3.7).
+// Critic: the PPO value model of one replica (advantage_estimator "ppo"; docs/algorithms.md).
 //
 // Model. The actor's decoder architecture with the LM head replaced by a scalar value head, as
 // slime/Megatron build the critic (output_layer → a hidden → 1 linear layer without bias):

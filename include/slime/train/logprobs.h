@@ -1,7 +1,7 @@
 // Log-probabilities and entropy of the response tokens of one packed micro-batch, from the
 // final hidden states and the (vocab-parallel) LM head, differentiable for the policy loss.
 //
-// Definition (the engine's, engine::TokenLogprobs; DESIGN.md numerics): with
+// Definition (the engine's, engine::TokenLogprobs; docs/algorithms.md, "Numerics contract"): with
 //   z = float32(hidden · Wᵀ) / temperature           (float64 when the inputs are float64)
 // the log-prob of token y at a position is log_softmax(z)[y] and the entropy is
 // -Σ_v softmax(z)_v · log_softmax(z)_v, over the whole vocabulary. The logits are computed in the
@@ -15,7 +15,7 @@
 // a prompt of at least one token is required when R > 0. Rows past cu_seqlens.back() (padding)
 // are ignored.
 //
-// Vocab parallelism (inventory §3.10). `lm_head_weight` is this rank's shard W_r [V/P, hidden]
+// Vocab parallelism (docs/algorithms.md). `lm_head_weight` is this rank's shard W_r [V/P, hidden]
 // of the vocabulary rows [r·V/P, (r+1)·V/P) (tensor_parallel.h layout); `hidden` is the same on
 // every rank. Per row, the max is the maximum of the ranks' maxima (an AllGather of one value
 // per rank and row), and the sum of exp, the target logit (owned by one rank, 0 elsewhere) and

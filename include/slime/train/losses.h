@@ -1,4 +1,4 @@
-// The training losses of slime (../shared/reference/slime-inventory.md §3.6–§3.9): the policy
+// The training losses of slime (docs/algorithms.md, "Policy loss" … "Loss reduction"): the policy
 // loss (PPO clip / dual clip / GSPO / CISPO, OPSM, TIS or icepop, entropy bonus, KL loss), the
 // PPO critic's clipped value loss, the SFT loss, and slime's loss reduction.
 //
@@ -14,7 +14,7 @@
 // LossReducer is built once per micro-batch from (response_lengths, loss_mask) and the step's
 // denominators, and shared by every loss and metric of that micro-batch.
 //
-// Reduction and step denominators (§3.9). Let m be the loss mask.
+// Reduction and step denominators (docs/algorithms.md, "Loss reduction"). Let m be the loss mask.
 //   per-rollout mode (default, slime's "sum of sample mean"):
 //     Reduce(x) = Σ_i [Σ_{t∈i} x_t m_t] / max(D_i, 1) / G
 //     D_i = the loss-mask tokens of all samples of the optimizer step that share sample i's

@@ -1,5 +1,5 @@
 // Reward post-processing without LibTorch: slime's RolloutManager._post_process_rewards
-// (../shared/reference/slime-inventory.md §3.1), for the rollout coordinator, which runs it on
+// (docs/algorithms.md, "Reward post-processing"), for the rollout coordinator, which runs it on
 // the CPU before samples are shipped to the trainers. The torch trainer's PostProcessRewards
 // (advantages.h) delegates here.
 //

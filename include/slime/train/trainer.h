@@ -1,7 +1,7 @@
 // Trainer: the training side of one model replica. It owns the model (DecoderModel), the AdamW
 // optimizer, the LR scheduler and the CPU copies of the other policies (reference, old actor,
 // teacher), and runs slime's train_actor order for one rollout at a time
-// (../shared/reference/slime-inventory.md §1.1, "Inside actor.train()"):
+// (docs/algorithms.md, "What one training call does"):
 //
 //   TrainRollout(rollout_id, batch)
 //     0. check the batch; schedule it (batching.h: steps of train.global_batch_size rollouts —
