@@ -311,7 +311,8 @@ class Engine::Impl {
     held_.clear();
   }
 
-  // One scheduling step: schedule, forward, sample, emit. Returns false when nothing ran.
+  // One scheduling step: schedule, forward, sample, emit (the stages below). Returns false when
+  // nothing ran.
   bool Step();
 
   EngineLoad Load() const {
@@ -329,6 +330,52 @@ class Engine::Impl {
   void Emit(LiveRequest& r);
   // Adds the sampled token; returns true when the request finished.
   bool Accept(LiveRequest& r, int32_t token, float logprob, TopLogprobs top);
+
+  // Step's stages and what passes between them.
+  struct SampleRef {
+    uint64_t id;
+    int64_t row;
+  };
+  struct ScoreRef {
+    uint64_t id;
+    int64_t row;
+    int64_t position;  // logits at `position` score token position + 1
+  };
+  // The forward of one batch: its new tokens, per-item page tables, rows to sample and score.
+  struct StepInputs {
+    std::vector<int32_t> input_ids;  // [T] the batch's new tokens in item order
+    std::vector<PagedItem> items;
+    std::vector<SampleRef> to_sample;
+    std::vector<ScoreRef> to_score;
+    std::vector<uint64_t> prefill_only_done;  // prompt done, no token left to generate
+    int64_t prefill_tokens = 0, decode_tokens = 0;
+  };
+  // A decode-graph step fills sample_logits alone; an eager one, hidden.
+  struct ForwardOutput {
+    torch::Tensor sample_logits;  // [to_sample.size(), vocab] float32
+    StatusOr<HiddenStates> hidden = absl::NotFoundError("not run");
+  };
+  struct StepTimes {
+    Clock::time_point start, built, forward, sampled;
+  };
+  // Aborts the sequences the scheduler could not fit; counts its retractions.
+  void FinishUnscheduled(const Batch& batch);
+  StepInputs BuildInputs(const Batch& batch);
+  // The step failed before its K/V was kept: rolls the batch back and aborts its requests.
+  void FailBatch(const Batch& batch, const Status& s);
+  Status RunForward(const StepInputs& in, ForwardOutput* out);
+  // Prompt log-probs of the rows in `to_score` into their requests' outputs.
+  Status ScorePrompts(const std::vector<ScoreRef>& to_score, const ForwardOutput& fwd);
+  // lps [rows, vocab] log-probs and chosen [rows] of to_score[s, e): each request's entries.
+  void AppendInputLogprobs(const std::vector<ScoreRef>& to_score, size_t s, size_t e,
+                           const std::vector<int64_t>& targets, const torch::Tensor& lps,
+                           const torch::Tensor& chosen);
+  // One token per row of `to_sample` (the logits come from the forward when it made none).
+  StatusOr<SamplerOutput> SampleTokens(const std::vector<SampleRef>& to_sample,
+                                       ForwardOutput* fwd);
+  void AcceptAndEmit(const std::vector<SampleRef>& to_sample, SamplerOutput sampled);
+  // The step's phase times and metrics.
+  void RecordStep(const StepTimes& times, const StepInputs& in);
 
   Engine* engine_;
   std::unique_ptr<ModelRunner> runner_;
@@ -434,9 +481,44 @@ bool Engine::Impl::Accept(LiveRequest& r, int32_t token, float logprob, TopLogpr
   return false;
 }
 
+// One step of the engine pipeline (docs/architecture.md, "Inference engine"): the scheduler
+// admits, schedules and allocates K/V; then build inputs → forward → score prompts → sample →
+// accept and emit. A failed stage aborts the batch's requests; the step still counts as run.
 bool Engine::Impl::Step() {
-  const Clock::time_point t0 = Clock::now();
+  StepTimes times;
+  times.start = Clock::now();
   Batch batch = scheduler_.Schedule();
+  FinishUnscheduled(batch);
+  if (batch.items.empty()) return false;
+
+  const StepInputs in = BuildInputs(batch);
+  times.built = Clock::now();
+  ForwardOutput fwd;
+  if (Status s = RunForward(in, &fwd); !s.ok()) {
+    FailBatch(batch, s);
+    return true;
+  }
+  times.forward = Clock::now();
+  times.sampled = times.forward;
+  if (Status s = ScorePrompts(in.to_score, fwd); !s.ok()) {
+    FailBatch(batch, s);
+    return true;
+  }
+  if (!in.to_sample.empty()) {
+    StatusOr<SamplerOutput> sampled = SampleTokens(in.to_sample, &fwd);
+    if (!sampled.ok()) {
+      FailBatch(batch, sampled.status());
+      return true;
+    }
+    times.sampled = Clock::now();
+    AcceptAndEmit(in.to_sample, *std::move(sampled));
+  }
+  for (uint64_t id : in.prefill_only_done) Finish(id, FinishReason::Length(0));
+  RecordStep(times, in);
+  return true;
+}
+
+void Engine::Impl::FinishUnscheduled(const Batch& batch) {
   for (uint64_t id : batch.out_of_memory) {
     Finish(id, FinishReason::Abort(
                    "out of KV cache memory: the sequence no longer fits in the cache "
@@ -446,87 +528,73 @@ bool Engine::Impl::Step() {
   if (metrics_ && !batch.retracted.empty()) {
     metrics_->OnRetract(static_cast<int64_t>(batch.retracted.size()));
   }
-  if (batch.items.empty()) return false;
+}
 
-  // Build the forward: new tokens, per-item page tables, rows to sample and to score.
-  std::vector<int32_t> input_ids;
-  std::vector<PagedItem> items;
-  items.reserve(batch.items.size());
-  struct SampleRef {
-    uint64_t id;
-    int64_t row;
-  };
-  struct ScoreRef {
-    uint64_t id;
-    int64_t row;
-    int64_t position;  // logits at `position` score token position + 1
-  };
-  std::vector<SampleRef> to_sample;
-  std::vector<ScoreRef> to_score;
-  std::vector<uint64_t> prefill_only_done;
-  int64_t row = 0, prefill_tokens = 0, decode_tokens = 0;
+Engine::Impl::StepInputs Engine::Impl::BuildInputs(const Batch& batch) {
+  StepInputs in;
+  in.items.reserve(batch.items.size());
+  int64_t row = 0;
   for (const BatchItem& item : batch.items) {
     const Sequence* seq = scheduler_.Find(item.seq_id);
     LiveRequest& r = live_.at(item.seq_id);
-    input_ids.insert(input_ids.end(), seq->tokens.begin() + item.start,
-                     seq->tokens.begin() + item.start + item.num_tokens);
-    items.push_back({item.num_tokens, item.start + item.num_tokens, &seq->pages});
-    (item.num_tokens == 1 && item.start >= seq->prompt_len ? decode_tokens : prefill_tokens) +=
-        item.num_tokens;
+    in.input_ids.insert(in.input_ids.end(), seq->tokens.begin() + item.start,
+                        seq->tokens.begin() + item.start + item.num_tokens);
+    in.items.push_back({item.num_tokens, item.start + item.num_tokens, &seq->pages});
+    (item.num_tokens == 1 && item.start >= seq->prompt_len ? in.decode_tokens
+                                                           : in.prefill_tokens) += item.num_tokens;
     if (r.in.return_logprob && r.in.logprob_start_len >= 0) {
       const int64_t end = std::min(item.start + item.num_tokens, seq->prompt_len - 1);
       for (int64_t q = std::max(r.next_input_lp, item.start); q < end; ++q) {
-        to_score.push_back({item.seq_id, row + (q - item.start), q});
+        in.to_score.push_back({item.seq_id, row + (q - item.start), q});
       }
       r.next_input_lp = std::max(r.next_input_lp, end);
     }
     if (item.completes) {
       if (static_cast<int64_t>(r.out.output_ids.size()) < r.max_new) {
-        to_sample.push_back({item.seq_id, row + item.num_tokens - 1});
+        in.to_sample.push_back({item.seq_id, row + item.num_tokens - 1});
       } else {
-        prefill_only_done.push_back(item.seq_id);
+        in.prefill_only_done.push_back(item.seq_id);
       }
     }
     row += item.num_tokens;
   }
+  return in;
+}
 
-  auto fail_batch = [&](const Status& s) {
-    spdlog::error("engine: step failed, aborting its {} requests: {}", batch.items.size(),
-                  std::string(s.message()));
-    scheduler_.Rollback(batch);  // their K/V was never written: keep it out of the cache
-    for (const BatchItem& item : batch.items) {
-      Finish(item.seq_id, FinishReason::Abort(std::string(s.message()), 500));
-    }
-  };
-  const Clock::time_point t_built = Clock::now();
+void Engine::Impl::FailBatch(const Batch& batch, const Status& s) {
+  spdlog::error("engine: step failed, aborting its {} requests: {}", batch.items.size(),
+                std::string(s.message()));
+  scheduler_.Rollback(batch);  // their K/V was never written: keep it out of the cache
+  for (const BatchItem& item : batch.items) {
+    Finish(item.seq_id, FinishReason::Abort(std::string(s.message()), 500));
+  }
+}
+
+Status Engine::Impl::RunForward(const StepInputs& in, ForwardOutput* out) {
   // A decode-only step (one new token per sequence, each sampled, no prompt scoring) replays
   // a captured CUDA graph when one fits; everything else runs eagerly.
-  torch::Tensor sample_logits;  // [to_sample.size(), vocab] float32
-  bool decode_only = to_score.empty() && prefill_tokens == 0 &&
-                     to_sample.size() == items.size() && runner_->has_decode_graphs();
-  for (size_t i = 0; decode_only && i < to_sample.size(); ++i) {
-    decode_only = to_sample[i].row == static_cast<int64_t>(i);
+  bool decode_only = in.to_score.empty() && in.prefill_tokens == 0 &&
+                     in.to_sample.size() == in.items.size() && runner_->has_decode_graphs();
+  for (size_t i = 0; decode_only && i < in.to_sample.size(); ++i) {
+    decode_only = in.to_sample[i].row == static_cast<int64_t>(i);
   }
-  StatusOr<HiddenStates> hidden = absl::NotFoundError("not run");
   if (decode_only) {
-    StatusOr<torch::Tensor> logits = runner_->DecodeLogits(input_ids, items);
+    StatusOr<torch::Tensor> logits = runner_->DecodeLogits(in.input_ids, in.items);
     if (logits.ok()) {
-      sample_logits = *logits;
+      out->sample_logits = *logits;
     } else if (!absl::IsNotFound(logits.status())) {
-      fail_batch(logits.status());
-      return true;
+      return logits.status();
     }
   }
-  if (!sample_logits.defined()) {
-    hidden = runner_->Forward(input_ids, items);
-    if (!hidden.ok()) {
-      fail_batch(hidden.status());
-      return true;
-    }
+  if (!out->sample_logits.defined()) {
+    out->hidden = runner_->Forward(in.input_ids, in.items);
+    if (!out->hidden.ok()) return out->hidden.status();
   }
+  return absl::OkStatus();
+}
 
-  const Clock::time_point t_forward = Clock::now();
-  Clock::time_point t_sampled = t_forward;
+Status Engine::Impl::ScorePrompts(const std::vector<ScoreRef>& to_score,
+                                  const ForwardOutput& fwd) {
   // Prompt log-probs, in chunks so [rows, vocab] stays bounded.
   constexpr size_t kScoreChunk = 1024;
   for (size_t s = 0; s < to_score.size(); s += kScoreChunk) {
@@ -542,95 +610,93 @@ bool Engine::Impl::Step() {
       const SamplingParams& sp = live_.at(ref.id).in.sampling;
       temps.push_back(sp.greedy() ? 1.0f : static_cast<float>(sp.temperature));
     }
-    StatusOr<torch::Tensor> logits = runner_->Logits(*hidden, rows);
-    if (!logits.ok()) {
-      fail_batch(logits.status());
-      return true;
-    }
-    torch::Tensor scaled =
-        *logits / torch::tensor(temps).to(logits->device()).unsqueeze(1);
-    torch::Tensor lps = torch::log_softmax(scaled, -1);
+    SLIME_ASSIGN_OR_RETURN(torch::Tensor logits, runner_->Logits(*fwd.hidden, rows));
+    torch::Tensor scaled = logits / torch::tensor(temps).to(logits.device()).unsqueeze(1);
+    torch::Tensor lps = torch::log_softmax(scaled, -1);  // [rows, vocab]
     torch::Tensor tgt = torch::tensor(targets, torch::kLong).to(lps.device()).unsqueeze(1);
-    torch::Tensor chosen = lps.gather(1, tgt).squeeze(1).cpu();
-    int64_t max_top = 0;
-    for (size_t i = s; i < e; ++i) {
-      max_top = std::max(max_top, live_.at(to_score[i].id).in.top_logprobs_num);
-    }
-    torch::Tensor top_v, top_i;
-    if (max_top > 0) {
-      auto top = lps.topk(std::min<int64_t>(max_top, lps.size(1)), 1);
-      top_v = std::get<0>(top).cpu();
-      top_i = std::get<1>(top).cpu();
-    }
-    for (size_t i = s; i < e; ++i) {
-      LiveRequest& r = live_.at(to_score[i].id);
-      const int64_t k = static_cast<int64_t>(i - s);
-      r.out.input_logprob_ids.push_back(static_cast<int32_t>(targets[k]));
-      r.out.input_logprobs.push_back(chosen[k].item<float>());
-      if (r.in.top_logprobs_num > 0) {
-        TopLogprobs t;
-        for (int64_t j = 0; j < std::min(r.in.top_logprobs_num, top_v.size(1)); ++j) {
-          t.emplace_back(top_v[k][j].item<float>(), static_cast<int32_t>(top_i[k][j].item<int64_t>()));
-        }
-        r.out.input_top_logprobs.push_back(std::move(t));
+    torch::Tensor chosen = lps.gather(1, tgt).squeeze(1).cpu();  // [rows]
+    AppendInputLogprobs(to_score, s, e, targets, lps, chosen);
+  }
+  return absl::OkStatus();
+}
+
+void Engine::Impl::AppendInputLogprobs(const std::vector<ScoreRef>& to_score, size_t s, size_t e,
+                                       const std::vector<int64_t>& targets,
+                                       const torch::Tensor& lps, const torch::Tensor& chosen) {
+  int64_t max_top = 0;
+  for (size_t i = s; i < e; ++i) {
+    max_top = std::max(max_top, live_.at(to_score[i].id).in.top_logprobs_num);
+  }
+  torch::Tensor top_v, top_i;  // [rows, max_top]
+  if (max_top > 0) {
+    auto top = lps.topk(std::min<int64_t>(max_top, lps.size(1)), 1);
+    top_v = std::get<0>(top).cpu();
+    top_i = std::get<1>(top).cpu();
+  }
+  for (size_t i = s; i < e; ++i) {
+    LiveRequest& r = live_.at(to_score[i].id);
+    const int64_t k = static_cast<int64_t>(i - s);
+    r.out.input_logprob_ids.push_back(static_cast<int32_t>(targets[k]));
+    r.out.input_logprobs.push_back(chosen[k].item<float>());
+    if (r.in.top_logprobs_num > 0) {
+      TopLogprobs t;
+      for (int64_t j = 0; j < std::min(r.in.top_logprobs_num, top_v.size(1)); ++j) {
+        t.emplace_back(top_v[k][j].item<float>(), static_cast<int32_t>(top_i[k][j].item<int64_t>()));
       }
+      r.out.input_top_logprobs.push_back(std::move(t));
     }
   }
+}
 
-  if (!to_sample.empty()) {
-    std::vector<int64_t> rows;
-    std::vector<SamplerRow> srows;
-    rows.reserve(to_sample.size());
-    srows.reserve(to_sample.size());
-    for (const SampleRef& ref : to_sample) {
-      rows.push_back(ref.row);
-      const LiveRequest& r = live_.at(ref.id);
-      const Sequence* seq = scheduler_.Find(ref.id);
-      SamplerRow sr;
-      sr.params = &r.in.sampling;
-      sr.tokens = &seq->tokens;
-      sr.prompt_len = seq->prompt_len;
-      sr.num_output = static_cast<int64_t>(r.out.output_ids.size());
-      sr.seed = r.seed;
-      sr.stop_ids = &r.stop_ids;
-      sr.top_logprobs_num = r.in.return_logprob ? r.in.top_logprobs_num : 0;
-      sr.need_logprob = r.in.return_logprob;
-      srows.push_back(sr);
-    }
-    if (!sample_logits.defined()) {
-      StatusOr<torch::Tensor> logits = runner_->Logits(*hidden, rows);
-      if (!logits.ok()) {
-        fail_batch(logits.status());
-        return true;
-      }
-      sample_logits = *std::move(logits);
-    }
-    SamplerOutput sampled;
-    try {
-      sampled = Sample(sample_logits, srows);
-    } catch (const std::exception& e) {
-      fail_batch(absl::InternalError(fmt::format("sampling: {}", e.what())));
-      return true;
-    }
-    t_sampled = Clock::now();
-    for (size_t i = 0; i < to_sample.size(); ++i) {
-      LiveRequest& r = live_.at(to_sample[i].id);
-      if (!Accept(r, sampled.tokens[i], sampled.logprobs[i], std::move(sampled.top[i]))) Emit(r);
-    }
+StatusOr<SamplerOutput> Engine::Impl::SampleTokens(const std::vector<SampleRef>& to_sample,
+                                                   ForwardOutput* fwd) {
+  std::vector<int64_t> rows;
+  std::vector<SamplerRow> srows;
+  rows.reserve(to_sample.size());
+  srows.reserve(to_sample.size());
+  for (const SampleRef& ref : to_sample) {
+    rows.push_back(ref.row);
+    const LiveRequest& r = live_.at(ref.id);
+    const Sequence* seq = scheduler_.Find(ref.id);
+    SamplerRow sr;
+    sr.params = &r.in.sampling;
+    sr.tokens = &seq->tokens;
+    sr.prompt_len = seq->prompt_len;
+    sr.num_output = static_cast<int64_t>(r.out.output_ids.size());
+    sr.seed = r.seed;
+    sr.stop_ids = &r.stop_ids;
+    sr.top_logprobs_num = r.in.return_logprob ? r.in.top_logprobs_num : 0;
+    sr.need_logprob = r.in.return_logprob;
+    srows.push_back(sr);
   }
-  for (uint64_t id : prefill_only_done) Finish(id, FinishReason::Length(0));
+  if (!fwd->sample_logits.defined()) {
+    SLIME_ASSIGN_OR_RETURN(fwd->sample_logits, runner_->Logits(*fwd->hidden, rows));
+  }
+  try {
+    return Sample(fwd->sample_logits, srows);
+  } catch (const std::exception& e) {
+    return absl::InternalError(fmt::format("sampling: {}", e.what()));
+  }
+}
 
+void Engine::Impl::AcceptAndEmit(const std::vector<SampleRef>& to_sample, SamplerOutput sampled) {
+  for (size_t i = 0; i < to_sample.size(); ++i) {
+    LiveRequest& r = live_.at(to_sample[i].id);
+    if (!Accept(r, sampled.tokens[i], sampled.logprobs[i], std::move(sampled.top[i]))) Emit(r);
+  }
+}
+
+void Engine::Impl::RecordStep(const StepTimes& times, const StepInputs& in) {
   last_step_end_ = Clock::now();
   ++phases_.steps;
-  phases_.build += Seconds(t_built - t0);
-  phases_.forward += Seconds(t_forward - t_built);
-  phases_.sample += Seconds(t_sampled - t_forward);
-  phases_.emit += Seconds(last_step_end_ - t_sampled);
+  phases_.build += Seconds(times.built - times.start);
+  phases_.forward += Seconds(times.forward - times.built);
+  phases_.sample += Seconds(times.sampled - times.forward);
+  phases_.emit += Seconds(last_step_end_ - times.sampled);
   if (metrics_) {
-    metrics_->OnStep(Seconds(last_step_end_ - t0), prefill_tokens, decode_tokens,
-                     static_cast<int64_t>(to_sample.size()));
+    metrics_->OnStep(Seconds(last_step_end_ - times.start), in.prefill_tokens, in.decode_tokens,
+                     static_cast<int64_t>(in.to_sample.size()));
   }
-  return true;
 }
 
 // ---- Engine: the thread-safe shell around Impl.

@@ -24,6 +24,21 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 }  // namespace
 
+// One Generate's bookkeeping, on the calling thread: the groups kept so far and what its steps
+// counted.
+struct RolloutCoordinator::GenerateTally {
+  int64_t target = 0;         // groups to keep (rollout_batch_size)
+  std::vector<Job*> kept;     // in the order they were kept
+  int64_t pending = 0;        // submitted, not yet handed back
+  int64_t fallback_kept = 0;  // zero-std groups kept by the dynamic filter's fallback
+  int64_t retried_groups = 0;
+  int64_t recycled = 0;         // leftover groups into the partial-rollout buffer
+  int64_t aborted_samples = 0;  // in the leftover groups
+  MetricMap drops;              // rollout/dynamic_filter/drop_zero_std_<reward>
+  MetricMap recovery_metrics;   // FinishRecoveries'
+  Status failure;               // the first error: ends the loop
+};
+
 // One Recover() on its helper thread.
 struct RolloutCoordinator::RecoveryTask {
   int engine = 0;
@@ -398,138 +413,163 @@ RolloutCoordinator::Job* RolloutCoordinator::WaitDone(Run* run) {
   }
 }
 
+// Generate's steps (the file comment of coordinator.h): top up with waves, collect and filter
+// groups until rollout_batch_size are kept, abort the rest, recycle the leftovers, finalize.
 StatusOr<RolloutResult> RolloutCoordinator::Generate(int64_t rollout_id) {
   SLIME_RETURN_IF_ERROR(CheckConfigured());
-  const int64_t target = options_.rollout_batch_size;
-  const int64_t n = options_.n_samples_per_prompt;
+  GenerateTally tally;
+  tally.target = options_.rollout_batch_size;
   auto run = std::make_shared<Run>();
   run->rollout_id = rollout_id;
-  run->samples_target = target * n;
+  run->samples_target = tally.target * options_.n_samples_per_prompt;
   run->reward = reward_;
   pool_->ResetMaxInFlight();
   RecoverReplacedEngines();
 
-  std::vector<Job*> kept;
-  int64_t pending = 0;  // submitted, not yet handed back
-  int64_t fallback_kept = 0;
-  int64_t retried_groups = 0;
-  MetricMap drops;
-  Status failure;
-  while (static_cast<int64_t>(kept.size()) < target && failure.ok()) {
-    // Top up with whole waves until kept + in flight covers the target (slime's loop).
-    while (static_cast<int64_t>(kept.size()) + pending < target && failure.ok()) {
-      std::vector<data::SampleGroup> wave;
-      const int64_t want = options_.over_sampling_batch_size;
-      while (!buffer_.empty() && static_cast<int64_t>(wave.size()) < want) {
-        wave.push_back(std::move(buffer_.front()));
-        buffer_.erase(buffer_.begin());
-      }
-      if (static_cast<int64_t>(wave.size()) < want) {
-        if (source_ == nullptr) {
-          failure = absl::FailedPreconditionError("the rollout coordinator has no prompt source");
-          break;
-        }
-        StatusOr<std::vector<data::SampleGroup>> more =
-            source_->GetSamples(want - static_cast<int64_t>(wave.size()));
-        if (!more.ok()) {
-          failure = more.status();
-          break;
-        }
-        for (auto& g : *more) wave.push_back(std::move(g));
-      }
-      if (wave.empty()) {
-        if (pending == 0) {
-          failure = absl::FailedPreconditionError(
-              fmt::format("rollout {}: the prompt source ran out after {} of {} groups were kept",
-                          rollout_id, kept.size(), target));
-        }
-        break;
-      }
-      for (auto& g : wave) {
-        if (static_cast<int64_t>(g.size()) != n) {
-          failure = absl::InvalidArgumentError(
-              fmt::format("rollout {}: a prompt group (group_index {}) has {} samples, expected "
-                          "n_samples_per_prompt = {}",
-                          rollout_id, g.empty() ? -1 : g.front().group_index, g.size(), n));
-          break;
-        }
-        auto job = std::make_unique<Job>();
-        job->group = std::move(g);
-        job->sampling = &options_.sampling;
-        job->custom = options_.custom_generator.get();
-        run->jobs.push_back(std::move(job));
-        SubmitJob(run, run->jobs.back().get(), rollout_id);
-        ++pending;
-      }
-    }
-    if (!failure.ok() || pending == 0) break;
-    Job* job = WaitDone(run.get());
-    if (job == nullptr) {
-      failure = RecoveryFailure();
-      break;
-    }
-    if (std::lock_guard<std::mutex> lock(cancel_mu_); cancelled_) {
-      // The engines stop with the job: a lost group would wait for a recovery that will not
-      // come, a cancelled one would count as kept.
-      failure = absl::CancelledError("the rollout was cancelled: the job is stopping");
-      break;
-    }
-    if (job->error.ok() && job->retry) {  // lost to an engine failure: again, still pending
-      RestartJob(run, job, rollout_id);
-      ++retried_groups;
-      continue;
-    }
-    --pending;
-    if (!job->error.ok()) {
-      failure = job->error;
-      break;
-    }
-    bool keep = true;
-    if (options_.dynamic_filter != DynamicFilter::kNone) {
-      std::vector<double> rewards;
-      for (const auto& s : job->group) rewards.push_back(s.reward);
-      if (train::SampleStd(rewards) <= 1e-6) {
-        keep = false;
-        if (options_.dynamic_filter == DynamicFilter::kNonzeroStdWithFallback &&
-            static_cast<int64_t>(kept.size()) + pending < target) {
-          keep = true;  // no candidate left to replace it: keep rather than start a new wave
-          ++fallback_kept;
-        } else {
-          drops["rollout/dynamic_filter/drop_zero_std_" + PyFloatString(rewards.front())] += 1;
-        }
-      }
-    }
-    job->fate = keep ? Job::Fate::kKept : Job::Fate::kDropped;
-    if (keep) kept.push_back(job);
+  while (static_cast<int64_t>(tally.kept.size()) < tally.target && tally.failure.ok()) {
+    TopUpWaves(run, &tally);
+    if (!tally.failure.ok() || tally.pending == 0) break;
+    CollectGroup(run, &tally);
   }
+  SLIME_RETURN_IF_ERROR(EndRun(run, tally.failure, &tally.recovery_metrics));
+  RecycleLeftovers(*run, &tally);
+  SLIME_ASSIGN_OR_RETURN(RolloutResult result, KeptResult(rollout_id, tally.kept));
+  AddRolloutMetrics(*run, tally, &result);
+  return result;
+}
 
+void RolloutCoordinator::TopUpWaves(const std::shared_ptr<Run>& run, GenerateTally* t) {
+  // Whole waves until kept + in flight covers the target (slime's loop).
+  while (static_cast<int64_t>(t->kept.size()) + t->pending < t->target && t->failure.ok()) {
+    StatusOr<std::vector<data::SampleGroup>> wave = NextWave();
+    if (!wave.ok()) {
+      t->failure = wave.status();
+      return;
+    }
+    if (wave->empty()) {
+      if (t->pending == 0) {
+        t->failure = absl::FailedPreconditionError(
+            fmt::format("rollout {}: the prompt source ran out after {} of {} groups were kept",
+                        run->rollout_id, t->kept.size(), t->target));
+      }
+      return;
+    }
+    t->failure = SubmitWave(run, *std::move(wave), t);
+  }
+}
+
+StatusOr<std::vector<data::SampleGroup>> RolloutCoordinator::NextWave() {
+  std::vector<data::SampleGroup> wave;
+  const int64_t want = options_.over_sampling_batch_size;
+  while (!buffer_.empty() && static_cast<int64_t>(wave.size()) < want) {
+    wave.push_back(std::move(buffer_.front()));
+    buffer_.erase(buffer_.begin());
+  }
+  if (static_cast<int64_t>(wave.size()) < want) {
+    if (source_ == nullptr) {
+      return absl::FailedPreconditionError("the rollout coordinator has no prompt source");
+    }
+    SLIME_ASSIGN_OR_RETURN(std::vector<data::SampleGroup> more,
+                           source_->GetSamples(want - static_cast<int64_t>(wave.size())));
+    for (auto& g : more) wave.push_back(std::move(g));
+  }
+  return wave;
+}
+
+Status RolloutCoordinator::SubmitWave(const std::shared_ptr<Run>& run,
+                                      std::vector<data::SampleGroup> wave, GenerateTally* t) {
+  const int64_t n = options_.n_samples_per_prompt;
+  for (auto& g : wave) {
+    if (static_cast<int64_t>(g.size()) != n) {
+      return absl::InvalidArgumentError(
+          fmt::format("rollout {}: a prompt group (group_index {}) has {} samples, expected "
+                      "n_samples_per_prompt = {}",
+                      run->rollout_id, g.empty() ? -1 : g.front().group_index, g.size(), n));
+    }
+    auto job = std::make_unique<Job>();
+    job->group = std::move(g);
+    job->sampling = &options_.sampling;
+    job->custom = options_.custom_generator.get();
+    run->jobs.push_back(std::move(job));
+    SubmitJob(run, run->jobs.back().get(), run->rollout_id);
+    ++t->pending;
+  }
+  return absl::OkStatus();
+}
+
+void RolloutCoordinator::CollectGroup(const std::shared_ptr<Run>& run, GenerateTally* t) {
+  Job* job = WaitDone(run.get());
+  if (job == nullptr) {
+    t->failure = RecoveryFailure();
+    return;
+  }
+  if (std::lock_guard<std::mutex> lock(cancel_mu_); cancelled_) {
+    // The engines stop with the job: a lost group would wait for a recovery that will not
+    // come, a cancelled one would count as kept.
+    t->failure = absl::CancelledError("the rollout was cancelled: the job is stopping");
+    return;
+  }
+  if (job->error.ok() && job->retry) {  // lost to an engine failure: again, still pending
+    RestartJob(run, job, run->rollout_id);
+    ++t->retried_groups;
+    return;
+  }
+  --t->pending;
+  if (!job->error.ok()) {
+    t->failure = job->error;
+    return;
+  }
+  const bool keep = PassesDynamicFilter(*job, t);
+  job->fate = keep ? Job::Fate::kKept : Job::Fate::kDropped;
+  if (keep) t->kept.push_back(job);
+}
+
+bool RolloutCoordinator::PassesDynamicFilter(const Job& job, GenerateTally* t) {
+  if (options_.dynamic_filter == DynamicFilter::kNone) return true;
+  std::vector<double> rewards;
+  for (const auto& s : job.group) rewards.push_back(s.reward);
+  const bool zero_std = train::SampleStd(rewards) <= 1e-6;
+  if (!zero_std) return true;
+  if (options_.dynamic_filter == DynamicFilter::kNonzeroStdWithFallback &&
+      static_cast<int64_t>(t->kept.size()) + t->pending < t->target) {
+    ++t->fallback_kept;
+    return true;  // no candidate left to replace it: keep rather than start a new wave
+  }
+  t->drops["rollout/dynamic_filter/drop_zero_std_" + PyFloatString(rewards.front())] += 1;
+  return false;
+}
+
+Status RolloutCoordinator::EndRun(const std::shared_ptr<Run>& run, const Status& failure,
+                                  MetricMap* recovery_metrics) {
   Status drained = AbortAndDrain(run);
-  MetricMap recovery_metrics;
-  Status recovered = FinishRecoveries(&recovery_metrics);
+  Status recovered = FinishRecoveries(recovery_metrics);
   ReportProgress(*run, true);
   SLIME_RETURN_IF_ERROR(drained);
-  if (!failure.ok()) return failure;
-  SLIME_RETURN_IF_ERROR(recovered);
+  SLIME_RETURN_IF_ERROR(failure);
+  return recovered;
+}
 
+void RolloutCoordinator::RecycleLeftovers(Run& run, GenerateTally* t) {
   // Leftovers: surplus finished groups and aborted ones.
-  int64_t recycled = 0;
-  int64_t aborted_samples = 0;
-  for (auto& job : run->jobs) {
+  for (auto& job : run.jobs) {
     if (job->fate != Job::Fate::kOpen) continue;
     if (job->retry) job->group = job->original;  // lost to an engine failure: from the start
     for (const auto& s : job->group) {
-      aborted_samples += s.status == data::SampleStatus::kAborted ? 1 : 0;
+      t->aborted_samples += s.status == data::SampleStatus::kAborted ? 1 : 0;
     }
     if (!options_.partial_rollout || job->custom != nullptr) continue;
     for (auto& s : job->group) {
-      if (!s.metadata.contains("start_rollout_id")) s.metadata["start_rollout_id"] = rollout_id;
+      if (!s.metadata.contains("start_rollout_id")) s.metadata["start_rollout_id"] = run.rollout_id;
     }
     buffer_.push_back(std::move(job->group));
-    ++recycled;
+    ++t->recycled;
   }
   std::sort(buffer_.begin(), buffer_.end(),
             [](const auto& a, const auto& b) { return a.front().index < b.front().index; });
+}
 
+StatusOr<RolloutResult> RolloutCoordinator::KeptResult(int64_t rollout_id,
+                                                       const std::vector<Job*>& kept) {
   RolloutResult result;
   result.rollout_id = rollout_id;
   for (Job* job : kept) result.groups.push_back(std::move(job->group));
@@ -544,30 +584,34 @@ StatusOr<RolloutResult> RolloutCoordinator::Generate(int64_t rollout_id) {
   SLIME_ASSIGN_OR_RETURN(result.rewards,
                          internal::PostProcessRewards(result.groups, result.raw_rewards,
                                                       options_.reward_postprocess));
+  return result;
+}
 
-  const double elapsed = Seconds(Clock::now() - run->start);
-  result.metrics = RolloutSampleMetrics(
-      result.groups, result.rewards,
+void RolloutCoordinator::AddRolloutMetrics(const Run& run, const GenerateTally& t,
+                                           RolloutResult* result) {
+  const double elapsed = Seconds(Clock::now() - run.start);
+  MetricMap& metrics = result->metrics;
+  metrics = RolloutSampleMetrics(
+      result->groups, result->rewards,
       /*zero_std=*/options_.reward_postprocess.advantage_estimator != "ppo", options_.log_passrate);
-  for (const auto& [k, v] : drops) result.metrics[k] = v;
-  if (fallback_kept > 0) result.metrics["rollout/dynamic_filter/kept_by_fallback"] = fallback_kept;
-  result.metrics["rollout/partial_rollout/recycled_groups"] = static_cast<double>(recycled);
-  result.metrics["rollout/aborted_samples"] = static_cast<double>(aborted_samples);
-  for (const auto& [k, v] : recovery_metrics) result.metrics[k] = v;
+  for (const auto& [k, v] : t.drops) metrics[k] = v;
+  if (t.fallback_kept > 0) metrics["rollout/dynamic_filter/kept_by_fallback"] = t.fallback_kept;
+  metrics["rollout/partial_rollout/recycled_groups"] = static_cast<double>(t.recycled);
+  metrics["rollout/aborted_samples"] = static_cast<double>(t.aborted_samples);
+  for (const auto& [k, v] : t.recovery_metrics) metrics[k] = v;
   int64_t num_samples = 0;
-  for (const auto& g : result.groups) num_samples += static_cast<int64_t>(g.size());
-  result.metrics["rollout/samples"] = static_cast<double>(num_samples);
-  if (recovery_enabled_) result.metrics["rollout/retried_groups"] = static_cast<double>(retried_groups);
-  result.metrics["perf/rollout_time"] = elapsed;
-  result.metrics["perf/tokens_per_sec"] =
-      elapsed > 0 ? static_cast<double>(run->response_tokens.load()) / elapsed : 0;
+  for (const auto& g : result->groups) num_samples += static_cast<int64_t>(g.size());
+  metrics["rollout/samples"] = static_cast<double>(num_samples);
+  if (recovery_enabled_) metrics["rollout/retried_groups"] = static_cast<double>(t.retried_groups);
+  metrics["perf/rollout_time"] = elapsed;
+  metrics["perf/tokens_per_sec"] =
+      elapsed > 0 ? static_cast<double>(run.response_tokens.load()) / elapsed : 0;
   int64_t longest = 0;
-  for (const auto& g : result.groups) {
+  for (const auto& g : result->groups) {
     for (const auto& s : g) longest = std::max(longest, s.response_length);
   }
-  result.metrics["perf/longest_sample_tokens_per_sec"] =
+  metrics["perf/longest_sample_tokens_per_sec"] =
       elapsed > 0 ? static_cast<double>(longest) / elapsed : 0;
-  return result;
 }
 
 StatusOr<EvalResult> RolloutCoordinator::Eval(int64_t rollout_id) {
@@ -613,13 +657,8 @@ StatusOr<EvalResult> RolloutCoordinator::Eval(int64_t rollout_id) {
       ++finished;
     }
   }
-  Status drained = AbortAndDrain(run);
-  MetricMap recovery_metrics;
-  Status recovered = FinishRecoveries(&recovery_metrics);
-  ReportProgress(*run, true);
-  SLIME_RETURN_IF_ERROR(drained);
-  if (!failure.ok()) return failure;
-  SLIME_RETURN_IF_ERROR(recovered);
+  MetricMap recovery_metrics;  // not reported for an eval
+  SLIME_RETURN_IF_ERROR(EndRun(run, failure, &recovery_metrics));
 
   EvalResult result;
   result.rollout_id = rollout_id;

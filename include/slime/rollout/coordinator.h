@@ -279,6 +279,33 @@ class RolloutCoordinator {
   Status FinishRecoveries(MetricMap* metrics);
   Status AbortAndDrain(const std::shared_ptr<Run>& run);
   void ReportProgress(Run& run, bool force);
+  // Ends a Generate or Eval: aborts what is still out, joins the recoveries (their metrics into
+  // `recovery_metrics`), reports the final progress. The drain's error, else `failure`, else a
+  // recovery's.
+  Status EndRun(const std::shared_ptr<Run>& run, const Status& failure,
+                MetricMap* recovery_metrics);
+  // Generate's steps (coordinator.cc), over its GenerateTally.
+  struct GenerateTally;
+  // Submits waves until the groups kept and in flight cover the target; an error (source dry
+  // with nothing in flight, a bad group) into tally->failure.
+  void TopUpWaves(const std::shared_ptr<Run>& run, GenerateTally* tally);
+  // The next over_sampling_batch_size groups: the partial-rollout buffer's first, then the
+  // source's; empty when both ran dry.
+  StatusOr<std::vector<data::SampleGroup>> NextWave();
+  // One job per group, submitted; a group of the wrong size is an error.
+  Status SubmitWave(const std::shared_ptr<Run>& run, std::vector<data::SampleGroup> wave,
+                    GenerateTally* tally);
+  // Waits for the next group handed back: a lost one is submitted again, a failed one sets
+  // tally->failure, a finished one is kept or dropped by the dynamic filter.
+  void CollectGroup(const std::shared_ptr<Run>& run, GenerateTally* tally);
+  bool PassesDynamicFilter(const Job& job, GenerateTally* tally);
+  // The groups neither kept nor dropped: into the partial-rollout buffer (partial_rollout) or
+  // gone; counted in the tally.
+  void RecycleLeftovers(Run& run, GenerateTally* tally);
+  // The kept groups sorted by sample index, stamped with rollout_id, their rewards
+  // post-processed.
+  StatusOr<RolloutResult> KeptResult(int64_t rollout_id, const std::vector<Job*>& kept);
+  void AddRolloutMetrics(const Run& run, const GenerateTally& tally, RolloutResult* result);
 
   RolloutOptions options_;
   GroupSource* source_ = nullptr;

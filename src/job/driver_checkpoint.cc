@@ -1,0 +1,188 @@
+// The rollout side of the driver's checkpoints and its saved rollouts (driver_internal.h):
+//   save    <save>/rollout/data_source_state_N.json (the prompt order) and
+//           <save>/rollout/coordinator_state_N.json (the partial-rollout buffer), then the
+//           trainers' checkpoint, whose tracker is written last — a tracker never names an
+//           iteration whose rollout state is missing;
+//   resume  the trainers load checkpoint.load; the driver restores the same two files of the
+//           loaded rollout (a missing data-source state restarts the prompt order, with a
+//           warning) and continues at the loaded rollout + 1;
+//   debug   debug.save_debug_rollout_data writes each generated rollout to a JSON file;
+//           debug.load_debug_rollout_data reads them back instead of generating (train only).
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "driver_internal.h"
+#include "fmt/format.h"
+#include "slime/common/atomic_file.h"
+#include "spdlog/spdlog.h"
+
+namespace slime::job {
+namespace {
+
+// debug.save_debug_rollout_data / load_debug_rollout_data: "{rollout_id}" in the path is the
+// rollout id. One JSON document: {"rollout_id", "samples": [[sample, ...] per group],
+// "raw_rewards", "rewards", "metrics"}.
+std::string DebugRolloutPath(const std::string& pattern, int64_t rollout_id) {
+  std::string out = pattern;
+  const std::string key = "{rollout_id}";
+  for (size_t pos = out.find(key); pos != std::string::npos; pos = out.find(key)) {
+    out.replace(pos, key.size(), std::to_string(rollout_id));
+  }
+  return out;
+}
+
+Status SaveDebugRollout(const std::string& path, const rollout::RolloutResult& result) {
+  Json groups = Json::array();
+  for (const data::SampleGroup& g : result.groups) {
+    Json group = Json::array();
+    for (const data::Sample& s : g) group.push_back(rollout::SampleToJson(s));
+    groups.push_back(std::move(group));
+  }
+  Json doc = {{"format", "slime-cpp rollout data"},
+              {"version", 1},
+              {"rollout_id", result.rollout_id},
+              {"samples", std::move(groups)},
+              {"raw_rewards", result.raw_rewards},
+              {"rewards", result.rewards},
+              {"metrics", result.metrics}};
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  return WriteFileAtomically(path, doc.dump() + "\n");
+}
+
+StatusOr<rollout::RolloutResult> LoadDebugRollout(const std::string& path, int64_t rollout_id) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(fmt::format("{}: cannot open the saved rollout data", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  Json doc = Json::parse(text.str(), nullptr, false);
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains("samples")) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: not rollout data written by debug.save_debug_rollout_data", path));
+  }
+  rollout::RolloutResult result;
+  result.rollout_id = rollout_id;
+  try {
+    size_t gi = 0;
+    for (const Json& group : doc.at("samples")) {
+      data::SampleGroup g;
+      for (const Json& s : group) {
+        StatusOr<data::Sample> sample = rollout::SampleFromJson(s);
+        if (!sample.ok()) {
+          return absl::InvalidArgumentError(fmt::format("{}: group {}: {}", path, gi,
+                                                        std::string(sample.status().message())));
+        }
+        g.push_back(*std::move(sample));
+      }
+      result.groups.push_back(std::move(g));
+      ++gi;
+    }
+    result.raw_rewards = doc.at("raw_rewards").get<std::vector<double>>();
+    result.rewards = doc.at("rewards").get<std::vector<double>>();
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(fmt::format("{}: {}", path, e.what()));
+  }
+  return result;
+}
+
+}  // namespace
+
+// ---- Saved rollouts (debug): where a rollout comes from and what is kept of it.
+
+StatusOr<rollout::RolloutResult> Driver::GenerateRollout(int64_t rollout_id) {
+  if (train_only_) {
+    return LoadDebugRollout(DebugRolloutPath(*config_.debug.load_debug_rollout_data, rollout_id),
+                            rollout_id);
+  }
+  return coordinator_.Generate(rollout_id);
+}
+
+Status Driver::ProcessRollout(int64_t rollout_id, const rollout::RolloutResult& result,
+                              MetricValues* values) {
+  values->insert(result.metrics.begin(), result.metrics.end());
+  if (config_.debug.save_debug_rollout_data) {
+    SLIME_RETURN_IF_ERROR(SaveDebugRollout(
+        DebugRolloutPath(*config_.debug.save_debug_rollout_data, rollout_id), result));
+  }
+  return absl::OkStatus();
+}
+
+// ---- Checkpoints.
+
+Status Driver::Resume(const Json& init) {
+  start_rollout_id_ = 0;
+  if (!init.value("loaded", false)) return absl::OkStatus();
+  const int64_t loaded = init.at("rollout_id").get<int64_t>();
+  start_rollout_id_ = loaded + 1;
+  if (source_) {
+    const std::string path = data::DataSourceStatePath(*config_.checkpoint.load, loaded);
+    if (Status s = source_->Load(path); !s.ok()) {
+      if (s.code() != absl::StatusCode::kNotFound) return s;
+      spdlog::warn("resume: {}; the prompt order starts from the beginning", std::string(s.message()));
+    }
+  }
+  const std::string coord = fmt::format("{}/rollout/coordinator_state_{}.json",
+                                        *config_.checkpoint.load, loaded);
+  std::ifstream in(coord);
+  if (in) {
+    std::stringstream text;
+    text << in.rdbuf();
+    Json state = Json::parse(text.str(), nullptr, false);
+    if (state.is_discarded()) return absl::DataLossError(fmt::format("{}: not JSON", coord));
+    SLIME_RETURN_IF_ERROR(coordinator_.RestoreState(state));
+  }
+  std::cout << fmt::format("resumed from {} at rollout {}\n", init.value("dir", std::string()),
+                           start_rollout_id_);
+  return absl::OkStatus();
+}
+
+RolloutSideState Driver::CaptureState() {
+  RolloutSideState state;
+  if (source_) state.data_source = source_->state();
+  state.coordinator = coordinator_.State();
+  return state;
+}
+
+Status Driver::Save(int64_t rollout_id, const RolloutSideState& state, MetricValues* values) {
+  if (config_.debug.rollout_only || !config_.checkpoint.save ||
+      !Periodic(rollout_id, config_.checkpoint.save_interval, num_rollout_)) {
+    return absl::OkStatus();
+  }
+  const auto t = Clock::now();
+  SLIME_RETURN_IF_ERROR(SaveCheckpoint(rollout_id, &state));
+  (*values)["perf/save_time"] = Since(t);
+  return absl::OkStatus();
+}
+
+Status Driver::SaveCheckpoint(int64_t rollout_id, const RolloutSideState* state) {
+  const std::string& save = *config_.checkpoint.save;
+  // The data source and coordinator state first: the trainer writes the tracker last, so a
+  // tracker never names an iteration whose rollout state is missing.
+  if (source_) {
+    data::PromptDataSource at_rollout = *source_;
+    if (state != nullptr && state->data_source) {
+      SLIME_RETURN_IF_ERROR(at_rollout.Restore(*state->data_source));
+    }
+    SLIME_RETURN_IF_ERROR(at_rollout.Save(data::DataSourceStatePath(save, rollout_id)));
+  }
+  const Json coordinator = state != nullptr ? state->coordinator : coordinator_.State();
+  // <save>/rollout/ may not exist yet (train-only runs have no data source to create it).
+  std::error_code ec;
+  std::filesystem::create_directories(save + "/rollout", ec);
+  if (ec) {
+    return absl::InternalError(
+        fmt::format("checkpoint.save: cannot create {}/rollout: {}", save, ec.message()));
+  }
+  SLIME_RETURN_IF_ERROR(WriteFileAtomically(
+      fmt::format("{}/rollout/coordinator_state_{}.json", save, rollout_id),
+      coordinator.dump() + "\n"));
+  Json request = {{"rollout_id", rollout_id},
+                  {"extra_state", {{"num_rollout", num_rollout_}}}};
+  runtime::CallOptions co;
+  co.timeout = LongCall();
+  return head_->Group(trainer_ids_).CallAll("save", request.dump(), co).status();
+}
+
+}  // namespace slime::job
