@@ -514,7 +514,8 @@ StatusOr<CopyPlan> PlanWeightUpdate(model::DecoderModel& m,
     torch::Tensor src = nt.tensor;
     if (tp_size > 1 && spec.shard != model::ShardDim::kReplicated) {
       // This rank's rows (column-parallel, vocab-parallel) or columns (row-parallel). With
-      // fused projections dst is a view into the q|k|v or gate|up buffer: the copy lands there.
+      // fused projections dst is a view into a stacked buffer (q|k|v, or the feed-forward
+      // block's, e.g. the dense gate|up): the copy lands there.
       src = src.chunk(tp_size, static_cast<int64_t>(spec.shard))[tp_rank];
     }
     plan.emplace_back(&dst, std::move(src));

@@ -344,20 +344,6 @@ const char* ModelArchName(ModelArch arch) {
   return "unknown";
 }
 
-int64_t ModelConfig::NumParameters() const {
-  const int64_t h = hidden_size;
-  int64_t per_layer = 2 * h                               // two RMSNorms
-                      + h * q_size() + 2 * h * kv_size()  // q, k, v
-                      + q_size() * h                      // o
-                      + 3 * h * intermediate_size;        // gate, up, down
-  if (qkv_bias) per_layer += q_size() + 2 * kv_size();
-  if (o_bias) per_layer += h;
-  if (qk_norm) per_layer += 2 * head_dim;
-  int64_t total = vocab_size * h + h + num_hidden_layers * per_layer;
-  if (!tie_word_embeddings) total += vocab_size * h;
-  return total;
-}
-
 StatusOr<ModelConfig> ParseModelConfigJson(const std::string& json_text,
                                            const std::string& source) {
   Json root;

@@ -6,7 +6,9 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <deque>
 
+#include "slime/model/ffn/feed_forward.h"
 #include "torch_util.h"
 
 namespace slime::model {
@@ -125,12 +127,7 @@ std::vector<ParamSpec> ParameterSpecs(const ModelConfig& c) {
       AddLayerParam(specs, l, "self_attn.k_norm.weight", {c.head_dim}, ShardDim::kReplicated,
                     ParamInit::kOnes, &LayerWeights::k_norm);
     }
-    AddLayerParam(specs, l, "mlp.gate_proj.weight", {c.intermediate_size, h}, ShardDim::kRows,
-                  ParamInit::kNormal, &LayerWeights::gate_proj);
-    AddLayerParam(specs, l, "mlp.up_proj.weight", {c.intermediate_size, h}, ShardDim::kRows,
-                  ParamInit::kNormal, &LayerWeights::up_proj);
-    AddLayerParam(specs, l, "mlp.down_proj.weight", {h, c.intermediate_size}, ShardDim::kColumns,
-                  ParamInit::kNormal, &LayerWeights::down_proj);
+    FeedForwardFor(c, l).AppendParameterSpecs(c, l, specs);  // "mlp.*"
     AddLayerParam(specs, l, "input_layernorm.weight", {h}, ShardDim::kReplicated, ParamInit::kOnes,
                   &LayerWeights::input_norm);
     AddLayerParam(specs, l, "post_attention_layernorm.weight", {h}, ShardDim::kReplicated,
@@ -143,6 +140,18 @@ std::vector<ParamSpec> ParameterSpecs(const ModelConfig& c) {
                   &ModelWeights::lm_head);
   }
   return specs;
+}
+
+// Counted from the parameter table, so every feed-forward block's parameters count as its
+// specs say (the declaration is in the torch-free config.h).
+int64_t ModelConfig::NumParameters() const {
+  int64_t total = 0;
+  for (const ParamSpec& spec : ParameterSpecs(*this)) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    total += n;
+  }
+  return total;
 }
 
 std::vector<ParamSpec> StageParameterSpecs(const ModelConfig& c, const PipelineStage& stage) {
@@ -180,13 +189,21 @@ Status CheckStage(const ModelConfig& config, const PipelineStage& stage) {
 }  // namespace
 
 torch::Tensor& ParamSlot(ModelWeights& weights, const ParamSpec& spec) {
-  if (spec.layer >= 0) return weights.layers.at(spec.layer).*(spec.layer_slot);
-  return weights.*(spec.model_slot);
+  if (spec.layer < 0) return weights.*(spec.model_slot);
+  LayerWeights& layer = weights.layers.at(spec.layer);
+  if (spec.block_slot < 0) return layer.*(spec.layer_slot);
+  std::deque<torch::Tensor>& params = layer.ffn.params;
+  if (params.size() <= static_cast<size_t>(spec.block_slot)) params.resize(spec.block_slot + 1);
+  return params[spec.block_slot];
 }
 
 const torch::Tensor& ParamSlot(const ModelWeights& weights, const ParamSpec& spec) {
-  if (spec.layer >= 0) return weights.layers.at(spec.layer).*(spec.layer_slot);
-  return weights.*(spec.model_slot);
+  if (spec.layer < 0) return weights.*(spec.model_slot);
+  const LayerWeights& layer = weights.layers.at(spec.layer);
+  if (spec.block_slot < 0) return layer.*(spec.layer_slot);
+  static const torch::Tensor kUnset;
+  const std::deque<torch::Tensor>& params = layer.ffn.params;
+  return static_cast<size_t>(spec.block_slot) < params.size() ? params[spec.block_slot] : kUnset;
 }
 
 std::vector<int64_t> ShardShape(const ParamSpec& spec, int tp_rank, int tp_size) {

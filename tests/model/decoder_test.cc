@@ -9,6 +9,7 @@
 
 #include "reference_decoder.h"
 #include "slime/model/attention.h"
+#include "slime/model/ffn/dense_mlp.h"
 #include "slime/model/tensor_parallel.h"
 #include "test_util.h"
 
@@ -312,7 +313,8 @@ TEST(DecoderCreateTest, RejectsWeightsThatDoNotMatchTheConfig) {
   ASSERT_FALSE(m.ok());
   EXPECT_NE(Msg(m.status()).find("model.layers.1.self_attn.k_norm.weight"), std::string::npos);
   ModelWeights mixed = *w;
-  mixed.layers[0].up_proj = mixed.layers[0].up_proj.to(torch::kBFloat16);
+  mixed.layers[0].ffn.params[DenseMlp::kUpProj] =
+      mixed.layers[0].ffn.params[DenseMlp::kUpProj].to(torch::kBFloat16);
   EXPECT_FALSE(DecoderModel::Create(c, mixed).ok());
   ModelWeights missing = *w;
   missing.layers[0].q_norm = torch::Tensor();
@@ -340,7 +342,8 @@ TEST(RandomWeightsTest, SameSeedSameBytesDifferentSeedDifferent) {
   EXPECT_TRUE(torch::equal(a->final_norm, torch::ones({c.hidden_size})));
   EXPECT_TRUE(torch::equal(a->layers[0].o_bias, torch::zeros({c.hidden_size})));
   // Different parameters get different streams.
-  EXPECT_FALSE(torch::equal(a->layers[0].gate_proj, a->layers[0].up_proj));
+  EXPECT_FALSE(torch::equal(a->layers[0].ffn.params[DenseMlp::kGateProj],
+                            a->layers[0].ffn.params[DenseMlp::kUpProj]));
 }
 
 TEST(RandomWeightsTest, ShardsAreSlicesOfTheFullTensorAndTiedHeadAliasesEmbedding) {
@@ -356,8 +359,8 @@ TEST(RandomWeightsTest, ShardsAreSlicesOfTheFullTensorAndTiedHeadAliasesEmbeddin
   ASSERT_TRUE(shard.ok());
   EXPECT_TRUE(torch::equal(shard->embed_tokens, full->embed_tokens.narrow(0, 48, 48)));
   EXPECT_TRUE(torch::equal(shard->layers[1].o_proj, full->layers[1].o_proj.narrow(1, 16, 16)));
-  EXPECT_TRUE(
-      torch::equal(shard->layers[1].down_proj, full->layers[1].down_proj.narrow(1, 24, 24)));
+  EXPECT_TRUE(torch::equal(shard->layers[1].ffn.params[DenseMlp::kDownProj],
+                           full->layers[1].ffn.params[DenseMlp::kDownProj].narrow(1, 24, 24)));
   EXPECT_TRUE(torch::equal(shard->layers[0].k_proj, full->layers[0].k_proj.narrow(0, 8, 8)));
   o.tp_size = 3;  // 4 heads do not split 3 ways
   EXPECT_FALSE(RandomWeights(c, 9, o).ok());

@@ -19,7 +19,7 @@
 #ifdef SLIME_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 
-#include "fused_ops.h"  // src/model/cuda: the decode kernels, called directly below
+#include "fused_ops.h"  // internal src/model/cuda/fused_ops.h: the decode GEMMs, called below
 #endif
 
 namespace slime::model {

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "slime/model/ffn/dense_mlp.h"
+
 namespace slime::model::testing {
 namespace {
 
@@ -125,10 +127,10 @@ torch::Tensor ReferenceLogits(const ModelConfig& c, const ModelWeights& w,
     }
     x = x + Affine(attn, lw.o_proj, lw.o_bias);
     h = Norm(x, D(lw.post_attention_norm), c.rms_norm_eps);
-    torch::Tensor g = Affine(h, lw.gate_proj, {});
-    torch::Tensor u = Affine(h, lw.up_proj, {});
+    torch::Tensor g = Affine(h, lw.ffn.params[DenseMlp::kGateProj], {});
+    torch::Tensor u = Affine(h, lw.ffn.params[DenseMlp::kUpProj], {});
     torch::Tensor act = g / (1.0 + torch::exp(-g)) * u;  // silu(g) * u
-    x = x + Affine(act, lw.down_proj, {});
+    x = x + Affine(act, lw.ffn.params[DenseMlp::kDownProj], {});
   }
   x = Norm(x, D(w.final_norm), c.rms_norm_eps);
   return torch::matmul(x, D(w.lm_head).t());

@@ -21,6 +21,7 @@
 #include "slime/model/checkpoint.h"
 #include "slime/model/config.h"
 #include "slime/model/decoder.h"
+#include "slime/model/ffn/dense_mlp.h"
 #include "slime/model/weights.h"
 #include "slime/train/optimizer.h"
 
@@ -516,11 +517,13 @@ TEST(CheckpointTest, Float32CheckpointIntoBf16ModelKeepsFullPrecisionMasters) {
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   for (const model::NamedTensor& nt : b.optimizer->ExportState().tensors) {
     if (nt.name == "model.layers.0.mlp.up_proj.weight.master") {
-      EXPECT_TRUE(torch::equal(nt.tensor, a.weights.layers[0].up_proj));
+      EXPECT_TRUE(
+          torch::equal(nt.tensor, a.weights.layers[0].ffn.params[model::DenseMlp::kUpProj]));
     }
   }
-  EXPECT_TRUE(
-      torch::equal(b.weights.layers[0].up_proj, a.weights.layers[0].up_proj.to(torch::kBFloat16)));
+  const torch::Tensor& up_b = b.weights.layers[0].ffn.params[model::DenseMlp::kUpProj];
+  const torch::Tensor& up_a = a.weights.layers[0].ffn.params[model::DenseMlp::kUpProj];
+  EXPECT_TRUE(torch::equal(up_b, up_a.to(torch::kBFloat16)));
 }
 
 // On the GPU machine: a bf16 model on CUDA round-trips bit for bit, the CUDA generator

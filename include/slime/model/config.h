@@ -66,7 +66,8 @@ struct ModelConfig {
   // Derived sizes.
   int64_t q_size() const { return num_attention_heads * head_dim; }
   int64_t kv_size() const { return num_key_value_heads * head_dim; }
-  // Number of parameters of the full (unsharded) model, lm_head counted once when tied.
+  // Number of parameters of the full (unsharded) model, lm_head counted once when tied: the
+  // sum over ParameterSpecs (weights.h), feed-forward blocks included.
   int64_t NumParameters() const;
 };
 

@@ -6,7 +6,8 @@
 //               q, k = rmsnorm_per_head(q), rmsnorm_per_head(k)      (Qwen3 only)
 //               q, k = rope(q, positions), rope(k, positions)
 //               x = x + o_proj(attention(q, k, v))                    (AttentionBackend)
-//               x = x + down(silu(gate(rmsnorm(x))) * up(rmsnorm(x)))
+//               x = x + ffn(rmsnorm(x))        the layer's feed-forward block (ffn/feed_forward.h;
+//                                              dense: down(silu(gate(h)) * up(h)))
 //   hidden = rmsnorm(x);  logits = hidden W_lm^T                [T, vocab]
 //
 // Numerics follow transformers: RMSNorm in float32 then cast back and scaled by the weight in
@@ -40,6 +41,7 @@
 #include "slime/common/status.h"
 #include "slime/model/attention.h"
 #include "slime/model/config.h"
+#include "slime/model/ffn/feed_forward.h"
 #include "slime/model/pipeline_parallel.h"
 #include "slime/model/tensor_parallel.h"
 #include "slime/model/weights.h"
@@ -115,11 +117,12 @@ class DecoderModel {
   // model dtype. Last pipeline stage only.
   StatusOr<torch::Tensor> Logits(const torch::Tensor& hidden, bool gather = true);
 
-  // Inference on CUDA: stacks q|k|v and gate|up of every layer into one weight each (the
-  // separate projections become views into them, so memory does not grow), which lets the
-  // forward under c10::InferenceMode run one GEMM for each and the fused norm/RoPE/K-V-store
-  // kernels (9 kernels per layer at decode). A no-op where the fused kernels are not built or
-  // the model is not on CUDA. Unfuse before moving weights between devices.
+  // Inference on CUDA: stacks q|k|v of every layer into one weight, and the feed-forward
+  // block's projections as the block says (dense: gate|up) — the separate projections become
+  // views into them, so memory does not grow — which lets the forward under c10::InferenceMode
+  // run one GEMM for each and the fused norm/RoPE/K-V-store kernels (9 kernels per layer at
+  // decode; src/model/fused_inference.cc). A no-op where the fused kernels are not built or the
+  // model is not on CUDA. Unfuse before moving weights between devices.
   void FuseProjections();
   void UnfuseProjections();
   bool projections_fused() const;
@@ -132,12 +135,15 @@ class DecoderModel {
   torch::Tensor ForwardImpl(const torch::Tensor& ids, const torch::Tensor& positions,
                             AttentionBackend& attention);
   // The fused inference forward (FuseProjections done, CUDA, InferenceMode); -> [T, hidden].
+  // In fused_inference.cc with the rest of the inference fast path.
   torch::Tensor FusedForward(const torch::Tensor& x, const torch::Tensor& cos,
                              const torch::Tensor& sin, AttentionBackend& attention);
-  // FusedForward's attention when the backend has no raw-q|k|v kernel (CUDA builds only).
-  torch::Tensor QkNormRopeAttend(int l, const torch::Tensor& qkv, const LayerWeights& w,
-                                 const torch::Tensor& cos, const torch::Tensor& sin,
-                                 AttentionBackend& attention);
+  // FusedForward's attention of layer l on the q|k|v GEMM's rows qkv [T, (heads + 2 kv_heads)
+  // D]: the backend's raw-q|k|v kernel, else q/k norm + RoPE in place, then its Attend.
+  // -> [T, heads, D]
+  torch::Tensor FusedAttention(int l, const torch::Tensor& qkv, const LayerWeights& w,
+                               const torch::Tensor& cos, const torch::Tensor& sin,
+                               AttentionBackend& attention);
   torch::Tensor Layer(int index, const torch::Tensor& x, const torch::Tensor& cos,
                       const torch::Tensor& sin, AttentionBackend& attention);
   Status CheckIds(const torch::Tensor& ids) const;
@@ -150,6 +156,7 @@ class DecoderModel {
   torch::ScalarType dtype_;
   torch::Device device_;
   torch::Tensor inv_freq_;  // [head_dim / 2] float32 on device_
+  std::vector<const FeedForwardBlock*> ffn_;  // layer -> its feed-forward block (FeedForwardFor)
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
   bool sequence_parallel_ = false;
 };

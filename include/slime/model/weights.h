@@ -2,7 +2,9 @@
 //
 // ModelWeights holds one tensor per HF parameter (no fusion), so sharding, swapping (weight sync)
 // and saving stay a name lookup away. With tensor parallelism each tensor is this rank's shard
-// (see tensor_parallel.h for the layouts); shapes below are for TP size P.
+// (see tensor_parallel.h for the layouts); shapes below are for TP size P. A layer's
+// feed-forward block (ffn/feed_forward.h: dense now, mixture-of-experts next) owns the layout
+// of its tensors in LayerWeights::ffn and their part of the parameter list.
 //
 // ParameterSpecs() lists every parameter of a config with its HF name, full shape, TP split and
 // initialisation; loading, random init, saving and NamedParameters() all walk that list — or,
@@ -22,6 +24,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -31,6 +34,17 @@
 #include "slime/model/pipeline_parallel.h"
 
 namespace slime::model {
+
+// One layer's feed-forward block tensors, laid out by the layer's block (ffn/feed_forward.h;
+// FeedForwardFor picks the block of a layer). `params` holds the block's parameters at the
+// indices its parameter specs name (ParamSpec::block_slot; the dense MLP's are
+// DenseMlp::Slot); `fused` its inference-only stacked buffers (FeedForwardBlock::
+// FuseProjections), empty otherwise. A deque: ParamSlot grows `params` on first use without
+// moving the tensors already there, so pointers into it stay valid.
+struct FeedForwardWeights {
+  std::deque<torch::Tensor> params;
+  std::vector<torch::Tensor> fused;
+};
 
 struct LayerWeights {
   torch::Tensor input_norm;           // [hidden]
@@ -45,15 +59,12 @@ struct LayerWeights {
   torch::Tensor q_norm;               // [head_dim] (Qwen3) or undefined
   torch::Tensor k_norm;               // [head_dim] (Qwen3) or undefined
   torch::Tensor post_attention_norm;  // [hidden]
-  torch::Tensor gate_proj;            // [intermediate/P, hidden]           column-parallel
-  torch::Tensor up_proj;              // [intermediate/P, hidden]           column-parallel
-  torch::Tensor down_proj;            // [hidden, intermediate/P]           row-parallel
-  // Inference only (DecoderModel::FuseProjections): q|k|v and gate|up stacked along the output
-  // rows in one buffer; q_proj..v_proj, gate_proj and up_proj (and the q/k/v biases) are then
-  // views into these, so in-place weight updates reach both. Undefined otherwise.
+  FeedForwardWeights ffn;             // the feed-forward block's (dense: gate, up, down)
+  // Inference only (DecoderModel::FuseProjections): q|k|v stacked along the output rows in one
+  // buffer; q_proj..v_proj (and the q/k/v biases) are then views into it, so in-place weight
+  // updates reach both (the block stacks its own projections in ffn.fused). Undefined otherwise.
   torch::Tensor qkv_proj;             // [(heads + 2 kv_heads)/P * head_dim, hidden]
   torch::Tensor qkv_bias;             // [(heads + 2 kv_heads)/P * head_dim] or undefined
-  torch::Tensor gate_up_proj;         // [2 intermediate/P, hidden]
 };
 
 struct ModelWeights {
@@ -75,9 +86,13 @@ struct ParamSpec {
   std::vector<int64_t> shape;  // full, unsharded
   ShardDim shard = ShardDim::kReplicated;
   ParamInit init = ParamInit::kNormal;
-  int layer = -1;                                     // -1: not a layer parameter
-  torch::Tensor LayerWeights::*layer_slot = nullptr;  // set when layer >= 0
-  torch::Tensor ModelWeights::*model_slot = nullptr;  // set when layer < 0
+  int layer = -1;  // -1: not a layer parameter
+  // Where the tensor lives: a member of the layer's LayerWeights (layer >= 0, block_slot < 0),
+  // LayerWeights::ffn.params[block_slot] (a feed-forward block parameter), or a member of
+  // ModelWeights (layer < 0).
+  torch::Tensor LayerWeights::*layer_slot = nullptr;
+  int block_slot = -1;
+  torch::Tensor ModelWeights::*model_slot = nullptr;
 };
 
 // Every stored parameter of `config`, in HF order (embeddings, layers, norm, lm_head). With
@@ -89,7 +104,9 @@ std::vector<ParamSpec> ParameterSpecs(const ModelConfig& config);
 // layers, the final norm and lm_head on the last stage. The whole list for a whole model.
 std::vector<ParamSpec> StageParameterSpecs(const ModelConfig& config, const PipelineStage& stage);
 
-// The tensor of `weights` that `spec` names (layers must already be sized).
+// The tensor of `weights` that `spec` names (layers must already be sized). The mutable form
+// grows a layer's ffn.params to reach a block slot; the const form returns an undefined tensor
+// for a block slot not there yet.
 torch::Tensor& ParamSlot(ModelWeights& weights, const ParamSpec& spec);
 const torch::Tensor& ParamSlot(const ModelWeights& weights, const ParamSpec& spec);
 

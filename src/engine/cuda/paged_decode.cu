@@ -9,8 +9,9 @@
 #include <cfloat>
 #include <cstdlib>
 
-#include "dtype.cuh"
-#include "pdl.cuh"
+#include "slime/model/cuda/dtype.cuh"
+#include "slime/model/cuda/launch.h"  // DecodeFusionEnabled
+#include "slime/model/cuda/pdl.cuh"
 
 namespace slime::engine::cuda {
 namespace {

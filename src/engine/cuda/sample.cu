@@ -15,7 +15,7 @@
 #include <cfloat>
 #include <cub/block/block_scan.cuh>
 
-#include "pdl.cuh"
+#include "slime/model/cuda/pdl.cuh"
 
 namespace slime::engine::cuda {
 namespace {

@@ -8,15 +8,16 @@
 //               q|k|v rows of the fused projection; optionally k and v copied into a paged cache
 // where T() rounds to the storage dtype. RmsNorm's float reduction order differs from
 // torch's mean, so it can differ from eager by one rounding step; Rope and SiluMul are exact.
-// Used only under inference mode (no autograd); the trainer keeps the eager ops.
+// Used only under inference mode (no autograd); the trainer keeps the eager ops. Internal to the
+// model module: its code launches these (docs/architecture.md, "CUDA code").
 #ifndef SLIME_SRC_MODEL_CUDA_FUSED_OPS_H_
 #define SLIME_SRC_MODEL_CUDA_FUSED_OPS_H_
 
 #include <cstdint>
 
-namespace slime::model::cuda {
+#include "slime/model/cuda/launch.h"  // DType, the launch switches
 
-enum class DType { kFloat32, kFloat16, kBFloat16 };
+namespace slime::model::cuda {
 
 // x, y [rows, n]; w [n]. Returns a cudaError_t as int (0 = ok).
 int LaunchRmsNorm(const void* x, const void* w, void* y, int64_t rows, int n, float eps,
@@ -106,27 +107,6 @@ int LaunchSiluMulPacked(const void* gu, void* y, int64_t rows, int64_t n, DType 
 bool SmallGemmUsesSlab(int64_t m, int64_t n, int64_t k, DType dtype, bool gate_up,
                        bool add_residual);
 void SetSlabGemm(bool enabled);
-
-// Programmatic dependent launch (pdl.cuh) for the kernels of this file and the engine's decode
-// kernels: on by default where the device supports it (sm_90+); SLIME_PDL=0 in the environment
-// or SetProgrammaticLaunch(false) turns it off (A/B measurements); SetProgrammaticLaunch(true)
-// restores that default. Set before any CUDA graph capture.
-bool ProgrammaticLaunchEnabled();
-void SetProgrammaticLaunch(bool enabled);
-
-// Decode-step fusions that can be switched off one by one for A/B measurements: `name` is
-// "silu_gemm" (SiLU·up inside the gate/up small-m GEMM), "qk_wide" (q/k norm + RoPE with a warp
-// per head instead of 8 warps looping over the heads, at <= 8 tokens), "attn_prefetch" (the
-// paged decode kernel loads cached K/V before its grid dependency wait, when the batch is small
-// enough to be split), "attn_merge" (its split-K partials merged by the last block of each KV
-// head instead of a second kernel) or "attn_qkv" (the paged decode kernel applies q/k norm +
-// RoPE to the raw projection rows and stores the new K/V itself, at <= 8 decode rows),
-// "norm_prefetch" (add + RMSNorm reads the residual before its grid dependency wait; see
-// LaunchAddRmsNorm), "norm_gemm" (RMSNorm inside the q|k|v and gate|up decode GEMMs, the
-// residual add inside the o and down GEMMs; LaunchNormSmallGemm) or "slab" (the small-m GEMMs
-// from shared-memory weight slabs; SetSlabGemm). All are on unless
-// SLIME_DECODE_UNFUSE in the environment lists the name (comma-separated, read once per process).
-bool DecodeFusionEnabled(const char* name);
 
 }  // namespace slime::model::cuda
 

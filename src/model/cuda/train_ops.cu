@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "dtype.cuh"
+#include "slime/model/cuda/dtype.cuh"
 #include "train_ops.h"
 
 namespace slime::model::cuda {

@@ -18,7 +18,7 @@
 
 #include <cstdint>
 
-#include "fused_ops.h"
+#include "slime/model/cuda/launch.h"  // DType
 
 namespace slime::model::cuda {
 

@@ -11,12 +11,15 @@
 //     right after the wait), letting the next kernel's blocks be scheduled.
 // Without sm_90, or with SLIME_PDL=0 in the environment, launches are ordinary stream-ordered
 // launches and both device calls are no-ops. Works under CUDA graph capture (CUDA >= 12.3).
-#ifndef SLIME_SRC_MODEL_CUDA_PDL_CUH_
-#define SLIME_SRC_MODEL_CUDA_PDL_CUH_
+//
+// Published by slime_model_cuda (launch.h): the decoder's kernels (src/model/cuda) and the
+// engine's (src/engine/cuda) both launch through it, so one switch covers every decode kernel.
+#ifndef SLIME_MODEL_CUDA_PDL_CUH_
+#define SLIME_MODEL_CUDA_PDL_CUH_
 
 #include <cuda_runtime.h>
 
-#include "fused_ops.h"
+#include "slime/model/cuda/launch.h"  // ProgrammaticLaunchEnabled
 
 namespace slime::model::cuda {
 
@@ -53,4 +56,4 @@ cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_
 
 }  // namespace slime::model::cuda
 
-#endif  // SLIME_SRC_MODEL_CUDA_PDL_CUH_
+#endif  // SLIME_MODEL_CUDA_PDL_CUH_

@@ -1,14 +1,15 @@
-// Device helpers shared by the CUDA kernels of the model module (fused_ops.cu, train_ops.cu):
-// float conversion of the three storage dtypes, rounding to a storage dtype, a 16-byte vector,
-// and the host-side dispatch from DType to a kernel launcher template.
-#ifndef SLIME_SRC_MODEL_CUDA_DTYPE_CUH_
-#define SLIME_SRC_MODEL_CUDA_DTYPE_CUH_
+// Device helpers of the CUDA kernels: float conversion of the three storage dtypes, rounding to a
+// storage dtype, a 16-byte vector, and the host-side dispatch from DType to a kernel launcher
+// template. Published by slime_model_cuda (launch.h) for its own kernels (fused_ops.cu,
+// train_ops.cu) and the engine's (paged_decode.cu rounds as the decoder's q/k norm + RoPE does).
+#ifndef SLIME_MODEL_CUDA_DTYPE_CUH_
+#define SLIME_MODEL_CUDA_DTYPE_CUH_
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "fused_ops.h"
+#include "slime/model/cuda/launch.h"  // DType
 
 namespace slime::model::cuda {
 
@@ -49,4 +50,4 @@ int Dispatch(DType dtype, Args... args) {
 
 }  // namespace slime::model::cuda
 
-#endif  // SLIME_SRC_MODEL_CUDA_DTYPE_CUH_
+#endif  // SLIME_MODEL_CUDA_DTYPE_CUH_
