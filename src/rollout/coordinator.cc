@@ -142,7 +142,7 @@ Status RolloutCoordinator::Configure(RolloutOptions options, GroupSource* source
   }
   options.reward_postprocess.n_samples_per_prompt = options.n_samples_per_prompt;
   options.reward_postprocess.rollout_batch_size = options.rollout_batch_size;
-  SLIME_RETURN_IF_ERROR(train::GroupRewardNormalizationFor(options.reward_postprocess).status());
+  SLIME_RETURN_IF_ERROR(reward::GroupRewardNormalizationFor(options.reward_postprocess).status());
   recovery_enabled_ = recovery_ != nullptr;
   if (recovery_enabled_) {
     options.engines.on_unreachable = [this](int engine, const Status& cause) {
@@ -488,7 +488,7 @@ StatusOr<RolloutResult> RolloutCoordinator::Generate(int64_t rollout_id) {
     if (options_.dynamic_filter != DynamicFilter::kNone) {
       std::vector<double> rewards;
       for (const auto& s : job->group) rewards.push_back(s.reward);
-      if (train::SampleStd(rewards) <= 1e-6) {
+      if (reward::SampleStd(rewards) <= 1e-6) {
         keep = false;
         if (options_.dynamic_filter == DynamicFilter::kNonzeroStdWithFallback &&
             static_cast<int64_t>(kept.size()) + pending < target) {

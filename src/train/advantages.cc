@@ -1,8 +1,7 @@
-// Reward post-processing, KL estimators and advantage estimators (slime inventory §3.1–§3.5).
+// KL estimators and advantage estimators (slime inventory §3.2–§3.5).
 #include "slime/train/advantages.h"
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -10,7 +9,6 @@
 #include <exception>
 #include <utility>
 
-#include "slime/train/reward_postprocess.h"
 #include "torch_guard.h"
 
 namespace slime::train {
@@ -137,37 +135,6 @@ std::string_view KlTypeName(KlType type) {
       return "low_var_kl";
   }
   return "?";
-}
-
-// ---- 3.1 Reward post-processing ----------------------------------------------------------
-
-StatusOr<RewardPostProcessOptions> RewardPostProcessOptions::FromConfig(
-    const config::Config& config) {
-  RewardPostProcessOptions options;
-  SLIME_ASSIGN_OR_RETURN(options.estimator,
-                         ParseAdvantageEstimator(config.algorithm.advantage_estimator));
-  options.rewards_normalization = config.algorithm.rewards_normalization;
-  options.grpo_std_normalization = config.algorithm.grpo_std_normalization;
-  options.n_samples_per_prompt = config.data.n_samples_per_prompt;
-  options.rollout_batch_size = config.data.rollout_batch_size;
-  return options;
-}
-
-StatusOr<PostProcessedRewards> PostProcessRewards(const std::vector<double>& raw_rewards,
-                                                  const RewardPostProcessOptions& options) {
-  // The same numbers as the rollout coordinator's LibTorch-free version (reward_postprocess.h).
-  GroupRewardOptions group;
-  group.advantage_estimator = std::string(AdvantageEstimatorName(options.estimator));
-  group.rewards_normalization = options.rewards_normalization;
-  group.grpo_std_normalization = options.grpo_std_normalization;
-  group.n_samples_per_prompt = options.n_samples_per_prompt;
-  group.rollout_batch_size = options.rollout_batch_size;
-  SLIME_ASSIGN_OR_RETURN(NormalizedRewards normalized, NormalizeGroupRewards(raw_rewards, group));
-  PostProcessedRewards out;
-  out.rewards = std::move(normalized.rewards);
-  out.group_size = normalized.group_size;
-  out.whole_batch_one_group = normalized.whole_batch_one_group;
-  return out;
 }
 
 // ---- 3.2 Per-token KL ----------------------------------------------------------------------

@@ -443,7 +443,7 @@ bool Trainer::SkipsOldLogProbs(int64_t num_steps) const {
 
 // ---- Batch checks ------------------------------------------------------------------------------
 
-Status Trainer::CheckBatch(const RolloutBatch& batch) const {
+Status Trainer::CheckBatch(const data::RolloutBatch& batch) const {
   if (!std::isfinite(batch.temperature) || batch.temperature <= 0) {
     return absl::InvalidArgumentError(fmt::format(
         "batch: temperature = {} is not valid: the rollout temperature must be finite and > 0",
@@ -454,7 +454,7 @@ Status Trainer::CheckBatch(const RolloutBatch& batch) const {
   }
   const int64_t vocab = model_->config().vocab_size;
   for (size_t i = 0; i < batch.samples.size(); ++i) {
-    const TrainSample& s = batch.samples[i];
+    const data::TrainSample& s = batch.samples[i];
     if (s.prompt_length < 0 || s.response_length < 0) {
       return absl::InvalidArgumentError(
           fmt::format("batch: samples[{}]: prompt_length = {} and response_length = {} must be "
@@ -527,8 +527,8 @@ Status Trainer::CheckBatch(const RolloutBatch& batch) const {
 
 // ---- Forward-only passes -----------------------------------------------------------------------
 
-StatusOr<SampleLogProbs> Trainer::ComputeLogProbs(const RolloutBatch& batch, PolicyWeights which,
-                                                  bool with_entropy) {
+StatusOr<SampleLogProbs> Trainer::ComputeLogProbs(const data::RolloutBatch& batch,
+                                                  PolicyWeights which, bool with_entropy) {
   SLIME_RETURN_IF_ERROR(CheckBatch(batch));
   std::vector<int64_t> samples(batch.samples.size());
   std::vector<int64_t> token_counts(batch.samples.size());
@@ -584,7 +584,8 @@ std::optional<double> MeanOfSampleMeans(const std::vector<torch::Tensor>& per_sa
 
 }  // namespace
 
-StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id, const RolloutBatch& batch) {
+StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
+                                                   const data::RolloutBatch& batch) {
   SLIME_RETURN_IF_ERROR(CheckBatch(batch));
   const config::AlgorithmConfig& algorithm = options_.config.algorithm;
   const size_t n = batch.samples.size();
@@ -618,7 +619,7 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id, const Rol
   Status copied = GuardTorch("trainer: batch to tensors", [&]() -> Status {
     const torch::Device device = model_->device();
     for (int64_t i : local) {
-      const TrainSample& s = batch.samples[i];
+      const data::TrainSample& s = batch.samples[i];
       tensors.loss_masks[i] = FloatTensor(s.loss_mask, device);
       if (static_cast<int64_t>(s.rollout_log_probs.size()) == s.response_length) {
         tensors.rollout_log_probs[i] = FloatTensor(s.rollout_log_probs, device);
@@ -661,7 +662,7 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id, const Rol
     std::vector<torch::Tensor> teacher_by_sample(n);
     Status built = GuardTorch("trainer: advantage inputs", [&]() -> Status {
       for (int64_t i : local) {
-        const TrainSample& s = batch.samples[i];
+        const data::TrainSample& s = batch.samples[i];
         in.rewards.push_back(s.reward);
         in.loss_masks.push_back(tensors.loss_masks[i]);
         if (algorithm.use_rollout_logprobs) {
@@ -764,7 +765,7 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id, const Rol
   return result;
 }
 
-StatusOr<TrainStepMetrics> Trainer::SftStep(const RolloutBatch& batch) {
+StatusOr<TrainStepMetrics> Trainer::SftStep(const data::RolloutBatch& batch) {
   SLIME_RETURN_IF_ERROR(CheckBatch(batch));
   const size_t n = batch.samples.size();
   std::vector<int64_t> samples(n), token_counts(n);

@@ -96,7 +96,7 @@ struct PackedInputs {
   torch::Tensor ids;  // [T] int64
   PackedSequences packed;
 };
-PackedInputs Pack(const RolloutBatch& batch, const std::vector<int64_t>& samples,
+PackedInputs Pack(const data::RolloutBatch& batch, const std::vector<int64_t>& samples,
                   torch::Device device);
 
 // Sums the named 0-dim metric tensors into `sums` (float64).
@@ -135,21 +135,22 @@ bool AllDefined(const std::vector<torch::Tensor>& per_sample, const std::vector<
 
 // Rollout ids for the scheduler: the samples' own, -1 replaced by ids of their own; empty when
 // no sample has an id (every sample is a rollout of its own).
-std::vector<int64_t> SchedulingRolloutIds(const RolloutBatch& batch);
+std::vector<int64_t> SchedulingRolloutIds(const data::RolloutBatch& batch);
 
 // The number of distinct rollouts among `num_samples` samples with SchedulingRolloutIds `ids`.
 int64_t CountRollouts(const std::vector<int64_t>& ids, size_t num_samples);
 
 // Forward (with the autograd graph when grad mode is on) of one packed micro-batch of `samples`
 // → the response log-probs (and entropy).
-StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model, const RolloutBatch& batch,
+StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model,
+                                             const data::RolloutBatch& batch,
                                              const std::vector<int64_t>& samples,
                                              int64_t chunk_size, bool with_entropy);
 
 // Forward-only log-probs of every sample of `micro_batches` into out[sample] (`out` sized to the
 // batch beforehand); through the pipeline (ForwardOnlyPipelined) when pp has several stages.
 Status ForwardOnly(model::DecoderModel& model, model::PipelineParallelGroup& pp,
-                   const RolloutBatch& batch,
+                   const data::RolloutBatch& batch,
                    const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
                    bool with_entropy, SampleLogProbs& out);
 
@@ -167,7 +168,7 @@ using StageLossFn = std::function<StatusOr<torch::Tensor>(size_t k, const torch:
 // `before_last_backward` (optional) runs just before the stage's last backward pass of the step
 // (GradReducer::Arm).
 Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGroup& pp,
-                           const RolloutBatch& batch,
+                           const data::RolloutBatch& batch,
                            const std::vector<const std::vector<int64_t>*>& micro_batches,
                            const StageLossFn& loss,
                            const std::function<void()>& before_last_backward = nullptr);
@@ -176,9 +177,9 @@ Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGr
 // stage computes the log-probs (and entropy), and one broadcast gives every stage all of them,
 // so `out` is the same on every stage.
 Status ForwardOnlyPipelined(model::DecoderModel& model, model::PipelineParallelGroup& pp,
-                            const RolloutBatch& batch,
-                            const std::vector<const MicroBatch*>& micro_batches,
-                            int64_t chunk_size, bool with_entropy, SampleLogProbs& out);
+                            const data::RolloutBatch& batch,
+                            const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
+                            bool with_entropy, SampleLogProbs& out);
 
 // The last stage's step metrics (`values` there) copied into `values` on every stage (names and
 // numbers broadcast from the last stage). No-op with one stage.

@@ -35,7 +35,7 @@ struct StepDenominators {
   std::vector<double> per_sample;
 };
 
-StepDenominators MakeDenominators(const RolloutBatch& batch, const std::vector<int64_t>& ids,
+StepDenominators MakeDenominators(const data::RolloutBatch& batch, const std::vector<int64_t>& ids,
                                   const std::vector<int64_t>& step_samples, bool per_token) {
   StepDenominators d;
   d.per_sample.assign(batch.samples.size(), 0.0);
@@ -61,14 +61,14 @@ StepDenominators MakeDenominators(const RolloutBatch& batch, const std::vector<i
 
 namespace internal {
 
-PackedInputs Pack(const RolloutBatch& batch, const std::vector<int64_t>& samples,
+PackedInputs Pack(const data::RolloutBatch& batch, const std::vector<int64_t>& samples,
                   torch::Device device) {
   PackedInputs in;
   in.packed.cu_seqlens.reserve(samples.size() + 1);
   in.packed.cu_seqlens.push_back(0);
   std::vector<int64_t> ids;
   for (int64_t i : samples) {
-    const TrainSample& s = batch.samples[i];
+    const data::TrainSample& s = batch.samples[i];
     ids.insert(ids.end(), s.tokens.begin(), s.tokens.end());
     in.packed.cu_seqlens.push_back(static_cast<int64_t>(ids.size()));
     in.packed.prompt_lengths.push_back(s.prompt_length);
@@ -188,10 +188,10 @@ bool AllDefined(const std::vector<torch::Tensor>& per_sample, const std::vector<
 }
 
 // Rollout ids for the scheduler: the samples' own, -1 replaced by ids of their own.
-std::vector<int64_t> SchedulingRolloutIds(const RolloutBatch& batch) {
+std::vector<int64_t> SchedulingRolloutIds(const data::RolloutBatch& batch) {
   int64_t max_id = -1;
   bool any = false;
-  for (const TrainSample& s : batch.samples) {
+  for (const data::TrainSample& s : batch.samples) {
     if (s.rollout_id >= 0) {
       any = true;
       max_id = std::max(max_id, s.rollout_id);
@@ -211,7 +211,8 @@ int64_t CountRollouts(const std::vector<int64_t>& ids, size_t num_samples) {
   return static_cast<int64_t>(std::set<int64_t>(ids.begin(), ids.end()).size());
 }
 
-StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model, const RolloutBatch& batch,
+StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model,
+                                             const data::RolloutBatch& batch,
                                              const std::vector<int64_t>& samples,
                                              int64_t chunk_size, bool with_entropy) {
   PackedInputs in;
@@ -231,7 +232,7 @@ StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model, const R
 
 // Forward-only log-probs of every sample of `micro_batches` into out[sample].
 Status ForwardOnly(model::DecoderModel& model, model::PipelineParallelGroup& pp,
-                   const RolloutBatch& batch,
+                   const data::RolloutBatch& batch,
                    const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
                    bool with_entropy, SampleLogProbs& out) {
   if (pp.size() > 1) {
@@ -286,7 +287,8 @@ Status Trainer::SyncTiedEmbeddingGrads() {
 // One optimizer step over this rank's micro-batches of `step` (see the header comment): the
 // loss reducers of the micro-batches, the critic's step (ppo), then the actor's.
 StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_rollout,
-                                            int64_t num_steps, bool sft, const RolloutBatch& batch,
+                                            int64_t num_steps, bool sft,
+                                            const data::RolloutBatch& batch,
                                             const std::vector<int64_t>& rollout_ids,
                                             const StepSchedule& step,
                                             const SampleTensors& tensors) {

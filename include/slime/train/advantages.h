@@ -1,9 +1,10 @@
-// Reward post-processing, per-token KL estimators and advantage estimators, exactly as slime
-// computes them (../shared/reference/slime-inventory.md §3.1–§3.5).
+// Per-token KL estimators and advantage estimators, exactly as slime computes them
+// (../shared/reference/slime-inventory.md §3.2–§3.5).
 //
 // The pipeline for one rollout, in slime's order:
-//   1. PostProcessRewards (rollout coordinator, CPU): raw scalar rewards → r̃ (group
-//      normalization for grpo/gspo/cispo/reinforce_plus_plus_baseline).
+//   1. reward::NormalizeGroupRewards (reward/reward_postprocess.h; the rollout coordinator, on
+//      the CPU): raw scalar rewards → r̃ (group normalization for
+//      grpo/gspo/cispo/reinforce_plus_plus_baseline), shipped in data::TrainSample::reward.
 //   2. ComputeAdvantagesAndReturns (trainer): per-token reward KL (kl_coef), the estimator,
 //      on-policy distillation (use_opd), then masked whitening (normalize_advantages).
 // Each stage is also a public function of its own so it can be tested and reused.
@@ -16,8 +17,8 @@
 // discounted returns) run on the CPU in double and come back in the dtype and device of their
 // input. Results never require grad (advantages are constants of the policy loss).
 //
-// Thread-safety: every function is pure (apart from spdlog warnings); concurrent calls are
-// safe. LibTorch errors are caught and returned as InternalError with context.
+// Thread-safety: every function is pure; concurrent calls are safe. LibTorch errors are caught
+// and returned as InternalError with context.
 #ifndef SLIME_TRAIN_ADVANTAGES_H_
 #define SLIME_TRAIN_ADVANTAGES_H_
 
@@ -58,43 +59,6 @@ enum class KlType { kK1, kK2, kK3, kLowVarKl };
 StatusOr<KlType> ParseKlType(std::string_view name);
 std::string_view KlTypeName(KlType type);
 
-// ---- 3.1 Reward post-processing (no LibTorch types: usable by the rollout coordinator) ------
-
-struct RewardPostProcessOptions {
-  AdvantageEstimator estimator = AdvantageEstimator::kGrpo;
-  bool rewards_normalization = true;   // AlgorithmConfig::rewards_normalization
-  bool grpo_std_normalization = true;  // AlgorithmConfig::grpo_std_normalization (false: Dr.GRPO)
-  int n_samples_per_prompt = 1;        // DataConfig::n_samples_per_prompt, >= 1
-  int rollout_batch_size = 0;          // DataConfig::rollout_batch_size (prompts per rollout)
-
-  // Fills the fields from a (resolved) config; InvalidArgument for an unknown estimator.
-  static StatusOr<RewardPostProcessOptions> FromConfig(const config::Config& config);
-};
-
-struct PostProcessedRewards {
-  std::vector<double> rewards;  // r̃_i, one per raw reward, same order
-  // Size of the normalization groups: n_samples_per_prompt, the whole batch (see below), or 0
-  // when the estimator / options leave the rewards unchanged.
-  int group_size = 0;
-  // The reward count was not rollout_batch_size × n_samples_per_prompt (e.g. dynamic
-  // sampling or partial rollouts), so slime treats the whole batch as one group; a warning is
-  // logged.
-  bool whole_batch_one_group = false;
-};
-
-// slime's RolloutManager._post_process_rewards:
-//   grpo, gspo, cispo (rewards_normalization): r̃ = (r − mean_g) / (std_g + 1e-6), std the
-//     unbiased (n−1) sample std; with grpo_std_normalization false (Dr.GRPO) r̃ = r − mean_g.
-//   reinforce_plus_plus_baseline (rewards_normalization): r̃ = r − mean_g.
-//   ppo, reinforce_plus_plus, or rewards_normalization false: r̃ = r.
-// Groups are consecutive runs of n_samples_per_prompt rewards when there are exactly
-// rollout_batch_size × n of them; otherwise the whole batch is one group (warned).
-// Computed in double (slime uses float32; results agree to ~1e-7 relative). A group of one
-// reward has std 0 here (slime's torch.std gives NaN), so its r̃ is 0.
-// Errors: n_samples_per_prompt < 1, rollout_batch_size < 0, a non-finite reward.
-StatusOr<PostProcessedRewards> PostProcessRewards(const std::vector<double>& raw_rewards,
-                                                  const RewardPostProcessOptions& options);
-
 // ---- 3.2 Per-token KL ----------------------------------------------------------------------
 
 // KL estimate per token between the policy of `log_probs` and the base policy of
@@ -115,7 +79,7 @@ StatusOr<std::vector<torch::Tensor>> GrpoAdvantages(const std::vector<double>& r
                                                     const std::vector<torch::Tensor>& like);
 
 // reinforce_plus_plus_baseline: A_{i,t} = r̃_i − kl_coef · kl_{i,t} (r̃ already group-mean
-// centered by PostProcessRewards).
+// centered by reward::NormalizeGroupRewards).
 StatusOr<std::vector<torch::Tensor>> ReinforcePlusPlusBaselineAdvantages(
     const std::vector<double>& rewards, const std::vector<torch::Tensor>& kl, double kl_coef);
 
@@ -165,7 +129,7 @@ StatusOr<torch::Tensor> MaskedWhiten(const torch::Tensor& values, const torch::T
 // ---- The whole stage --------------------------------------------------------------------
 
 struct AdvantageInputs {
-  std::vector<double> rewards;                   // r̃_i (PostProcessRewards output), size B
+  std::vector<double> rewards;                   // r̃_i (NormalizeGroupRewards output), size B
   std::vector<torch::Tensor> log_probs;          // [R_i] π_old (the rollout's log-probs when
                                                  // use_rollout_logprobs); always required
   std::vector<torch::Tensor> ref_log_probs;      // [R_i]; required when kl_coef != 0

@@ -1,12 +1,12 @@
 // Reward post-processing without LibTorch (reward_postprocess.h).
-#include "slime/train/reward_postprocess.h"
+#include "slime/reward/reward_postprocess.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <cmath>
 
-namespace slime::train {
+namespace slime::reward {
 
 StatusOr<GroupRewardNormalization> GroupRewardNormalizationFor(const GroupRewardOptions& options) {
   const std::string& e = options.advantage_estimator;
@@ -83,4 +83,4 @@ StatusOr<NormalizedRewards> NormalizeGroupRewards(const std::vector<double>& raw
   return out;
 }
 
-}  // namespace slime::train
+}  // namespace slime::reward

@@ -1,7 +1,7 @@
-// Reward post-processing without LibTorch: slime's RolloutManager._post_process_rewards
-// (../shared/reference/slime-inventory.md §3.1), for the rollout coordinator, which runs it on
-// the CPU before samples are shipped to the trainers. The torch trainer's PostProcessRewards
-// (advantages.h) delegates here.
+// Reward post-processing (reward shaping) without LibTorch: slime's
+// RolloutManager._post_process_rewards (../shared/reference/slime-inventory.md §3.1). The
+// rollout coordinator runs it on the CPU before samples are shipped to the trainers; this is the
+// one implementation (the trainer receives r̃ in data::TrainSample::reward).
 //
 //   grpo, gspo, cispo (rewards_normalization on):
 //       r̃ = (r − mean_g) / (std_g + 1e-6)  with std_g the unbiased (n − 1) sample std;
@@ -15,8 +15,8 @@
 // Computed in double.
 //
 // Thread-safety: pure functions.
-#ifndef SLIME_TRAIN_REWARD_POSTPROCESS_H_
-#define SLIME_TRAIN_REWARD_POSTPROCESS_H_
+#ifndef SLIME_REWARD_REWARD_POSTPROCESS_H_
+#define SLIME_REWARD_REWARD_POSTPROCESS_H_
 
 #include <string>
 #include <string_view>
@@ -24,7 +24,7 @@
 
 #include "slime/common/status.h"
 
-namespace slime::train {
+namespace slime::reward {
 
 // What the estimator and options imply for one group.
 enum class GroupRewardNormalization {
@@ -62,6 +62,6 @@ StatusOr<NormalizedRewards> NormalizeGroupRewards(const std::vector<double>& raw
 // values. Also used by the rollout's dynamic-sampling filter.
 double SampleStd(const std::vector<double>& values);
 
-}  // namespace slime::train
+}  // namespace slime::reward
 
-#endif  // SLIME_TRAIN_REWARD_POSTPROCESS_H_
+#endif  // SLIME_REWARD_REWARD_POSTPROCESS_H_
