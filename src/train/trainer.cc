@@ -63,19 +63,14 @@ BatchingOptions MakeBatchingOptions(const config::TrainConfig& train,
   return o;
 }
 
-// Resolves what Create needs from the config; errors name the option.
-Status CheckSupported(const config::Config& config) {
+// The settings of `config` the trainer does not support; errors name the option.
+Status CheckSupported(const config::Config& config, const TrainerAlgorithm& algorithm) {
   const config::AlgorithmConfig& a = config.algorithm;
-  if (a.loss_type != "policy_loss" && a.loss_type != "sft_loss") {
+  if (algorithm.needs.advantages && !a.compute_advantages_and_returns) {
     return absl::UnimplementedError(fmt::format(
-        "algorithm.loss_type = \"{}\" is not supported by the trainer (valid: policy_loss, "
-        "sft_loss)",
-        a.loss_type));
-  }
-  if (a.loss_type == "policy_loss" && !a.compute_advantages_and_returns) {
-    return absl::UnimplementedError(
         "algorithm.compute_advantages_and_returns = false needs a custom advantage function, "
-        "which the trainer does not support with loss_type policy_loss");
+        "which the trainer does not support with loss_type {}",
+        algorithm.loss->name));
   }
   if (a.use_routing_replay || a.use_rollout_routing_replay) {
     return absl::UnimplementedError(
@@ -195,7 +190,9 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
         "dp_all_gather (the DP group's collectives)",
         options.dp_size));
   }
-  SLIME_RETURN_IF_ERROR(CheckSupported(config));
+  SLIME_ASSIGN_OR_RETURN(TrainerAlgorithm algorithm, SelectAlgorithm(config.algorithm));
+  const TrainerNeeds& needs = algorithm.needs;
+  SLIME_RETURN_IF_ERROR(CheckSupported(config, algorithm));
   if (config.train.recompute_granularity.has_value() || config.train.recompute_loss_function) {
     spdlog::warn(
         "trainer: activation recomputation (train.recompute_granularity, "
@@ -203,9 +200,6 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
         "compatibility and every activation is kept; lower train.max_tokens_per_gpu if memory "
         "runs out");
   }
-  SLIME_ASSIGN_OR_RETURN(AdvantageEstimator estimator,
-                         ParseAdvantageEstimator(config.algorithm.advantage_estimator));
-  const bool sft = config.algorithm.loss_type == "sft_loss";
   SLIME_ASSIGN_OR_RETURN(PolicyLossOptions policy, PolicyLossOptions::FromConfig(config.algorithm));
   SLIME_RETURN_IF_ERROR(ParseKlType(config.algorithm.kl_loss_type).status());
 
@@ -228,11 +222,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
         "(TrainerOptions::tp_group) has {} rank(s)",
         configured_tp, tp_size));
   }
-  if (tp_size > 1 && estimator == AdvantageEstimator::kPpo && !sft) {
+  if (tp_size > 1 && needs.critic) {
     return absl::UnimplementedError(fmt::format(
-        "trainer: advantage_estimator ppo with tensor parallelism (tp size {}) is not supported "
+        "trainer: advantage_estimator {} with tensor parallelism (tp size {}) is not supported "
         "yet (the critic is single-rank); use a tensor-parallel size of 1",
-        tp_size));
+        algorithm.estimator->name, tp_size));
   }
 
   // Pipeline parallelism: this stage's layers; the group carries the schedule's sends and
@@ -256,11 +250,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   // PP × TP: each stage's layers are tensor-parallel; the pipeline group joins the ranks of one
   // TP index (the hidden states between stages are full on every TP rank). PP × ZeRO-1: each
   // stage's DP group shards that stage's parameters.
-  if (pp_size > 1 && estimator == AdvantageEstimator::kPpo && !sft) {
+  if (pp_size > 1 && needs.critic) {
     return absl::UnimplementedError(fmt::format(
         "trainer: pipeline parallelism ({} stages) is not supported yet with advantage_estimator "
-        "ppo (the critic is single-stage); use one pipeline stage or another estimator",
-        pp_size));
+        "{} (the critic is single-stage); use one pipeline stage or another estimator",
+        pp_size, algorithm.estimator->name));
   }
 
   const torch::ScalarType dtype =
@@ -328,16 +322,9 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
                          internal::MakeGradReducer("trainer", config.train, options.dp_size,
                                                    optimizer->distributed(),
                                                    options.dp_all_reduce_async, impl->trainable));
-  impl->estimator = estimator;
+  impl->algorithm = algorithm;
   impl->policy = policy;
   impl->batching = batching;
-  impl->sft = sft;
-  impl->need_ref = !sft && (config.algorithm.use_kl_loss || config.algorithm.kl_coef != 0);
-  impl->teacher_pass = !sft && config.algorithm.use_opd && config.algorithm.opd_type == "megatron";
-  impl->teacher_given = !sft && config.algorithm.use_opd && config.algorithm.opd_type == "sglang";
-  impl->needs_rollout_log_probs =
-      !sft && (config.algorithm.use_tis || config.algorithm.get_mismatch_metrics ||
-               config.algorithm.use_rollout_logprobs);
 
   // The CPU copies.
   auto clone_actor = [&]() -> StatusOr<std::vector<torch::Tensor>> {
@@ -350,7 +337,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
                         return out;
                       });
   };
-  if (impl->need_ref) {
+  if (needs.reference) {
     std::optional<std::string> dir = options.ref_model_dir;
     std::optional<int64_t> ckpt_step;
     if (!dir.has_value() && config.checkpoint.ref_load.has_value()) {
@@ -367,7 +354,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
           }));
     }
   }
-  if (impl->teacher_pass) {
+  if (needs.teacher_pass) {
     std::optional<int64_t> ckpt_step;
     if (config.algorithm.opd_teacher_ckpt_step.has_value()) {
       ckpt_step = *config.algorithm.opd_teacher_ckpt_step;
@@ -379,7 +366,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
                                                    tp_rank, tp_size);
                            }));
   }
-  if (!sft && config.algorithm.keep_old_actor) {
+  if (needs.old_actor_copy) {
     SLIME_ASSIGN_OR_RETURN(impl->copies[kOldActor], clone_actor());
     if (config.weight_sync.interval == 1) {
       SLIME_ASSIGN_OR_RETURN(impl->copies[kRolloutActor], clone_actor());
@@ -388,7 +375,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
 
   // ppo: the critic (critic.h), from critic_model_dir, checkpoint.critic_load or the actor's
   // initial weights.
-  if (estimator == AdvantageEstimator::kPpo && !sft) {
+  if (needs.critic) {
     CriticOptions co;
     co.model_dir = options.critic_model_dir.value_or(
         config.checkpoint.critic_load.value_or(options.model_dir));
@@ -412,7 +399,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
       "trainer: {} on {} ({}), loss {}, estimator {}, CPU copies [{}], dp rank {}/{}{}, tp rank "
       "{}/{}, pp stage {}/{}",
       options.model_dir, model->device().str(), c10::toString(dtype), config.algorithm.loss_type,
-      AdvantageEstimatorName(estimator), fmt::join(tags, ", "), options.dp_rank, options.dp_size,
+      algorithm.estimator->name, fmt::join(tags, ", "), options.dp_rank, options.dp_size,
       optimizer->distributed() ? " (distributed optimizer)" : "", tp_rank, tp_size, pp_rank,
       pp_size);
   std::unique_ptr<Trainer> trainer(new Trainer(std::move(options), std::move(model),
@@ -435,10 +422,11 @@ bool Trainer::has_weights(PolicyWeights which) const {
 
 bool Trainer::SkipsOldLogProbs(int64_t num_steps) const {
   const config::AlgorithmConfig& a = options_.config.algorithm;
-  return num_steps == 1 && !impl_->sft && a.kl_coef == 0 && !a.use_rollout_logprobs &&
-         !a.get_mismatch_metrics && impl_->estimator != AdvantageEstimator::kPpo &&
-         !a.keep_old_actor && !a.use_opd && !a.use_routing_replay &&
-         impl_->estimator != AdvantageEstimator::kGspo;
+  const TrainerAlgorithm& algorithm = impl_->algorithm;
+  return num_steps == 1 && algorithm.needs.advantages && a.kl_coef == 0 &&
+         !a.use_rollout_logprobs && !a.get_mismatch_metrics &&
+         !algorithm.estimator->always_old_log_probs && !a.keep_old_actor && !a.use_opd &&
+         !a.use_routing_replay;
 }
 
 // ---- Batch checks ------------------------------------------------------------------------------
@@ -498,7 +486,8 @@ Status Trainer::CheckBatch(const data::RolloutBatch& batch) const {
                       "{}",
                       i, s.rollout_log_probs.size(), s.response_length));
     }
-    if (s.rollout_log_probs.empty() && impl_->needs_rollout_log_probs && s.response_length > 0) {
+    if (s.rollout_log_probs.empty() && impl_->algorithm.needs.rollout_log_probs &&
+        s.response_length > 0) {
       return absl::InvalidArgumentError(fmt::format(
           "batch: samples[{}].rollout_log_probs is empty, but use_tis, get_mismatch_metrics or "
           "use_rollout_logprobs needs the engine's log-probs",
@@ -511,7 +500,8 @@ Status Trainer::CheckBatch(const data::RolloutBatch& batch) const {
                       "{}",
                       i, s.teacher_log_probs.size(), s.response_length));
     }
-    if (s.teacher_log_probs.empty() && impl_->teacher_given && s.response_length > 0) {
+    if (s.teacher_log_probs.empty() && impl_->algorithm.needs.teacher_in_batch &&
+        s.response_length > 0) {
       return absl::InvalidArgumentError(fmt::format(
           "batch: samples[{}].teacher_log_probs is empty, but use_opd with opd_type sglang needs "
           "the teacher's log-probs",
@@ -589,7 +579,7 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
   SLIME_RETURN_IF_ERROR(CheckBatch(batch));
   const config::AlgorithmConfig& algorithm = options_.config.algorithm;
   const size_t n = batch.samples.size();
-  const bool sft = impl_->sft;
+  const TrainerNeeds& needs = impl_->algorithm.needs;
 
   // 0. Schedule: steps, micro-batches, this rank's share.
   std::vector<int64_t> token_counts(n);
@@ -631,7 +621,7 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
 
   SampleLogProbs ref, teacher, old;
   const bool skip_old = SkipsOldLogProbs(num_steps) || algorithm.use_rollout_logprobs;
-  if (!sft) {
+  if (needs.advantages) {
     const int64_t chunk = options_.config.train.log_probs_chunk_size;
     auto forward = [&](PolicyWeights which, bool with_entropy, SampleLogProbs& out) {
       out.log_probs.resize(n);
@@ -642,9 +632,8 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
       });
     };
     // 1–3. Reference, teacher and old-actor log-probs.
-    if (impl_->need_ref) SLIME_RETURN_IF_ERROR(forward(PolicyWeights::kRef, false, ref));
-    if (impl_->teacher_pass)
-      SLIME_RETURN_IF_ERROR(forward(PolicyWeights::kTeacher, false, teacher));
+    if (needs.reference) SLIME_RETURN_IF_ERROR(forward(PolicyWeights::kRef, false, ref));
+    if (needs.teacher_pass) SLIME_RETURN_IF_ERROR(forward(PolicyWeights::kTeacher, false, teacher));
     if (!skip_old) {
       SLIME_RETURN_IF_ERROR(
           forward(algorithm.keep_old_actor ? PolicyWeights::kOldActor : PolicyWeights::kActor,
@@ -673,11 +662,11 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
           // Skipped pass: kl_coef == 0, no OPD, not ppo, so only the shape is read.
           in.log_probs.push_back(torch::zeros_like(tensors.loss_masks[i]));
         }
-        if (impl_->need_ref) in.ref_log_probs.push_back(ref.log_probs[i]);
+        if (needs.reference) in.ref_log_probs.push_back(ref.log_probs[i]);
         if (values[i].defined()) in.values.push_back(values[i]);
-        if (impl_->teacher_pass) {
+        if (needs.teacher_pass) {
           teacher_by_sample[i] = teacher.log_probs[i];
-        } else if (impl_->teacher_given) {
+        } else if (needs.teacher_in_batch) {
           teacher_by_sample[i] = FloatTensor(s.teacher_log_probs, model_->device());
         }
         if (teacher_by_sample[i].defined()) in.teacher_log_probs.push_back(teacher_by_sample[i]);
@@ -697,7 +686,7 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
         tensors.values[i] = values[i];
         tensors.returns[i] = adv.returns[k];
       }
-      if (impl_->need_ref) tensors.ref_log_probs[i] = ref.log_probs[i];
+      if (needs.reference) tensors.ref_log_probs[i] = ref.log_probs[i];
       if (algorithm.use_rollout_logprobs) {
         tensors.old_log_probs[i] = tensors.rollout_log_probs[i];
       } else if (!skip_old) {
@@ -718,7 +707,7 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
       if (!old.entropy.empty()) {
         put("entropy", MeanOfSampleMeans(old.entropy, tensors.loss_masks, local));
       }
-      if (impl_->need_ref) {
+      if (needs.reference) {
         put("ref_log_probs", MeanOfSampleMeans(ref.log_probs, tensors.loss_masks, local));
       }
       if (!in.teacher_log_probs.empty()) {
@@ -747,8 +736,9 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
 
   // 5. The optimizer steps.
   for (int64_t s = 0; s < num_steps; ++s) {
-    SLIME_ASSIGN_OR_RETURN(TrainStepMetrics metrics, RunStep(rollout_id, s, num_steps, sft, batch,
-                                                             ids, schedule.steps[s], tensors));
+    SLIME_ASSIGN_OR_RETURN(TrainStepMetrics metrics,
+                           RunStep(rollout_id, s, num_steps, *impl_->algorithm.loss, batch, ids,
+                                   schedule.steps[s], tensors));
     result.steps.push_back(std::move(metrics));
   }
 
@@ -785,7 +775,8 @@ StatusOr<TrainStepMetrics> Trainer::SftStep(const data::RolloutBatch& batch) {
     return absl::OkStatus();
   });
   SLIME_RETURN_IF_ERROR(copied);
-  return RunStep(/*rollout_id=*/-1, 0, 1, /*sft=*/true, batch, ids, step, tensors);
+  SLIME_ASSIGN_OR_RETURN(const LossTypeSpec* sft_loss, FindLossType("sft_loss"));
+  return RunStep(/*rollout_id=*/-1, 0, 1, *sft_loss, batch, ids, step, tensors);
 }
 
 }  // namespace slime::train

@@ -33,6 +33,7 @@
 #include "slime/train/critic.h"
 #include "slime/train/grad_reducer.h"
 #include "slime/train/logprobs.h"
+#include "slime/train/loss_registry.h"
 #include "slime/train/losses.h"
 #include "slime/train/lr_schedule.h"
 #include "slime/train/trainer.h"
@@ -192,36 +193,10 @@ Status ShareStepMetrics(model::PipelineParallelGroup& pp, bool last_stage,
 
 // The per-sample tensors of one rollout, indexed by the sample's position in the batch (only
 // this rank's samples are defined). All [R_i] float32 on the model's device.
-struct Trainer::SampleTensors {
-  std::vector<torch::Tensor> loss_masks;
-  std::vector<torch::Tensor> advantages;
-  std::vector<torch::Tensor> old_log_probs;      // π_old for the loss; undefined: ratio ≡ 1
-  std::vector<torch::Tensor> ref_log_probs;      // use_kl_loss
-  std::vector<torch::Tensor> rollout_log_probs;  // when the batch has them
-  std::vector<torch::Tensor> opd_reverse_kl;     // use_opd
-  std::vector<torch::Tensor> values;             // ppo: the pre-update critic's values
-  std::vector<torch::Tensor> returns;            // ppo: GAE returns (the critic's target)
-
-  explicit SampleTensors(size_t n)
-      : loss_masks(n),
-        advantages(n),
-        old_log_probs(n),
-        ref_log_probs(n),
-        rollout_log_probs(n),
-        opd_reverse_kl(n),
-        values(n),
-        returns(n) {}
-};
-
 struct Trainer::Impl {
-  AdvantageEstimator estimator = AdvantageEstimator::kGrpo;
+  TrainerAlgorithm algorithm;  // the loss and estimator rows and what they need
   PolicyLossOptions policy;
   BatchingOptions batching;
-  bool sft = false;            // loss_type == "sft_loss"
-  bool need_ref = false;       // use_kl_loss or kl_coef != 0
-  bool teacher_pass = false;   // use_opd with opd_type "megatron"
-  bool teacher_given = false;  // use_opd with opd_type "sglang": teacher log-probs in the batch
-  bool needs_rollout_log_probs = false;
 
   // The live parameters (model::NamedParameters order) and the CPU copies of other policies,
   // tensor k of a copy belonging to parameter k.
@@ -232,7 +207,7 @@ struct Trainer::Impl {
   std::vector<torch::Tensor> actor_backup;  // the actor while another policy is swapped in
   bool actor_backup_current = false;        // actor_backup equals the live parameters
 
-  std::unique_ptr<Critic> critic;  // advantage_estimator "ppo" (not with sft_loss)
+  std::unique_ptr<Critic> critic;             // TrainerNeeds::critic (advantage_estimator "ppo")
   std::unique_ptr<GradReducer> grad_reducer;  // train.overlap_grad_reduce, when it applies
 };
 

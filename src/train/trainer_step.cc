@@ -260,7 +260,6 @@ Status ForwardOnly(model::DecoderModel& model, model::PipelineParallelGroup& pp,
 }  // namespace internal
 
 using internal::Accumulate;
-using internal::AllDefined;
 using internal::Gather;
 using internal::GuardTorch;
 
@@ -287,7 +286,7 @@ Status Trainer::SyncTiedEmbeddingGrads() {
 // One optimizer step over this rank's micro-batches of `step` (see the header comment): the
 // loss reducers of the micro-batches, the critic's step (ppo), then the actor's.
 StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_rollout,
-                                            int64_t num_steps, bool sft,
+                                            int64_t num_steps, const LossTypeSpec& loss,
                                             const data::RolloutBatch& batch,
                                             const std::vector<int64_t>& rollout_ids,
                                             const StepSchedule& step,
@@ -329,7 +328,7 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
   // ppo: the critic's step on the same micro-batches and denominators (slime trains the critic
   // first); in the first num_critic_only_steps rollouts it is the only step.
   Critic* critic = impl_->critic.get();
-  if (critic != nullptr && !sft) {
+  if (critic != nullptr && loss.needs.advantages) {
     std::vector<CriticMicroBatch> critic_mbs;
     for (size_t k = 0; k < micro_batches.size(); ++k) {
       critic_mbs.push_back({&micro_batches[k].samples, &reducers[k]});
@@ -360,41 +359,18 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
     LogProbOptions lo;
     lo.temperature = batch.temperature;
     lo.chunk_size = options_.config.train.log_probs_chunk_size;
-    lo.compute_entropy = !sft;
+    lo.compute_entropy = loss.needs.entropy;
     SLIME_ASSIGN_OR_RETURN(ResponseLogProbs r,
                            ComputeResponseLogProbs(hidden, model_->weights().lm_head, packed.ids,
                                                    packed.packed, model_->tp_group(), lo));
-    StatusOr<LossOutput> loss = absl::InternalError("unset");
-    if (sft) {
-      loss = SftLoss(reducer, r.log_probs);
-    } else {
-      PolicyLossInputs in;
-      Status built = GuardTorch("trainer: policy loss inputs", [&]() -> Status {
-        in.log_probs = r.log_probs;
-        in.advantages = Gather(tensors.advantages, mb.samples);
-        if (AllDefined(tensors.old_log_probs, mb.samples)) {
-          in.old_log_probs = Gather(tensors.old_log_probs, mb.samples);
-        }
-        in.entropy = impl_->policy.entropy_coef != 0 ? r.entropy : r.entropy.detach();
-        if (impl_->policy.use_kl_loss) in.ref_log_probs = Gather(tensors.ref_log_probs, mb.samples);
-        if (AllDefined(tensors.rollout_log_probs, mb.samples)) {
-          in.rollout_log_probs = Gather(tensors.rollout_log_probs, mb.samples);
-        }
-        if (AllDefined(tensors.opd_reverse_kl, mb.samples)) {
-          in.opd_reverse_kl = Gather(tensors.opd_reverse_kl, mb.samples);
-        }
-        return absl::OkStatus();
-      });
-      SLIME_RETURN_IF_ERROR(built);
-      loss = PolicyLoss(impl_->policy, reducer, in);
-    }
-    if (!loss.ok()) return loss.status();
+    SLIME_ASSIGN_OR_RETURN(LossOutput out,
+                           loss.loss(LossContext{reducer, r, tensors, mb.samples, impl_->policy}));
     Status accumulated = GuardTorch("trainer: accumulate metrics", [&]() -> Status {
-      Accumulate(loss->metrics, sums);
+      Accumulate(out.metrics, sums);
       return absl::OkStatus();
     });
     SLIME_RETURN_IF_ERROR(accumulated);
-    return loss->loss;
+    return out.loss;
   };
   std::vector<const std::vector<int64_t>*> mb_samples;
   for (const MicroBatch& mb : micro_batches) mb_samples.push_back(&mb.samples);

@@ -3,6 +3,8 @@
 // rollout coordinator runs it on the CPU before samples are shipped to the trainers; this is the
 // one implementation (the trainer receives r̃ in data::TrainSample::reward).
 //
+// What an estimator asks for is a column of config/algorithms.h (group_mean_baseline,
+// group_std_scaling); today:
 //   grpo, gspo, cispo (rewards_normalization on):
 //       r̃ = (r − mean_g) / (std_g + 1e-6)  with std_g the unbiased (n − 1) sample std;
 //       grpo_std_normalization off (Dr.GRPO): r̃ = r − mean_g.
@@ -34,8 +36,7 @@ enum class GroupRewardNormalization {
 };
 
 struct GroupRewardOptions {
-  // AlgorithmConfig::advantage_estimator: grpo, gspo, cispo, reinforce_plus_plus,
-  // reinforce_plus_plus_baseline, ppo.
+  // AlgorithmConfig::advantage_estimator: a name of config::kAdvantageEstimators.
   std::string advantage_estimator = "grpo";
   bool rewards_normalization = true;   // false: slime's --disable-rewards-normalization
   bool grpo_std_normalization = true;  // false: Dr.GRPO (mean only)

@@ -35,22 +35,7 @@
 namespace slime::train {
 
 // ---- Names -------------------------------------------------------------------------------
-
-// AlgorithmConfig::advantage_estimator. It also selects the policy-loss family: gspo uses the
-// sequence-level ratio, cispo the CISPO loss, everything else the PPO clipped loss.
-enum class AdvantageEstimator {
-  kGrpo,
-  kGspo,
-  kCispo,
-  kReinforcePlusPlus,
-  kReinforcePlusPlusBaseline,
-  kPpo,
-};
-
-// "grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo";
-// anything else is InvalidArgument listing those names.
-StatusOr<AdvantageEstimator> ParseAdvantageEstimator(std::string_view name);
-std::string_view AdvantageEstimatorName(AdvantageEstimator estimator);
+// (AlgorithmConfig::advantage_estimator selects a row of loss_registry.h.)
 
 // AlgorithmConfig::kl_loss_type; used for the reward KL and for the KL loss.
 enum class KlType { kK1, kK2, kK3, kLowVarKl };
@@ -146,7 +131,8 @@ struct AdvantageOutputs {
 };
 
 // slime's compute_advantages_and_returns: kl_t = KLest(logp^old, logp^ref) with kl_loss_type
-// (zeros when kl_coef == 0), then the estimator of `algorithm`:
+// (zeros when kl_coef == 0), then the estimator of `algorithm` (its AdvantageFn in
+// loss_registry.h):
 //   grpo/gspo/cispo: GrpoAdvantages; returns = advantages.
 //   ppo: ρ_t = −kl_coef · kl_t, + r̃_i at the last response token (whatever its mask); GAE.
 //   reinforce_plus_plus: ReinforcePlusPlusReturns; returns = advantages.
@@ -154,8 +140,9 @@ struct AdvantageOutputs {
 // then ApplyOnPolicyDistillation (use_opd, student = log_probs) and MaskedWhiten over all
 // tokens of all samples (normalize_advantages).
 // Errors name the offending field and sample: counts that differ from B, a tensor whose
-// length differs from the sample's loss mask, missing ref/values/teacher inputs, an unknown
-// estimator or KL type, gamma or lambd outside [0, 1], negative kl_coef or opd_kl_coef.
+// length differs from the sample's loss mask, missing ref / values (an estimator with a
+// critic) / teacher inputs, an unknown estimator or KL type, gamma or lambd outside [0, 1],
+// negative kl_coef or opd_kl_coef.
 StatusOr<AdvantageOutputs> ComputeAdvantagesAndReturns(const config::AlgorithmConfig& algorithm,
                                                        const AdvantageInputs& inputs,
                                                        const AllReduceSumFn& all_reduce = {});

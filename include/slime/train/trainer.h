@@ -165,6 +165,8 @@ namespace slime::train {
 
 class AdamW;
 class Critic;
+struct LossTypeSpec;
+struct SampleTensors;
 
 // ---- Data --------------------------------------------------------------------------------------
 
@@ -373,7 +375,6 @@ class Trainer {
 
  private:
   struct Impl;
-  struct SampleTensors;
   Trainer(TrainerOptions options, std::unique_ptr<model::DecoderModel> model,
           std::unique_ptr<AdamW> optimizer, LrScheduler lr_scheduler);
   // PP > 1 with tied embeddings: the first and the last stage sum their two gradients of the
@@ -381,9 +382,9 @@ class Trainer {
   Status SyncTiedEmbeddingGrads();
   // Runs `fn` with `which`'s weights swapped into the model, then restores the actor.
   Status WithPolicyWeights(PolicyWeights which, const std::function<Status()>& fn);
-  // One optimizer step over this rank's micro-batches of `step`.
+  // One optimizer step of `loss` over this rank's micro-batches of `step`.
   StatusOr<TrainStepMetrics> RunStep(int64_t rollout_id, int64_t step_in_rollout, int64_t num_steps,
-                                     bool sft, const data::RolloutBatch& batch,
+                                     const LossTypeSpec& loss, const data::RolloutBatch& batch,
                                      const std::vector<int64_t>& rollout_ids,
                                      const StepSchedule& step, const SampleTensors& tensors);
 
