@@ -191,8 +191,7 @@ Status ShareStepMetrics(model::PipelineParallelGroup& pp, bool last_stage,
 
 // ---- The Trainer's private state ---------------------------------------------------------------
 
-// The per-sample tensors of one rollout, indexed by the sample's position in the batch (only
-// this rank's samples are defined). All [R_i] float32 on the model's device.
+// Create's results: the selected algorithm, the parameters, their CPU copies and the critic.
 struct Trainer::Impl {
   TrainerAlgorithm algorithm;  // the loss and estimator rows and what they need
   PolicyLossOptions policy;

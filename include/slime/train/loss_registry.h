@@ -55,7 +55,8 @@ namespace slime::train {
 // ---- Losses ----------------------------------------------------------------------------------
 
 // The per-sample tensors of the rollout being trained, indexed like the batch (undefined for
-// samples of other ranks and for what the configuration does not compute). [R_i] each.
+// samples of other ranks and for what the configuration does not compute). [R_i] float32 each,
+// on the model's device.
 struct SampleTensors {
   std::vector<torch::Tensor> loss_masks;
   std::vector<torch::Tensor> advantages;
