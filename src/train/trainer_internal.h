@@ -1,9 +1,10 @@
-// Private to the trainer's sources (trainer.cc, trainer_weights.cc, trainer_step.cc): the
+// Private to the trainer's sources (trainer*.cc; loss_registry.cc uses the gather helpers): the
 // Trainer's hidden state and the helpers those files share. Not installed; include only from
 // src/train/.
 //
-//   trainer.cc          Create, batch checks, TrainRollout / SftStep / ComputeLogProbs (the
-//                       public flow of trainer.h)
+//   trainer_create.cc   Create and its steps
+//   trainer.cc          batch checks, TrainRollout / SftStep / ComputeLogProbs (the public
+//                       flow of trainer.h)
 //   trainer_weights.cc  the CPU weight copies (ref / teacher / old actor), the swap, the
 //                       keep_old_actor queue, Save / Load
 //   trainer_step.cc     packing and forwarding micro-batches, one optimizer step (RunStep)

@@ -165,6 +165,7 @@ namespace slime::train {
 
 class AdamW;
 class Critic;
+class LossReducer;
 struct LossTypeSpec;
 struct SampleTensors;
 
@@ -382,11 +383,35 @@ class Trainer {
   Status SyncTiedEmbeddingGrads();
   // Runs `fn` with `which`'s weights swapped into the model, then restores the actor.
   Status WithPolicyWeights(PolicyWeights which, const std::function<Status()>& fn);
-  // One optimizer step of `loss` over this rank's micro-batches of `step`.
+
+  // TrainRollout's steps (trainer.cc). Steps 1–4: the reference / teacher / old-actor passes
+  // over `micro_batches`, the critic's values and the advantages of this rank's samples `local`
+  // into `tensors`; their rollout-side means into `rollout_values`.
+  Status PrepareAdvantages(const data::RolloutBatch& batch,
+                           const std::vector<const MicroBatch*>& micro_batches,
+                           const std::vector<int64_t>& local, int64_t num_steps,
+                           SampleTensors& tensors, std::map<std::string, double>& rollout_values);
+  // Step 6: the reference weights become the actor's every ref_update_interval rollouts.
+  Status FollowActorWithReference(int64_t rollout_id);
+
+  // One optimizer step of `loss` over this rank's micro-batches of `step` (trainer_step.cc).
   StatusOr<TrainStepMetrics> RunStep(int64_t rollout_id, int64_t step_in_rollout, int64_t num_steps,
                                      const LossTypeSpec& loss, const data::RolloutBatch& batch,
                                      const std::vector<int64_t>& rollout_ids,
                                      const StepSchedule& step, const SampleTensors& tensors);
+  // RunStep's steps. The forward and backward passes of every micro-batch (the pipeline
+  // schedule), the loss metrics summed into `sums`; true when the last backward pass armed the
+  // overlapped gradient reducer.
+  StatusOr<bool> ForwardBackward(const LossTypeSpec& loss, const data::RolloutBatch& batch,
+                                 const std::vector<MicroBatch>& micro_batches,
+                                 const std::vector<LossReducer>& reducers,
+                                 const SampleTensors& tensors,
+                                 std::map<std::string, torch::Tensor>& sums);
+  // The gradients and `sums` summed over the DP group, as the optimizer and the overlapped
+  // reducer need.
+  Status ReduceOverDataParallel(bool overlap_armed, std::map<std::string, torch::Tensor>& sums);
+  // AdamW, the step counter and the LR schedule; grad_norm and lr join `metrics`.
+  Status ApplyOptimizerStep(int64_t num_steps, TrainStepMetrics& metrics);
 
   TrainerOptions options_;
   std::unique_ptr<model::DecoderModel> model_;
