@@ -24,12 +24,6 @@ void ExpectValues(const torch::Tensor& t, const std::vector<double>& expected, d
   }
 }
 
-void ExpectVector(const std::vector<double>& v, const std::vector<double>& expected,
-                  double tol = 1e-9) {
-  ASSERT_EQ(v.size(), expected.size());
-  for (size_t i = 0; i < v.size(); ++i) EXPECT_NEAR(v[i], expected[i], tol) << "element " << i;
-}
-
 std::string Msg(const Status& s) { return std::string(s.message()); }
 
 config::AlgorithmConfig Algo(const std::string& estimator) {
