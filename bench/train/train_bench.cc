@@ -85,9 +85,9 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using slime::train::RolloutBatch;
+using slime::data::RolloutBatch;
+using slime::data::TrainSample;
 using slime::train::Trainer;
-using slime::train::TrainSample;
 
 constexpr double kH200DenseBf16Tflops = 989.0;
 

@@ -4,6 +4,7 @@
 
 #include "field_builder.h"
 #include "slime/common/logging.h"
+#include "slime/config/algorithms.h"
 
 namespace slime::config::internal {
 
@@ -11,11 +12,11 @@ void AddAlgorithmFields(std::vector<FieldSpec<Config>>* table) {
   SectionBuilder<AlgorithmConfig> b(table, "algorithm", &Config::algorithm);
   b.Add("advantage_estimator", &AlgorithmConfig::advantage_estimator)
       .Slime("--advantage-estimator")
-      .Enum({"grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"})
+      .Enum(AdvantageEstimatorNames())
       .Doc("Advantage estimator and policy-loss family; ppo also trains a critic.");
   b.Add("loss_type", &AlgorithmConfig::loss_type)
       .Slime("--loss-type")
-      .Enum({"policy_loss", "sft_loss"})
+      .Enum(LossTypeNames())
       .Doc("policy_loss: the RL objective; sft_loss: token NLL on the loss-masked response.");
   b.Add("compute_advantages_and_returns", &AlgorithmConfig::compute_advantages_and_returns)
       .Slime("--disable-compute-advantages-and-returns (inverted)")

@@ -2,13 +2,13 @@
 // of slime's argument validation), plus range/placement checks of our own. Every message names
 // the keys involved and what would be valid.
 #include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <set>
 
-#include <yaml-cpp/yaml.h>
-
 #include "slime/common/strings.h"
+#include "slime/config/algorithms.h"
 #include "slime/config/config.h"
 #include "slime/config/fields.h"
 
@@ -76,6 +76,9 @@ class Resolver {
   void ResolveAlgorithm() {
     AlgorithmConfig& a = c_.algorithm;
     const std::string& estimator = a.advantage_estimator;
+    // CheckFields refused an unknown name (its allowed values come from algorithms.h).
+    const AdvantageEstimatorInfo* info = FindAdvantageEstimator(estimator);
+    if (info == nullptr) return;
     // KL of either kind needs the reference model. slime requires --ref-load whenever
     // --use-kl-loss is on, even with --kl-loss-coef 0 (its Qwen3-4B recipe does exactly that:
     // the reference log-probs are computed and the KL is logged but adds nothing to the loss).
@@ -91,18 +94,21 @@ class Resolver {
           "choose the reward penalty or the loss term",
           a.kl_coef, a.kl_loss_coef);
     }
-    if (a.kl_coef != 0 && (estimator == "grpo" || estimator == "gspo" || estimator == "cispo")) {
+    if (a.kl_coef != 0 && !info->reward_kl) {
+      std::vector<std::string> with_reward_kl;
+      for (const AdvantageEstimatorInfo& e : kAdvantageEstimators) {
+        if (e.reward_kl) with_reward_kl.emplace_back(e.name);
+      }
       Warn(
           "algorithm.kl_coef = {} has no effect with advantage_estimator '{}' (the reward KL "
-          "penalty applies to ppo and reinforce_plus_plus*); use use_kl_loss + kl_loss_coef",
-          a.kl_coef, estimator);
+          "penalty applies to {}); use use_kl_loss + kl_loss_coef",
+          a.kl_coef, estimator, JoinNames(with_reward_kl));
     }
     if (a.kl_loss_coef != 0 && !a.use_kl_loss) {
       Warn("algorithm.kl_loss_coef = {} has no effect while algorithm.use_kl_loss is false",
            a.kl_loss_coef);
     }
-    if ((estimator == "reinforce_plus_plus" || estimator == "reinforce_plus_plus_baseline") &&
-        !a.normalize_advantages) {
+    if (info->needs_normalize_advantages && !a.normalize_advantages) {
       Error("algorithm.advantage_estimator '{}' requires algorithm.normalize_advantages: true",
             estimator);
     }
@@ -655,6 +661,9 @@ int NumRolloutEngines(const Config& config) {
   return *k.rollout_num_gpus / k.rollout_num_gpus_per_engine;
 }
 
-bool UseCritic(const Config& config) { return config.algorithm.advantage_estimator == "ppo"; }
+bool UseCritic(const Config& config) {
+  const AdvantageEstimatorInfo* info = FindAdvantageEstimator(config.algorithm.advantage_estimator);
+  return info != nullptr && info->critic;
+}
 
 }  // namespace slime::config

@@ -32,13 +32,13 @@ int ExitCodeFor(const Status& s) {
 }
 
 // The rollout's kept samples as the trainer's batch (flattened in group order, as the rewards).
-train::RolloutBatch ToTrainBatch(const rollout::RolloutResult& result, double temperature) {
-  train::RolloutBatch batch;
+data::RolloutBatch ToTrainBatch(const rollout::RolloutResult& result, double temperature) {
+  data::RolloutBatch batch;
   batch.temperature = temperature;
   size_t i = 0;
   for (const data::SampleGroup& group : result.groups) {
     for (const data::Sample& s : group) {
-      train::TrainSample t;
+      data::TrainSample t;
       t.tokens = s.tokens;
       t.response_length = s.response_length;
       t.prompt_length = s.PromptLength();

@@ -1,4 +1,4 @@
-// train::RolloutBatch ⇄ TrainBatchProto (include/slime/job/train_batch_codec.h).
+// data::RolloutBatch ⇄ TrainBatchProto (include/slime/job/train_batch_codec.h).
 #include "slime/job/train_batch_codec.h"
 
 #include "fmt/format.h"
@@ -6,11 +6,11 @@
 
 namespace slime::job {
 
-std::string EncodeTrainBatch(int64_t rollout_id, const train::RolloutBatch& batch) {
+std::string EncodeTrainBatch(int64_t rollout_id, const data::RolloutBatch& batch) {
   slime::v1::TrainBatchProto proto;
   proto.set_rollout_id(rollout_id);
   proto.set_temperature(batch.temperature);
-  for (const train::TrainSample& s : batch.samples) {
+  for (const data::TrainSample& s : batch.samples) {
     slime::v1::TrainSampleProto* p = proto.add_samples();
     p->mutable_tokens()->Add(s.tokens.begin(), s.tokens.end());
     p->set_prompt_length(s.prompt_length);
@@ -58,7 +58,7 @@ StatusOr<DecodedTrainBatch> DecodeTrainBatch(const std::string& bytes) {
       return bad(fmt::format("teacher_log_probs has {} entries, response_length is {}",
                              p.teacher_log_probs_size(), r));
     }
-    train::TrainSample s;
+    data::TrainSample s;
     s.tokens.assign(p.tokens().begin(), p.tokens().end());
     s.prompt_length = p.prompt_length();
     s.response_length = r;

@@ -157,7 +157,7 @@ Status RolloutCoordinator::Configure(RolloutOptions options, GroupSource* source
   }
   options.reward_postprocess.n_samples_per_prompt = options.n_samples_per_prompt;
   options.reward_postprocess.rollout_batch_size = options.rollout_batch_size;
-  SLIME_RETURN_IF_ERROR(train::GroupRewardNormalizationFor(options.reward_postprocess).status());
+  SLIME_RETURN_IF_ERROR(reward::GroupRewardNormalizationFor(options.reward_postprocess).status());
   recovery_enabled_ = recovery_ != nullptr;
   if (recovery_enabled_) {
     options.engines.on_unreachable = [this](int engine, const Status& cause) {
@@ -528,7 +528,7 @@ bool RolloutCoordinator::PassesDynamicFilter(const Job& job, GenerateTally* t) {
   if (options_.dynamic_filter == DynamicFilter::kNone) return true;
   std::vector<double> rewards;
   for (const auto& s : job.group) rewards.push_back(s.reward);
-  const bool zero_std = train::SampleStd(rewards) <= 1e-6;
+  const bool zero_std = reward::SampleStd(rewards) <= 1e-6;
   if (!zero_std) return true;
   if (options_.dynamic_filter == DynamicFilter::kNonzeroStdWithFallback &&
       static_cast<int64_t>(t->kept.size()) + t->pending < t->target) {

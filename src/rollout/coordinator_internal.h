@@ -117,7 +117,7 @@ bool NeedsGeneration(const data::Sample& s);
 Status ScoreGroup(reward::RewardModel* model, const std::string& rm_type,
                   const std::string& reward_key, data::SampleGroup* group);
 
-// Slime's reward post-processing (train::NormalizeGroupRewards) over the kept groups, whose
+// Slime's reward post-processing (reward::NormalizeGroupRewards) over the kept groups, whose
 // rewards are `raw_rewards` flattened in group order. When every group has
 // n_samples_per_prompt samples this is exactly NormalizeGroupRewards. When custom generation
 // returned extra segments (a group is larger), each group is normalized on its own: mean and
@@ -125,7 +125,7 @@ Status ScoreGroup(reward::RewardModel* model, const std::string& rm_type,
 // to every sample of the group, so a sample split into k segments does not weigh k times.
 StatusOr<std::vector<double>> PostProcessRewards(const std::vector<data::SampleGroup>& groups,
                                                  const std::vector<double>& raw_rewards,
-                                                 const train::GroupRewardOptions& options);
+                                                 const reward::GroupRewardOptions& options);
 
 }  // namespace internal
 }  // namespace slime::rollout

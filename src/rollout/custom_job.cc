@@ -321,18 +321,18 @@ namespace internal {
 
 StatusOr<std::vector<double>> PostProcessRewards(const std::vector<data::SampleGroup>& groups,
                                                  const std::vector<double>& raw_rewards,
-                                                 const train::GroupRewardOptions& options) {
+                                                 const reward::GroupRewardOptions& options) {
   bool fixed = true;
   for (const auto& g : groups) {
     fixed = fixed && static_cast<int>(g.size()) == options.n_samples_per_prompt;
   }
   if (fixed) {
-    SLIME_ASSIGN_OR_RETURN(train::NormalizedRewards n,
-                           train::NormalizeGroupRewards(raw_rewards, options));
+    SLIME_ASSIGN_OR_RETURN(reward::NormalizedRewards n,
+                           reward::NormalizeGroupRewards(raw_rewards, options));
     return std::move(n.rewards);
   }
-  SLIME_ASSIGN_OR_RETURN(train::GroupRewardNormalization norm,
-                         train::GroupRewardNormalizationFor(options));
+  SLIME_ASSIGN_OR_RETURN(reward::GroupRewardNormalization norm,
+                         reward::GroupRewardNormalizationFor(options));
   std::vector<double> out;
   out.reserve(raw_rewards.size());
   size_t i = 0;
@@ -351,7 +351,7 @@ StatusOr<std::vector<double>> PostProcessRewards(const std::vector<data::SampleG
     double mean = 0;
     for (double r : parents) mean += r;
     mean /= static_cast<double>(parents.size());
-    const double std = train::SampleStd(parents);
+    const double std = reward::SampleStd(parents);
     for (size_t k = 0; k < g.size(); ++k, ++i) {
       const double r = raw_rewards.at(i);
       if (!std::isfinite(r)) {
@@ -359,13 +359,13 @@ StatusOr<std::vector<double>> PostProcessRewards(const std::vector<data::SampleG
             fmt::format("reward {} of sample {} is not finite", r, g[k].index));
       }
       switch (norm) {
-        case train::GroupRewardNormalization::kNone:
+        case reward::GroupRewardNormalization::kNone:
           out.push_back(r);
           break;
-        case train::GroupRewardNormalization::kMean:
+        case reward::GroupRewardNormalization::kMean:
           out.push_back(r - mean);
           break;
-        case train::GroupRewardNormalization::kMeanStd:
+        case reward::GroupRewardNormalization::kMeanStd:
           out.push_back((r - mean) / (std + options.std_epsilon));
           break;
       }

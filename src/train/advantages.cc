@@ -1,8 +1,7 @@
-// Reward post-processing, KL estimators and advantage estimators (docs/algorithms.md).
+// KL estimators and advantage estimators (docs/algorithms.md).
 #include "slime/train/advantages.h"
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -10,7 +9,7 @@
 #include <exception>
 #include <utility>
 
-#include "slime/train/reward_postprocess.h"
+#include "slime/train/loss_registry.h"
 #include "torch_guard.h"
 
 namespace slime::train {
@@ -83,39 +82,6 @@ Status CheckNonNegative(std::string_view name, double value) {
 
 // ---- Names -------------------------------------------------------------------------------
 
-StatusOr<AdvantageEstimator> ParseAdvantageEstimator(std::string_view name) {
-  if (name == "grpo") return AdvantageEstimator::kGrpo;
-  if (name == "gspo") return AdvantageEstimator::kGspo;
-  if (name == "cispo") return AdvantageEstimator::kCispo;
-  if (name == "reinforce_plus_plus") return AdvantageEstimator::kReinforcePlusPlus;
-  if (name == "reinforce_plus_plus_baseline") {
-    return AdvantageEstimator::kReinforcePlusPlusBaseline;
-  }
-  if (name == "ppo") return AdvantageEstimator::kPpo;
-  return absl::InvalidArgumentError(fmt::format(
-      "unknown advantage_estimator '{}': valid are grpo, gspo, cispo, reinforce_plus_plus, "
-      "reinforce_plus_plus_baseline, ppo",
-      name));
-}
-
-std::string_view AdvantageEstimatorName(AdvantageEstimator estimator) {
-  switch (estimator) {
-    case AdvantageEstimator::kGrpo:
-      return "grpo";
-    case AdvantageEstimator::kGspo:
-      return "gspo";
-    case AdvantageEstimator::kCispo:
-      return "cispo";
-    case AdvantageEstimator::kReinforcePlusPlus:
-      return "reinforce_plus_plus";
-    case AdvantageEstimator::kReinforcePlusPlusBaseline:
-      return "reinforce_plus_plus_baseline";
-    case AdvantageEstimator::kPpo:
-      return "ppo";
-  }
-  return "?";
-}
-
 StatusOr<KlType> ParseKlType(std::string_view name) {
   if (name == "k1") return KlType::kK1;
   if (name == "k2") return KlType::kK2;
@@ -137,37 +103,6 @@ std::string_view KlTypeName(KlType type) {
       return "low_var_kl";
   }
   return "?";
-}
-
-// ---- 3.1 Reward post-processing ----------------------------------------------------------
-
-StatusOr<RewardPostProcessOptions> RewardPostProcessOptions::FromConfig(
-    const config::Config& config) {
-  RewardPostProcessOptions options;
-  SLIME_ASSIGN_OR_RETURN(options.estimator,
-                         ParseAdvantageEstimator(config.algorithm.advantage_estimator));
-  options.rewards_normalization = config.algorithm.rewards_normalization;
-  options.grpo_std_normalization = config.algorithm.grpo_std_normalization;
-  options.n_samples_per_prompt = config.data.n_samples_per_prompt;
-  options.rollout_batch_size = config.data.rollout_batch_size;
-  return options;
-}
-
-StatusOr<PostProcessedRewards> PostProcessRewards(const std::vector<double>& raw_rewards,
-                                                  const RewardPostProcessOptions& options) {
-  // The same numbers as the rollout coordinator's LibTorch-free version (reward_postprocess.h).
-  GroupRewardOptions group;
-  group.advantage_estimator = std::string(AdvantageEstimatorName(options.estimator));
-  group.rewards_normalization = options.rewards_normalization;
-  group.grpo_std_normalization = options.grpo_std_normalization;
-  group.n_samples_per_prompt = options.n_samples_per_prompt;
-  group.rollout_batch_size = options.rollout_batch_size;
-  SLIME_ASSIGN_OR_RETURN(NormalizedRewards normalized, NormalizeGroupRewards(raw_rewards, group));
-  PostProcessedRewards out;
-  out.rewards = std::move(normalized.rewards);
-  out.group_size = normalized.group_size;
-  out.whole_batch_one_group = normalized.whole_batch_one_group;
-  return out;
 }
 
 // ---- 3.2 Per-token KL ----------------------------------------------------------------------
@@ -403,18 +338,17 @@ StatusOr<torch::Tensor> MaskedWhiten(const torch::Tensor& values, const torch::T
 
 // ---- The whole stage --------------------------------------------------------------------
 
-StatusOr<AdvantageOutputs> ComputeAdvantagesAndReturns(const config::AlgorithmConfig& algorithm,
-                                                       const AdvantageInputs& inputs,
-                                                       const AllReduceSumFn& all_reduce) {
-  SLIME_ASSIGN_OR_RETURN(AdvantageEstimator estimator,
-                         ParseAdvantageEstimator(algorithm.advantage_estimator));
-  SLIME_ASSIGN_OR_RETURN(KlType kl_type, ParseKlType(algorithm.kl_loss_type));
+namespace {
+
+// The options' ranges and the inputs' shapes; returns R_i per sample (the loss masks define B
+// and every R_i). Every input the options need must be there.
+StatusOr<std::vector<int64_t>> CheckAdvantageInputs(const config::AlgorithmConfig& algorithm,
+                                                    const AdvantageEstimatorSpec& estimator,
+                                                    const AdvantageInputs& inputs) {
   SLIME_RETURN_IF_ERROR(CheckUnitInterval("gamma", algorithm.gamma));
   SLIME_RETURN_IF_ERROR(CheckUnitInterval("lambd", algorithm.lambd));
   SLIME_RETURN_IF_ERROR(CheckNonNegative("kl_coef", algorithm.kl_coef));
   SLIME_RETURN_IF_ERROR(CheckNonNegative("opd_kl_coef", algorithm.opd_kl_coef));
-
-  // Shapes: the loss masks define B and every R_i.
   const size_t b = inputs.loss_masks.size();
   std::vector<int64_t> lengths(b);
   for (size_t i = 0; i < b; ++i) {
@@ -436,112 +370,98 @@ StatusOr<AdvantageOutputs> ComputeAdvantagesAndReturns(const config::AlgorithmCo
     }
   }
   SLIME_RETURN_IF_ERROR(CheckPerSample("log_probs", inputs.log_probs, lengths));
-  const bool use_reward_kl = algorithm.kl_coef != 0;
-  if (use_reward_kl) {
+  if (algorithm.kl_coef != 0) {
     SLIME_RETURN_IF_ERROR(
         CheckPerSample("ref_log_probs (kl_coef != 0)", inputs.ref_log_probs, lengths));
   }
-  if (estimator == AdvantageEstimator::kPpo) {
-    SLIME_RETURN_IF_ERROR(CheckPerSample("values (ppo)", inputs.values, lengths));
+  if (estimator.info().critic) {
+    SLIME_RETURN_IF_ERROR(
+        CheckPerSample(fmt::format("values ({})", estimator.name), inputs.values, lengths));
   }
   if (algorithm.use_opd) {
     SLIME_RETURN_IF_ERROR(
         CheckPerSample("teacher_log_probs (use_opd)", inputs.teacher_log_probs, lengths));
   }
+  return lengths;
+}
 
-  AdvantageOutputs out;
-  // Reward KL: KLest(π_old, π_ref), or zeros when kl_coef == 0 (no reference needed).
-  for (size_t i = 0; i < b; ++i) {
-    if (use_reward_kl) {
+// The reward KL per sample: KLest(π_old, π_ref), or zeros when kl_coef == 0 (no reference).
+StatusOr<std::vector<torch::Tensor>> RewardKl(const config::AlgorithmConfig& algorithm,
+                                              KlType kl_type, const AdvantageInputs& inputs) {
+  std::vector<torch::Tensor> out;
+  for (size_t i = 0; i < inputs.loss_masks.size(); ++i) {
+    if (algorithm.kl_coef != 0) {
       SLIME_ASSIGN_OR_RETURN(
           torch::Tensor kl,
           ComputeApproxKl(inputs.log_probs[i].detach(), inputs.ref_log_probs[i].detach(), kl_type));
-      out.kl.push_back(std::move(kl));
+      out.push_back(std::move(kl));
     } else {
       SLIME_ASSIGN_OR_RETURN(
           torch::Tensor zeros, GuardTorch("reward kl", [&]() -> StatusOr<torch::Tensor> {
             const torch::Tensor& lp = inputs.log_probs[i];
             return torch::zeros_like(lp.detach(), lp.options().dtype(ComputeDtype(lp)));
           }));
-      out.kl.push_back(std::move(zeros));
+      out.push_back(std::move(zeros));
     }
   }
+  return out;
+}
 
-  std::vector<torch::Tensor> advantages;
-  switch (estimator) {
-    case AdvantageEstimator::kGrpo:
-    case AdvantageEstimator::kGspo:
-    case AdvantageEstimator::kCispo: {
-      SLIME_ASSIGN_OR_RETURN(advantages, GrpoAdvantages(inputs.rewards, out.kl));
-      out.returns = advantages;
-      break;
+// MaskedWhiten over all tokens of all samples, in place. Runs even without local samples:
+// every process must join the all-reduce.
+Status WhitenAdvantages(std::vector<torch::Tensor>& advantages,
+                        const std::vector<torch::Tensor>& loss_masks,
+                        const std::vector<int64_t>& lengths, const AllReduceSumFn& all_reduce) {
+  torch::Tensor flat_advantages, flat_masks;
+  Status status = GuardTorch("whitening", [&]() -> Status {
+    if (loss_masks.empty()) {
+      flat_advantages = torch::zeros({0}, torch::kDouble);
+      flat_masks = torch::zeros({0}, torch::kDouble);
+      return absl::OkStatus();
     }
-    case AdvantageEstimator::kPpo: {
-      std::vector<torch::Tensor> token_rewards;
-      Status status = GuardTorch("ppo token rewards", [&]() -> Status {
-        for (size_t i = 0; i < b; ++i) {
-          torch::Tensor rho = out.kl[i] * (-algorithm.kl_coef);
-          if (lengths[i] > 0) rho[lengths[i] - 1] += inputs.rewards[i];
-          token_rewards.push_back(std::move(rho));
-        }
-        return absl::OkStatus();
-      });
-      SLIME_RETURN_IF_ERROR(status);
-      SLIME_ASSIGN_OR_RETURN(
-          AdvantagesAndReturns gae,
-          GaeAdvantagesAndReturns(token_rewards, inputs.values, algorithm.gamma, algorithm.lambd));
-      advantages = std::move(gae.advantages);
-      out.returns = std::move(gae.returns);
-      break;
+    flat_advantages = torch::cat(advantages);
+    std::vector<torch::Tensor> masks;
+    masks.reserve(loss_masks.size());
+    for (const torch::Tensor& m : loss_masks) {
+      masks.push_back(m.to(flat_advantages.device(), torch::kDouble));
     }
-    case AdvantageEstimator::kReinforcePlusPlus: {
-      SLIME_ASSIGN_OR_RETURN(advantages,
-                             ReinforcePlusPlusReturns(inputs.rewards, out.kl, inputs.loss_masks,
-                                                      algorithm.kl_coef, algorithm.gamma));
-      out.returns = advantages;
-      break;
-    }
-    case AdvantageEstimator::kReinforcePlusPlusBaseline: {
-      SLIME_ASSIGN_OR_RETURN(advantages, ReinforcePlusPlusBaselineAdvantages(inputs.rewards, out.kl,
-                                                                             algorithm.kl_coef));
-      out.returns = advantages;
-      break;
-    }
-  }
+    flat_masks = torch::cat(masks);
+    return absl::OkStatus();
+  });
+  SLIME_RETURN_IF_ERROR(status);
+  SLIME_ASSIGN_OR_RETURN(torch::Tensor whitened,
+                         MaskedWhiten(flat_advantages, flat_masks, all_reduce));
+  return GuardTorch("whitening", [&]() -> Status {
+    advantages = whitened.split_with_sizes(lengths);
+    return absl::OkStatus();
+  });
+}
 
+}  // namespace
+
+StatusOr<AdvantageOutputs> ComputeAdvantagesAndReturns(const config::AlgorithmConfig& algorithm,
+                                                       const AdvantageInputs& inputs,
+                                                       const AllReduceSumFn& all_reduce) {
+  SLIME_ASSIGN_OR_RETURN(const AdvantageEstimatorSpec* estimator,
+                         FindAdvantageEstimator(algorithm.advantage_estimator));
+  SLIME_ASSIGN_OR_RETURN(KlType kl_type, ParseKlType(algorithm.kl_loss_type));
+  SLIME_ASSIGN_OR_RETURN(std::vector<int64_t> lengths,
+                         CheckAdvantageInputs(algorithm, *estimator, inputs));
+
+  AdvantageOutputs out;
+  SLIME_ASSIGN_OR_RETURN(out.kl, RewardKl(algorithm, kl_type, inputs));
+  SLIME_ASSIGN_OR_RETURN(AdvantagesAndReturns estimated,
+                         estimator->advantages(algorithm, inputs, out.kl));
+  std::vector<torch::Tensor> advantages = std::move(estimated.advantages);
+  out.returns = std::move(estimated.returns);
   if (algorithm.use_opd) {
     SLIME_ASSIGN_OR_RETURN(
         out.opd_reverse_kl,
         ApplyOnPolicyDistillation(&advantages, inputs.log_probs, inputs.teacher_log_probs,
                                   algorithm.opd_kl_coef));
   }
-
   if (algorithm.normalize_advantages) {
-    // Runs even without local samples: every process must join the all-reduce.
-    torch::Tensor flat_advantages, flat_masks;
-    Status status = GuardTorch("whitening", [&]() -> Status {
-      if (b == 0) {
-        flat_advantages = torch::zeros({0}, torch::kDouble);
-        flat_masks = torch::zeros({0}, torch::kDouble);
-        return absl::OkStatus();
-      }
-      flat_advantages = torch::cat(advantages);
-      std::vector<torch::Tensor> masks;
-      masks.reserve(b);
-      for (const torch::Tensor& m : inputs.loss_masks) {
-        masks.push_back(m.to(flat_advantages.device(), torch::kDouble));
-      }
-      flat_masks = torch::cat(masks);
-      return absl::OkStatus();
-    });
-    SLIME_RETURN_IF_ERROR(status);
-    SLIME_ASSIGN_OR_RETURN(torch::Tensor whitened,
-                           MaskedWhiten(flat_advantages, flat_masks, all_reduce));
-    status = GuardTorch("whitening", [&]() -> Status {
-      advantages = whitened.split_with_sizes(lengths);
-      return absl::OkStatus();
-    });
-    SLIME_RETURN_IF_ERROR(status);
+    SLIME_RETURN_IF_ERROR(WhitenAdvantages(advantages, inputs.loss_masks, lengths, all_reduce));
   }
   out.advantages = std::move(advantages);
   return out;

@@ -186,7 +186,7 @@ std::vector<torch::Tensor> Critic::Parameters() const {
 // ---- Values
 // --------------------------------------------------------------------------------------
 
-StatusOr<torch::Tensor> Critic::ForwardValues(const RolloutBatch& batch,
+StatusOr<torch::Tensor> Critic::ForwardValues(const data::RolloutBatch& batch,
                                               const std::vector<int64_t>& samples) {
   internal::PackedInputs in;
   SLIME_RETURN_IF_ERROR(GuardTorch("critic: pack a micro-batch", [&]() -> Status {
@@ -204,7 +204,7 @@ StatusOr<torch::Tensor> Critic::ForwardValues(const RolloutBatch& batch,
   });
 }
 
-Status Critic::ComputeValues(const RolloutBatch& batch,
+Status Critic::ComputeValues(const data::RolloutBatch& batch,
                              const std::vector<const MicroBatch*>& micro_batches,
                              std::vector<torch::Tensor>& out) {
   if (out.size() != batch.samples.size()) {
@@ -230,7 +230,7 @@ Status Critic::ComputeValues(const RolloutBatch& batch,
 // ---- Training
 // ------------------------------------------------------------------------------------
 
-StatusOr<CriticStepResult> Critic::TrainStep(const RolloutBatch& batch,
+StatusOr<CriticStepResult> Critic::TrainStep(const data::RolloutBatch& batch,
                                              const std::vector<CriticMicroBatch>& micro_batches,
                                              const std::vector<torch::Tensor>& old_values,
                                              const std::vector<torch::Tensor>& returns,

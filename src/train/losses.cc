@@ -8,6 +8,7 @@
 #include <exception>
 #include <utility>
 
+#include "slime/train/loss_registry.h"
 #include "torch_guard.h"
 
 namespace slime::train {
@@ -148,7 +149,9 @@ StatusOr<TisType> ParseTisType(std::string_view name) {
 StatusOr<PolicyLossOptions> PolicyLossOptions::FromConfig(
     const config::AlgorithmConfig& algorithm) {
   PolicyLossOptions o;
-  SLIME_ASSIGN_OR_RETURN(o.estimator, ParseAdvantageEstimator(algorithm.advantage_estimator));
+  SLIME_ASSIGN_OR_RETURN(const AdvantageEstimatorSpec* estimator,
+                         FindAdvantageEstimator(algorithm.advantage_estimator));
+  o.objective = estimator->objective;
   o.eps_clip = algorithm.eps_clip;
   o.eps_clip_high = algorithm.eps_clip_high.value_or(algorithm.eps_clip);
   o.eps_clip_c = algorithm.eps_clip_c;
@@ -217,7 +220,7 @@ StatusOr<LossOutput> PolicyLoss(const PolicyLossOptions& options, const LossRedu
 
     // Δ = logp^old − logp per token, or (GSPO) the sample's masked mean of it.
     torch::Tensor ppo_kl = old_log_probs - log_probs;
-    if (options.estimator == AdvantageEstimator::kGspo) {
+    if (options.objective == PolicyObjective::kGspo) {
       ppo_kl = reducer.SampleMeanPerToken(ppo_kl);
     }
     const torch::Tensor ratio = (-ppo_kl).exp();
@@ -225,7 +228,7 @@ StatusOr<LossOutput> PolicyLoss(const PolicyLossOptions& options, const LossRedu
     const double high = 1.0 + options.eps_clip_high;
 
     torch::Tensor pg_losses, clipfrac;
-    if (options.estimator == AdvantageEstimator::kCispo) {
+    if (options.objective == PolicyObjective::kCispo) {
       const torch::Tensor truncated = ratio.clamp(low, high);
       pg_losses = -truncated.detach() * advantages * log_probs;
       clipfrac = truncated.ne(ratio).to(log_probs.scalar_type());

@@ -57,8 +57,8 @@ Status Validate(const SftOptions& o) {
 }
 
 // The SFT sample as the trainer's sample: the response starts at the first trained token.
-TrainSample ToTrainSample(const data::SftSample& s) {
-  TrainSample t;
+data::TrainSample ToTrainSample(const data::SftSample& s) {
+  data::TrainSample t;
   t.tokens = s.tokens;
   t.prompt_length = s.PromptLength();
   t.response_length = static_cast<int64_t>(s.tokens.size()) - t.prompt_length;
@@ -151,7 +151,7 @@ StatusOr<SftResult> RunSft(const SftOptions& o) {
   };
   while (done < total_steps) {
     const int64_t epoch = sampler.state().epoch;
-    RolloutBatch batch;
+    data::RolloutBatch batch;
     int64_t tokens = 0, trained = 0;
     for (int64_t idx : sampler.Next(o.batch_size)) {
       const data::SftSample& s = ds.samples[idx];

@@ -1,9 +1,10 @@
-// Private to the trainer's sources (trainer.cc, trainer_weights.cc, trainer_step.cc): the
+// Private to the trainer's sources (trainer*.cc; loss_registry.cc uses the gather helpers): the
 // Trainer's hidden state and the helpers those files share. Not installed; include only from
 // src/train/.
 //
-//   trainer.cc          Create, batch checks, TrainRollout / SftStep / ComputeLogProbs (the
-//                       public flow of trainer.h)
+//   trainer_create.cc   Create and its steps
+//   trainer.cc          batch checks, TrainRollout / SftStep / ComputeLogProbs (the public
+//                       flow of trainer.h)
 //   trainer_weights.cc  the CPU weight copies (ref / teacher / old actor), the swap, the
 //                       keep_old_actor queue, Save / Load
 //   trainer_step.cc     packing and forwarding micro-batches, one optimizer step (RunStep)
@@ -33,6 +34,7 @@
 #include "slime/train/critic.h"
 #include "slime/train/grad_reducer.h"
 #include "slime/train/logprobs.h"
+#include "slime/train/loss_registry.h"
 #include "slime/train/losses.h"
 #include "slime/train/lr_schedule.h"
 #include "slime/train/trainer.h"
@@ -96,7 +98,7 @@ struct PackedInputs {
   torch::Tensor ids;  // [T] int64
   PackedSequences packed;
 };
-PackedInputs Pack(const RolloutBatch& batch, const std::vector<int64_t>& samples,
+PackedInputs Pack(const data::RolloutBatch& batch, const std::vector<int64_t>& samples,
                   torch::Device device);
 
 // Sums the named 0-dim metric tensors into `sums` (float64).
@@ -135,21 +137,22 @@ bool AllDefined(const std::vector<torch::Tensor>& per_sample, const std::vector<
 
 // Rollout ids for the scheduler: the samples' own, -1 replaced by ids of their own; empty when
 // no sample has an id (every sample is a rollout of its own).
-std::vector<int64_t> SchedulingRolloutIds(const RolloutBatch& batch);
+std::vector<int64_t> SchedulingRolloutIds(const data::RolloutBatch& batch);
 
 // The number of distinct rollouts among `num_samples` samples with SchedulingRolloutIds `ids`.
 int64_t CountRollouts(const std::vector<int64_t>& ids, size_t num_samples);
 
 // Forward (with the autograd graph when grad mode is on) of one packed micro-batch of `samples`
 // → the response log-probs (and entropy).
-StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model, const RolloutBatch& batch,
+StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model,
+                                             const data::RolloutBatch& batch,
                                              const std::vector<int64_t>& samples,
                                              int64_t chunk_size, bool with_entropy);
 
 // Forward-only log-probs of every sample of `micro_batches` into out[sample] (`out` sized to the
 // batch beforehand); through the pipeline (ForwardOnlyPipelined) when pp has several stages.
 Status ForwardOnly(model::DecoderModel& model, model::PipelineParallelGroup& pp,
-                   const RolloutBatch& batch,
+                   const data::RolloutBatch& batch,
                    const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
                    bool with_entropy, SampleLogProbs& out);
 
@@ -167,7 +170,7 @@ using StageLossFn = std::function<StatusOr<torch::Tensor>(size_t k, const torch:
 // `before_last_backward` (optional) runs just before the stage's last backward pass of the step
 // (GradReducer::Arm).
 Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGroup& pp,
-                           const RolloutBatch& batch,
+                           const data::RolloutBatch& batch,
                            const std::vector<const std::vector<int64_t>*>& micro_batches,
                            const StageLossFn& loss,
                            const std::function<void()>& before_last_backward = nullptr);
@@ -176,9 +179,9 @@ Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGr
 // stage computes the log-probs (and entropy), and one broadcast gives every stage all of them,
 // so `out` is the same on every stage.
 Status ForwardOnlyPipelined(model::DecoderModel& model, model::PipelineParallelGroup& pp,
-                            const RolloutBatch& batch,
-                            const std::vector<const MicroBatch*>& micro_batches,
-                            int64_t chunk_size, bool with_entropy, SampleLogProbs& out);
+                            const data::RolloutBatch& batch,
+                            const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
+                            bool with_entropy, SampleLogProbs& out);
 
 // The last stage's step metrics (`values` there) copied into `values` on every stage (names and
 // numbers broadcast from the last stage). No-op with one stage.
@@ -189,38 +192,11 @@ Status ShareStepMetrics(model::PipelineParallelGroup& pp, bool last_stage,
 
 // ---- The Trainer's private state ---------------------------------------------------------------
 
-// The per-sample tensors of one rollout, indexed by the sample's position in the batch (only
-// this rank's samples are defined). All [R_i] float32 on the model's device.
-struct Trainer::SampleTensors {
-  std::vector<torch::Tensor> loss_masks;
-  std::vector<torch::Tensor> advantages;
-  std::vector<torch::Tensor> old_log_probs;      // π_old for the loss; undefined: ratio ≡ 1
-  std::vector<torch::Tensor> ref_log_probs;      // use_kl_loss
-  std::vector<torch::Tensor> rollout_log_probs;  // when the batch has them
-  std::vector<torch::Tensor> opd_reverse_kl;     // use_opd
-  std::vector<torch::Tensor> values;             // ppo: the pre-update critic's values
-  std::vector<torch::Tensor> returns;            // ppo: GAE returns (the critic's target)
-
-  explicit SampleTensors(size_t n)
-      : loss_masks(n),
-        advantages(n),
-        old_log_probs(n),
-        ref_log_probs(n),
-        rollout_log_probs(n),
-        opd_reverse_kl(n),
-        values(n),
-        returns(n) {}
-};
-
+// Create's results: the selected algorithm, the parameters, their CPU copies and the critic.
 struct Trainer::Impl {
-  AdvantageEstimator estimator = AdvantageEstimator::kGrpo;
+  TrainerAlgorithm algorithm;  // the loss and estimator rows and what they need
   PolicyLossOptions policy;
   BatchingOptions batching;
-  bool sft = false;            // loss_type == "sft_loss"
-  bool need_ref = false;       // use_kl_loss or kl_coef != 0
-  bool teacher_pass = false;   // use_opd with opd_type "megatron"
-  bool teacher_given = false;  // use_opd with opd_type "sglang": teacher log-probs in the batch
-  bool needs_rollout_log_probs = false;
 
   // The live parameters (model::NamedParameters order) and the CPU copies of other policies,
   // tensor k of a copy belonging to parameter k.
@@ -231,7 +207,7 @@ struct Trainer::Impl {
   std::vector<torch::Tensor> actor_backup;  // the actor while another policy is swapped in
   bool actor_backup_current = false;        // actor_backup equals the live parameters
 
-  std::unique_ptr<Critic> critic;  // advantage_estimator "ppo" (not with sft_loss)
+  std::unique_ptr<Critic> critic;             // TrainerNeeds::critic (advantage_estimator "ppo")
   std::unique_ptr<GradReducer> grad_reducer;  // train.overlap_grad_reduce, when it applies
 };
 

@@ -34,7 +34,7 @@
 namespace slime::train::internal {
 namespace {
 
-int64_t TokenCount(const RolloutBatch& batch, const std::vector<int64_t>& samples) {
+int64_t TokenCount(const data::RolloutBatch& batch, const std::vector<int64_t>& samples) {
   int64_t n = 0;
   for (int64_t i : samples) n += static_cast<int64_t>(batch.samples[i].tokens.size());
   return n;
@@ -50,7 +50,7 @@ Status InStage(const Status& s, const model::PipelineStage& stage, const char* w
 }  // namespace
 
 Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGroup& pp,
-                           const RolloutBatch& batch,
+                           const data::RolloutBatch& batch,
                            const std::vector<const std::vector<int64_t>*>& micro_batches,
                            const StageLossFn& loss,
                            const std::function<void()>& before_last_backward) {
@@ -160,9 +160,9 @@ Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGr
 }
 
 Status ForwardOnlyPipelined(model::DecoderModel& model, model::PipelineParallelGroup& pp,
-                            const RolloutBatch& batch,
-                            const std::vector<const MicroBatch*>& micro_batches,
-                            int64_t chunk_size, bool with_entropy, SampleLogProbs& out) {
+                            const data::RolloutBatch& batch,
+                            const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
+                            bool with_entropy, SampleLogProbs& out) {
   const model::PipelineStage& stage = model.stage();
   const int s = stage.rank;
   torch::NoGradGuard no_grad;

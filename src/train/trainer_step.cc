@@ -35,7 +35,7 @@ struct StepDenominators {
   std::vector<double> per_sample;
 };
 
-StepDenominators MakeDenominators(const RolloutBatch& batch, const std::vector<int64_t>& ids,
+StepDenominators MakeDenominators(const data::RolloutBatch& batch, const std::vector<int64_t>& ids,
                                   const std::vector<int64_t>& step_samples, bool per_token) {
   StepDenominators d;
   d.per_sample.assign(batch.samples.size(), 0.0);
@@ -61,14 +61,14 @@ StepDenominators MakeDenominators(const RolloutBatch& batch, const std::vector<i
 
 namespace internal {
 
-PackedInputs Pack(const RolloutBatch& batch, const std::vector<int64_t>& samples,
+PackedInputs Pack(const data::RolloutBatch& batch, const std::vector<int64_t>& samples,
                   torch::Device device) {
   PackedInputs in;
   in.packed.cu_seqlens.reserve(samples.size() + 1);
   in.packed.cu_seqlens.push_back(0);
   std::vector<int64_t> ids;
   for (int64_t i : samples) {
-    const TrainSample& s = batch.samples[i];
+    const data::TrainSample& s = batch.samples[i];
     ids.insert(ids.end(), s.tokens.begin(), s.tokens.end());
     in.packed.cu_seqlens.push_back(static_cast<int64_t>(ids.size()));
     in.packed.prompt_lengths.push_back(s.prompt_length);
@@ -188,10 +188,10 @@ bool AllDefined(const std::vector<torch::Tensor>& per_sample, const std::vector<
 }
 
 // Rollout ids for the scheduler: the samples' own, -1 replaced by ids of their own.
-std::vector<int64_t> SchedulingRolloutIds(const RolloutBatch& batch) {
+std::vector<int64_t> SchedulingRolloutIds(const data::RolloutBatch& batch) {
   int64_t max_id = -1;
   bool any = false;
-  for (const TrainSample& s : batch.samples) {
+  for (const data::TrainSample& s : batch.samples) {
     if (s.rollout_id >= 0) {
       any = true;
       max_id = std::max(max_id, s.rollout_id);
@@ -211,7 +211,8 @@ int64_t CountRollouts(const std::vector<int64_t>& ids, size_t num_samples) {
   return static_cast<int64_t>(std::set<int64_t>(ids.begin(), ids.end()).size());
 }
 
-StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model, const RolloutBatch& batch,
+StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model,
+                                             const data::RolloutBatch& batch,
                                              const std::vector<int64_t>& samples,
                                              int64_t chunk_size, bool with_entropy) {
   PackedInputs in;
@@ -231,7 +232,7 @@ StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model, const R
 
 // Forward-only log-probs of every sample of `micro_batches` into out[sample].
 Status ForwardOnly(model::DecoderModel& model, model::PipelineParallelGroup& pp,
-                   const RolloutBatch& batch,
+                   const data::RolloutBatch& batch,
                    const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
                    bool with_entropy, SampleLogProbs& out) {
   if (pp.size() > 1) {
@@ -259,7 +260,6 @@ Status ForwardOnly(model::DecoderModel& model, model::PipelineParallelGroup& pp,
 }  // namespace internal
 
 using internal::Accumulate;
-using internal::AllDefined;
 using internal::Gather;
 using internal::GuardTorch;
 
@@ -283,18 +283,16 @@ Status Trainer::SyncTiedEmbeddingGrads() {
   });
 }
 
-// One optimizer step over this rank's micro-batches of `step` (see the header comment): the
-// loss reducers of the micro-batches, the critic's step (ppo), then the actor's.
-StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_rollout,
-                                            int64_t num_steps, bool sft, const RolloutBatch& batch,
-                                            const std::vector<int64_t>& rollout_ids,
-                                            const StepSchedule& step,
-                                            const SampleTensors& tensors) {
-  const bool per_token = options_.config.train.calculate_per_token_loss;
+namespace {
+
+// The loss reducers of this rank's micro-batches of `step`, with the step's denominators.
+StatusOr<std::vector<LossReducer>> MakeReducers(const data::RolloutBatch& batch,
+                                                const std::vector<int64_t>& rollout_ids,
+                                                const StepSchedule& step,
+                                                const std::vector<MicroBatch>& micro_batches,
+                                                const SampleTensors& tensors, bool per_token) {
   const StepDenominators denominators =
       MakeDenominators(batch, rollout_ids, step.samples, per_token);
-  const std::vector<MicroBatch>& micro_batches = step.ranks[options_.dp_rank];
-
   std::vector<LossReducer> reducers;
   reducers.reserve(micro_batches.size());
   for (const MicroBatch& mb : micro_batches) {
@@ -317,114 +315,67 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
     SLIME_ASSIGN_OR_RETURN(LossReducer reducer, LossReducer::Create(lengths, mask, ro));
     reducers.push_back(std::move(reducer));
   }
+  return reducers;
+}
 
+// ppo: the critic's step on the same micro-batches and denominators (slime trains the critic
+// first), its values added to `metrics`. True when it is the whole step: in the first
+// num_critic_only_steps rollouts only the critic trains.
+StatusOr<bool> TrainCritic(Critic& critic, const data::RolloutBatch& batch,
+                           const std::vector<MicroBatch>& micro_batches,
+                           const std::vector<LossReducer>& reducers, const SampleTensors& tensors,
+                           int64_t num_critic_only_steps, int64_t num_steps,
+                           TrainStepMetrics& metrics) {
+  std::vector<CriticMicroBatch> critic_mbs;
+  for (size_t k = 0; k < micro_batches.size(); ++k) {
+    critic_mbs.push_back({&micro_batches[k].samples, &reducers[k]});
+  }
+  SLIME_ASSIGN_OR_RETURN(
+      CriticStepResult critic_step,
+      critic.TrainStep(batch, critic_mbs, tensors.values, tensors.returns, metrics.num_samples));
+  metrics.values.insert(critic_step.values.begin(), critic_step.values.end());
+  const int64_t rollout_id = metrics.rollout_id;
+  if (rollout_id < 0 || rollout_id >= num_critic_only_steps) return false;
+  metrics.skipped = critic_step.skipped;
+  spdlog::info("train: rollout {} critic-only step {}/{} ({} samples): {}", rollout_id,
+               metrics.step_in_rollout + 1, num_steps, metrics.num_samples,
+               FormatValues(metrics.values));
+  return true;
+}
+
+}  // namespace
+
+// One optimizer step over this rank's micro-batches of `step` (see the header comment): the
+// loss reducers of the micro-batches, the critic's step (ppo), then the actor's.
+StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_rollout,
+                                            int64_t num_steps, const LossTypeSpec& loss,
+                                            const data::RolloutBatch& batch,
+                                            const std::vector<int64_t>& rollout_ids,
+                                            const StepSchedule& step,
+                                            const SampleTensors& tensors) {
+  const std::vector<MicroBatch>& micro_batches = step.ranks[options_.dp_rank];
+  SLIME_ASSIGN_OR_RETURN(std::vector<LossReducer> reducers,
+                         MakeReducers(batch, rollout_ids, step, micro_batches, tensors,
+                                      options_.config.train.calculate_per_token_loss));
   TrainStepMetrics metrics;
   metrics.rollout_id = rollout_id;
   metrics.step = step_;
   metrics.step_in_rollout = step_in_rollout;
   metrics.num_samples = static_cast<int64_t>(step.samples.size());
 
-  // ppo: the critic's step on the same micro-batches and denominators (slime trains the critic
-  // first); in the first num_critic_only_steps rollouts it is the only step.
   Critic* critic = impl_->critic.get();
-  if (critic != nullptr && !sft) {
-    std::vector<CriticMicroBatch> critic_mbs;
-    for (size_t k = 0; k < micro_batches.size(); ++k) {
-      critic_mbs.push_back({&micro_batches[k].samples, &reducers[k]});
-    }
+  if (critic != nullptr && loss.needs.advantages) {
     SLIME_ASSIGN_OR_RETURN(
-        CriticStepResult critic_step,
-        critic->TrainStep(batch, critic_mbs, tensors.values, tensors.returns, metrics.num_samples));
-    metrics.values.insert(critic_step.values.begin(), critic_step.values.end());
-    if (rollout_id >= 0 && rollout_id < options_.config.algorithm.num_critic_only_steps) {
-      metrics.skipped = critic_step.skipped;
-      spdlog::info("train: rollout {} critic-only step {}/{} ({} samples): {}", rollout_id,
-                   step_in_rollout + 1, num_steps, metrics.num_samples,
-                   FormatValues(metrics.values));
-      return metrics;
-    }
+        bool critic_only,
+        TrainCritic(*critic, batch, micro_batches, reducers, tensors,
+                    options_.config.algorithm.num_critic_only_steps, num_steps, metrics));
+    if (critic_only) return metrics;
   }
 
-  // Forward and backward of every micro-batch: the 1F1B pipeline schedule (trainer_pipeline.cc;
-  // with one stage simply forward, loss, backward per micro-batch). The loss, and so the
-  // metrics, exist on the last stage only.
   std::map<std::string, torch::Tensor> sums;
-  model::PipelineParallelGroup& pp = *options_.pp_group;
-  const bool last_stage = model_->stage().is_last();
-  auto micro_loss = [&](size_t k, const torch::Tensor& hidden,
-                        const internal::PackedInputs& packed) -> StatusOr<torch::Tensor> {
-    const MicroBatch& mb = micro_batches[k];
-    const LossReducer& reducer = reducers[k];
-    LogProbOptions lo;
-    lo.temperature = batch.temperature;
-    lo.chunk_size = options_.config.train.log_probs_chunk_size;
-    lo.compute_entropy = !sft;
-    SLIME_ASSIGN_OR_RETURN(ResponseLogProbs r,
-                           ComputeResponseLogProbs(hidden, model_->weights().lm_head, packed.ids,
-                                                   packed.packed, model_->tp_group(), lo));
-    StatusOr<LossOutput> loss = absl::InternalError("unset");
-    if (sft) {
-      loss = SftLoss(reducer, r.log_probs);
-    } else {
-      PolicyLossInputs in;
-      Status built = GuardTorch("trainer: policy loss inputs", [&]() -> Status {
-        in.log_probs = r.log_probs;
-        in.advantages = Gather(tensors.advantages, mb.samples);
-        if (AllDefined(tensors.old_log_probs, mb.samples)) {
-          in.old_log_probs = Gather(tensors.old_log_probs, mb.samples);
-        }
-        in.entropy = impl_->policy.entropy_coef != 0 ? r.entropy : r.entropy.detach();
-        if (impl_->policy.use_kl_loss) in.ref_log_probs = Gather(tensors.ref_log_probs, mb.samples);
-        if (AllDefined(tensors.rollout_log_probs, mb.samples)) {
-          in.rollout_log_probs = Gather(tensors.rollout_log_probs, mb.samples);
-        }
-        if (AllDefined(tensors.opd_reverse_kl, mb.samples)) {
-          in.opd_reverse_kl = Gather(tensors.opd_reverse_kl, mb.samples);
-        }
-        return absl::OkStatus();
-      });
-      SLIME_RETURN_IF_ERROR(built);
-      loss = PolicyLoss(impl_->policy, reducer, in);
-    }
-    if (!loss.ok()) return loss.status();
-    Status accumulated = GuardTorch("trainer: accumulate metrics", [&]() -> Status {
-      Accumulate(loss->metrics, sums);
-      return absl::OkStatus();
-    });
-    SLIME_RETURN_IF_ERROR(accumulated);
-    return loss->loss;
-  };
-  std::vector<const std::vector<int64_t>*> mb_samples;
-  for (const MicroBatch& mb : micro_batches) mb_samples.push_back(&mb.samples);
-  // train.overlap_grad_reduce: the gradient buckets are posted during the last backward pass.
-  GradReducer* overlap = impl_->grad_reducer.get();
-  bool armed = false;
-  Status scheduled = internal::RunPipelineSchedule(*model_, pp, batch, mb_samples, micro_loss,
-                                                   [overlap, &armed] {
-                                                     if (overlap == nullptr) return;
-                                                     overlap->Arm();
-                                                     armed = true;
-                                                   });
-  if (!scheduled.ok()) {
-    if (overlap != nullptr) overlap->Disarm();
-    return scheduled;
-  }
-
-  // DP: sum the gradients and the metrics over the group (ZeRO-1: only the metrics; AdamW
-  // reduce-scatters the gradients; overlapped: wait for the buckets, then the metrics).
-  if (overlap != nullptr) {
-    if (!armed) overlap->Arm();  // no backward pass ran on this rank: post every bucket now
-    SLIME_RETURN_IF_ERROR(overlap->Finish());
-    SLIME_RETURN_IF_ERROR(internal::AllReduceGradsAndMetrics(
-        options_.dp_all_reduce, {}, sums, options_.config.train.ddp_bucket_size));
-  } else if (options_.dp_size > 1 && optimizer_->distributed()) {
-    SLIME_RETURN_IF_ERROR(internal::AllReduceGradsAndMetrics(
-        options_.dp_all_reduce, {}, sums, options_.config.train.ddp_bucket_size));
-  } else if (options_.dp_size > 1) {
-    SLIME_RETURN_IF_ERROR(internal::AllReduceGradsAndMetrics(
-        options_.dp_all_reduce, impl_->trainable, sums, options_.config.train.ddp_bucket_size));
-  }
-
+  SLIME_ASSIGN_OR_RETURN(bool overlap_armed,
+                         ForwardBackward(loss, batch, micro_batches, reducers, tensors, sums));
+  SLIME_RETURN_IF_ERROR(ReduceOverDataParallel(overlap_armed, sums));
   // Tied embeddings over a pipeline: the first stage's embedding and the last stage's LM head
   // copy are one parameter; each gets the sum of both gradients (after the DP sums, so both
   // copies add the same two numbers) and the two stay equal through identical updates.
@@ -436,14 +387,88 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
   });
   SLIME_RETURN_IF_ERROR(read);
   // Every stage reports the last stage's loss metrics.
-  SLIME_RETURN_IF_ERROR(internal::ShareStepMetrics(pp, last_stage, metrics.values));
+  SLIME_RETURN_IF_ERROR(
+      internal::ShareStepMetrics(*options_.pp_group, model_->stage().is_last(), metrics.values));
+  SLIME_RETURN_IF_ERROR(ApplyOptimizerStep(num_steps, metrics));
+  return metrics;
+}
 
+// Forward and backward of every micro-batch: the 1F1B pipeline schedule (trainer_pipeline.cc;
+// with one stage simply forward, loss, backward per micro-batch). The loss, and so the
+// metrics, exist on the last stage only.
+StatusOr<bool> Trainer::ForwardBackward(const LossTypeSpec& loss, const data::RolloutBatch& batch,
+                                        const std::vector<MicroBatch>& micro_batches,
+                                        const std::vector<LossReducer>& reducers,
+                                        const SampleTensors& tensors,
+                                        std::map<std::string, torch::Tensor>& sums) {
+  auto micro_loss = [&](size_t k, const torch::Tensor& hidden,
+                        const internal::PackedInputs& packed) -> StatusOr<torch::Tensor> {
+    LogProbOptions lo;
+    lo.temperature = batch.temperature;
+    lo.chunk_size = options_.config.train.log_probs_chunk_size;
+    lo.compute_entropy = loss.needs.entropy;
+    SLIME_ASSIGN_OR_RETURN(ResponseLogProbs r,
+                           ComputeResponseLogProbs(hidden, model_->weights().lm_head, packed.ids,
+                                                   packed.packed, model_->tp_group(), lo));
+    SLIME_ASSIGN_OR_RETURN(
+        LossOutput out,
+        loss.loss(LossContext{reducers[k], r, tensors, micro_batches[k].samples, impl_->policy}));
+    Status accumulated = GuardTorch("trainer: accumulate metrics", [&]() -> Status {
+      Accumulate(out.metrics, sums);
+      return absl::OkStatus();
+    });
+    SLIME_RETURN_IF_ERROR(accumulated);
+    return out.loss;
+  };
+  std::vector<const std::vector<int64_t>*> mb_samples;
+  for (const MicroBatch& mb : micro_batches) mb_samples.push_back(&mb.samples);
+  // train.overlap_grad_reduce: the gradient buckets are posted during the last backward pass.
+  GradReducer* overlap = impl_->grad_reducer.get();
+  bool armed = false;
+  Status scheduled = internal::RunPipelineSchedule(*model_, *options_.pp_group, batch, mb_samples,
+                                                   micro_loss, [overlap, &armed] {
+                                                     if (overlap == nullptr) return;
+                                                     overlap->Arm();
+                                                     armed = true;
+                                                   });
+  if (!scheduled.ok()) {
+    if (overlap != nullptr) overlap->Disarm();
+    return scheduled;
+  }
+  return armed;
+}
+
+// DP: sum the gradients and the metrics over the group (ZeRO-1: only the metrics; AdamW
+// reduce-scatters the gradients; overlapped: wait for the buckets, then the metrics).
+Status Trainer::ReduceOverDataParallel(bool overlap_armed,
+                                       std::map<std::string, torch::Tensor>& sums) {
+  GradReducer* overlap = impl_->grad_reducer.get();
+  const int64_t bucket_size = options_.config.train.ddp_bucket_size;
+  if (overlap != nullptr) {
+    if (!overlap_armed) overlap->Arm();  // no backward pass ran on this rank: post every bucket
+    SLIME_RETURN_IF_ERROR(overlap->Finish());
+    return internal::AllReduceGradsAndMetrics(options_.dp_all_reduce, {}, sums, bucket_size);
+  }
+  if (options_.dp_size > 1 && optimizer_->distributed()) {
+    return internal::AllReduceGradsAndMetrics(options_.dp_all_reduce, {}, sums, bucket_size);
+  }
+  if (options_.dp_size > 1) {
+    return internal::AllReduceGradsAndMetrics(options_.dp_all_reduce, impl_->trainable, sums,
+                                              bucket_size);
+  }
+  return absl::OkStatus();
+}
+
+// AdamW at the scheduler's LR, the step counter, the LR schedule (not after a skipped step),
+// and the step's log line; grad_norm and lr join `metrics`.
+Status Trainer::ApplyOptimizerStep(int64_t num_steps, TrainStepMetrics& metrics) {
   SLIME_ASSIGN_OR_RETURN(OptimizerStepResult result, optimizer_->Step(lr_scheduler_.lr()));
   impl_->actor_backup_current = false;
   ++step_;
   metrics.skipped = result.skipped;
   metrics.values["grad_norm"] = result.grad_norm;
   metrics.values["lr"] = result.lr;
+  const int64_t rollout_id = metrics.rollout_id;
   if (result.skipped) {
     spdlog::warn("train: rollout {} step {}: skipped, the gradient norm is {} (not finite)",
                  rollout_id, metrics.step, result.grad_norm);
@@ -452,13 +477,13 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
   }
   if (rollout_id >= 0) {
     spdlog::info("train: rollout {} step {} ({}/{} of the rollout, {} samples): {}", rollout_id,
-                 metrics.step, step_in_rollout + 1, num_steps, metrics.num_samples,
+                 metrics.step, metrics.step_in_rollout + 1, num_steps, metrics.num_samples,
                  FormatValues(metrics.values));
   } else {
     spdlog::info("train: sft step {} ({} samples): {}", metrics.step, metrics.num_samples,
                  FormatValues(metrics.values));
   }
-  return metrics;
+  return absl::OkStatus();
 }
 
 }  // namespace slime::train

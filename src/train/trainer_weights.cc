@@ -240,7 +240,7 @@ Status Trainer::WithPolicyWeights(PolicyWeights which, const std::function<Statu
 // ---- keep_old_actor ----------------------------------------------------------------------------
 
 Status Trainer::OnWeightsSynced() {
-  if (!options_.config.algorithm.keep_old_actor || impl_->sft) return absl::OkStatus();
+  if (!impl_->algorithm.needs.old_actor_copy) return absl::OkStatus();
   return GuardTorch("trainer: update the old-actor weights", [&]() -> Status {
     auto& copies = impl_->copies;
     if (copies.count(kRolloutActor) > 0) {
@@ -737,7 +737,7 @@ StatusOr<LoadedTrainerState> Trainer::Load(const std::string& load_dir,
     spdlog::warn("trainer: {} has no LR scheduler state; the schedule starts from step 0",
                  loaded.dir);
   }
-  if (options_.config.algorithm.keep_old_actor && !impl_->sft) {
+  if (impl_->algorithm.needs.old_actor_copy) {
     Status copied = GuardTorch("trainer: old-actor weights from the checkpoint", [&]() -> Status {
       for (const char* tag : {kOldActor, kRolloutActor}) {
         auto it = impl_->copies.find(tag);

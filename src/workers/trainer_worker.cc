@@ -432,7 +432,7 @@ StatusOr<nlohmann::json> TrainerWorker::JoinGroups(const nlohmann::json& request
                         {"backend", backend},      {"seconds", SecondsSince(start)}};
 }
 
-StatusOr<nlohmann::json> TrainerWorker::Train(int64_t rollout_id, const train::RolloutBatch& batch) {
+StatusOr<nlohmann::json> TrainerWorker::Train(int64_t rollout_id, const data::RolloutBatch& batch) {
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
   SLIME_RETURN_IF_ERROR(impl_->EnsureResident());
   const auto start = std::chrono::steady_clock::now();

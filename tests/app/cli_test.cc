@@ -141,6 +141,22 @@ TEST(CliTest, UnknownKeySuggestsTheRightOne) {
   EXPECT_NE(r.err.find("did you mean 'algorithm.eps_clip'"), std::string::npos) << r.err;
 }
 
+TEST(CliTest, UnknownLossOrEstimatorListsTheValidNames) {
+  RunResult r =
+      RunSlime("--config configs/grpo-tiny-cpu.yaml --dry-run --set algorithm.loss_type=dpo_loss");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("algorithm.loss_type: 'dpo_loss' is not one of 'policy_loss', 'sft_loss'"),
+            std::string::npos)
+      << r.err;
+  r = RunSlime(
+      "--config configs/grpo-tiny-cpu.yaml --dry-run --set algorithm.advantage_estimator=rloo");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("algorithm.advantage_estimator: 'rloo' is not one of 'grpo'"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("'ppo'"), std::string::npos) << r.err;
+}
+
 TEST(CliTest, MissingConfigFileIsNamed) {
   RunResult r = RunSlime("--config configs/does-not-exist.yaml --dry-run");
   EXPECT_EQ(r.exit_code, 2);

@@ -1,7 +1,9 @@
 // ResolveConfig: every derived value and cross-check (docs/config.md, slime's and our own).
 #include <gtest/gtest.h>
 
+#include "slime/config/algorithms.h"
 #include "slime/config/config.h"
+#include "slime/config/fields.h"
 #include "test_util.h"
 
 namespace slime::config {
@@ -124,6 +126,35 @@ TEST(ConfigResolveAlgorithm, UseCriticForPpoForcesTrainOffload) {
   EXPECT_EQ(c->cluster.offload_train, true);
   EXPECT_EQ(c->cluster.offload_rollout, false);
   EXPECT_FALSE(UseCritic(*LoadMinimal()));
+}
+
+// The allowed values of both keys are the names of algorithms.h, and every one of them loads
+// (with the options its row says it needs); anything else is refused naming the key and
+// listing them.
+TEST(ConfigAlgorithmNames, AllowedValuesComeFromTheTables) {
+  EXPECT_EQ(FindConfigField("algorithm", "advantage_estimator")->allowed,
+            AdvantageEstimatorNames());
+  EXPECT_EQ(FindConfigField("algorithm", "loss_type")->allowed, LossTypeNames());
+  for (const AdvantageEstimatorInfo& info : kAdvantageEstimators) {
+    const std::string name(info.name);
+    std::vector<std::string> sets = {"algorithm.advantage_estimator=" + name};
+    if (info.needs_normalize_advantages) sets.push_back("algorithm.normalize_advantages=true");
+    auto c = LoadMinimal(sets);
+    ASSERT_TRUE(c.ok()) << name << ": " << c.status();
+    EXPECT_EQ(UseCritic(*c), info.critic) << name;
+  }
+  for (const std::string& name : LossTypeNames()) {
+    EXPECT_TRUE(LoadMinimal({"algorithm.loss_type=" + name}).ok()) << name;
+  }
+}
+
+TEST(ConfigAlgorithmNames, UnknownNamesAreRefusedWithTheValidOnes) {
+  EXPECT_TRUE(FailsWith(LoadMinimal({"algorithm.loss_type=custom_loss"}),
+                        {"algorithm.loss_type: 'custom_loss' is not one of 'policy_loss', "
+                         "'sft_loss'"}));
+  EXPECT_TRUE(FailsWith(LoadMinimal({"algorithm.advantage_estimator=rloo"}),
+                        {"algorithm.advantage_estimator: 'rloo' is not one of 'grpo', 'gspo', "
+                         "'cispo', 'reinforce_plus_plus', 'reinforce_plus_plus_baseline', 'ppo'"}));
 }
 
 // ---- debug -------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-// RolloutBatch ⇄ TrainBatchProto: every field survives the round trip; inconsistent lengths are
-// refused with the sample's index.
+// data::RolloutBatch ⇄ TrainBatchProto: every field survives the round trip; inconsistent lengths
+// are refused with the sample's index.
 #include "slime/job/train_batch_codec.h"
 
 #include "gtest/gtest.h"
@@ -8,10 +8,10 @@
 namespace slime::job {
 namespace {
 
-train::RolloutBatch TwoSamples() {
-  train::RolloutBatch batch;
+data::RolloutBatch TwoSamples() {
+  data::RolloutBatch batch;
   batch.temperature = 0.7;
-  train::TrainSample a;
+  data::TrainSample a;
   a.tokens = {1, 2, 3, 4, 5};
   a.prompt_length = 3;
   a.response_length = 2;
@@ -21,7 +21,7 @@ train::RolloutBatch TwoSamples() {
   a.rollout_log_probs = {-0.25f, -1.5f};
   a.rollout_id = 7;
   a.truncated = true;
-  train::TrainSample b;
+  data::TrainSample b;
   b.tokens = {9, 8};
   b.prompt_length = 1;
   b.response_length = 1;
@@ -32,13 +32,13 @@ train::RolloutBatch TwoSamples() {
 }
 
 TEST(TrainBatchCodecTest, RoundTripKeepsEveryField) {
-  const train::RolloutBatch in = TwoSamples();
+  const data::RolloutBatch in = TwoSamples();
   StatusOr<DecodedTrainBatch> out = DecodeTrainBatch(EncodeTrainBatch(42, in));
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->rollout_id, 42);
   EXPECT_DOUBLE_EQ(out->batch.temperature, 0.7);
   ASSERT_EQ(out->batch.samples.size(), 2u);
-  const train::TrainSample& a = out->batch.samples[0];
+  const data::TrainSample& a = out->batch.samples[0];
   EXPECT_EQ(a.tokens, in.samples[0].tokens);
   EXPECT_EQ(a.prompt_length, 3);
   EXPECT_EQ(a.response_length, 2);
@@ -49,7 +49,7 @@ TEST(TrainBatchCodecTest, RoundTripKeepsEveryField) {
   EXPECT_TRUE(a.teacher_log_probs.empty());
   EXPECT_EQ(a.rollout_id, 7);
   EXPECT_TRUE(a.truncated);
-  const train::TrainSample& b = out->batch.samples[1];
+  const data::TrainSample& b = out->batch.samples[1];
   EXPECT_EQ(b.teacher_log_probs, std::vector<float>{-3.0f});
   EXPECT_EQ(b.rollout_id, -1);
   EXPECT_FALSE(b.truncated);

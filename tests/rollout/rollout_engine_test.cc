@@ -319,7 +319,7 @@ TEST_F(RolloutEngineTest, DynamicFilterDropsZeroStdGroups) {
     EXPECT_EQ(g.front().label, "vary");
     std::vector<double> rewards;
     for (const auto& s : g) rewards.push_back(s.reward);
-    EXPECT_GT(train::SampleStd(rewards), 1e-6);
+    EXPECT_GT(reward::SampleStd(rewards), 1e-6);
   }
   EXPECT_GE(r->metrics["rollout/dynamic_filter/drop_zero_std_0.0"], 3);
   EXPECT_LE(r->metrics["rollout/dynamic_filter/drop_zero_std_0.0"], 4);

@@ -1,6 +1,6 @@
-// Rollout pieces without an inference engine: reward post-processing (numbers computed by hand),
-// pass@k and metrics, engine addresses, checkpoint state, and engines that are down, hang or
-// refuse requests (real HTTP: a closed port, and a real http::Server that never answers).
+// Rollout pieces without an inference engine: pass@k and metrics, engine addresses, checkpoint
+// state, and engines that are down, hang or refuse requests (real HTTP: a closed port, and a real
+// http::Server that never answers).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,87 +13,9 @@
 #include "slime/rollout/coordinator.h"
 #include "slime/rollout/engine_pool.h"
 #include "slime/rollout/metrics.h"
-#include "slime/train/reward_postprocess.h"
 
 namespace slime::rollout {
 namespace {
-
-using train::GroupRewardOptions;
-using train::NormalizeGroupRewards;
-
-GroupRewardOptions Opts(std::string estimator, int n, int batch) {
-  GroupRewardOptions o;
-  o.advantage_estimator = std::move(estimator);
-  o.n_samples_per_prompt = n;
-  o.rollout_batch_size = batch;
-  return o;
-}
-
-TEST(RewardPostprocessTest, GrpoUsesTheUnbiasedGroupStdPlusEpsilon) {
-  // Group 1: {1,0,0,0}: mean 1/4, sample variance (9/16 + 3/16) / 3 = 1/4, std 1/2.
-  // Group 2: {1,1,0,0}: mean 1/2, sample variance (4 · 1/4) / 3 = 1/3, std 1/sqrt(3).
-  auto r = NormalizeGroupRewards({1, 0, 0, 0, 1, 1, 0, 0}, Opts("grpo", 4, 2));
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->group_size, 4);
-  EXPECT_FALSE(r->whole_batch_one_group);
-  const double s1 = 0.5 + 1e-6;
-  const double s2 = 1.0 / std::sqrt(3.0) + 1e-6;
-  const std::vector<double> want = {0.75 / s1, -0.25 / s1, -0.25 / s1, -0.25 / s1,
-                                    0.5 / s2,  0.5 / s2,   -0.5 / s2,  -0.5 / s2};
-  ASSERT_EQ(r->rewards.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(r->rewards[i], want[i], 1e-12) << i;
-  EXPECT_NEAR(r->rewards[0], 1.4999970000059999, 1e-12);  // 0.75 / 0.500001
-}
-
-TEST(RewardPostprocessTest, DrGrpoBaselineAndPassThrough) {
-  GroupRewardOptions dr = Opts("grpo", 2, 2);
-  dr.grpo_std_normalization = false;  // Dr.GRPO: mean only
-  auto r = NormalizeGroupRewards({3, 1, 2, 2}, dr);
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->rewards, (std::vector<double>{1, -1, 0, 0}));
-
-  r = NormalizeGroupRewards({3, 1, 2, 2}, Opts("reinforce_plus_plus_baseline", 2, 2));
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->rewards, (std::vector<double>{1, -1, 0, 0}));
-
-  for (const char* e : {"ppo", "reinforce_plus_plus"}) {
-    r = NormalizeGroupRewards({3, 1, 2, 2}, Opts(e, 2, 2));
-    ASSERT_TRUE(r.ok());
-    EXPECT_EQ(r->rewards, (std::vector<double>{3, 1, 2, 2})) << e;
-    EXPECT_EQ(r->group_size, 0);
-  }
-  GroupRewardOptions off = Opts("grpo", 2, 2);
-  off.rewards_normalization = false;
-  r = NormalizeGroupRewards({3, 1, 2, 2}, off);
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->rewards, (std::vector<double>{3, 1, 2, 2}));
-}
-
-TEST(RewardPostprocessTest, OddCountsAreOneGroupAndSingletonsAreZero) {
-  // 3 rewards where 2 × 2 were expected: one group, mean 2, std 1.
-  auto r = NormalizeGroupRewards({1, 2, 3}, Opts("gspo", 2, 2));
-  ASSERT_TRUE(r.ok());
-  EXPECT_TRUE(r->whole_batch_one_group);
-  EXPECT_EQ(r->group_size, 3);
-  EXPECT_NEAR(r->rewards[0], -1 / (1 + 1e-6), 1e-12);
-  EXPECT_NEAR(r->rewards[1], 0, 1e-12);
-  EXPECT_NEAR(r->rewards[2], 1 / (1 + 1e-6), 1e-12);
-  r = NormalizeGroupRewards({5, 7}, Opts("grpo", 1, 2));  // n = 1: std 0, r - mean = 0
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->rewards, (std::vector<double>{0, 0}));
-  EXPECT_DOUBLE_EQ(train::SampleStd({1, 1, 1}), 0);
-  EXPECT_DOUBLE_EQ(train::SampleStd({1, 3}), std::sqrt(2.0));
-}
-
-TEST(RewardPostprocessTest, BadInputIsNamed) {
-  auto r = NormalizeGroupRewards({1, 2}, Opts("grpo_typo", 2, 1));
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("grpo_typo"), std::string::npos);
-  r = NormalizeGroupRewards({1, NAN}, Opts("grpo", 2, 1));
-  EXPECT_NE(r.status().message().find("sample 1"), std::string::npos);
-  r = NormalizeGroupRewards({1}, Opts("grpo", 0, 1));
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-}
 
 TEST(RolloutMetricsTest, PassAtKMatchesTheClosedForm) {
   EXPECT_DOUBLE_EQ(PassAtK(4, 1, 1), 0.25);

@@ -108,7 +108,7 @@ TEST(CriticTest, GaeUsesThePreUpdateCriticValues) {
   ASSERT_TRUE(twin.ok()) << twin.status();
   ASSERT_TRUE(torch::equal((*twin)->value_head(), trainer->critic()->value_head()));
 
-  const RolloutBatch batch = MakeBatch(4, 9);
+  const data::RolloutBatch batch = MakeBatch(4, 9);
   std::vector<MicroBatch> mbs(batch.samples.size());
   std::vector<const MicroBatch*> mb_ptrs;
   for (size_t i = 0; i < mbs.size(); ++i) {
@@ -155,7 +155,7 @@ TEST(CriticTest, ValueLossFallsOnAFixedBatchWhileTheActorIsFrozen) {
   auto trainer = MakeTrainer(MakeModelDir(dir, "m", 3), c);
   ASSERT_NE(trainer, nullptr);
   const std::vector<torch::Tensor> actor_before = Weights(*trainer);
-  const RolloutBatch batch = MakeBatch(4, 5);
+  const data::RolloutBatch batch = MakeBatch(4, 5);
   std::vector<double> losses;
   for (int rollout = 0; rollout < 12; ++rollout) {
     TrainRolloutResult r = Train(*trainer, rollout, batch);
@@ -201,7 +201,7 @@ TEST(CriticTest, CheckpointRoundTripIsBitwise) {
   EXPECT_EQ(b->critic()->step(), a->critic()->step());
   EXPECT_EQ(b->critic()->lr_scheduler().num_steps(), a->critic()->lr_scheduler().num_steps());
 
-  const RolloutBatch next = MakeBatch(4, 22);
+  const data::RolloutBatch next = MakeBatch(4, 22);
   TrainRolloutResult ra = Train(*a, 1, next);
   TrainRolloutResult rb = Train(*b, 1, next);
   ASSERT_EQ(ra.steps.size(), 1u);

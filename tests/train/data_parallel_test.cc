@@ -444,7 +444,7 @@ TEST(DataParallelTrainerTest, ZeroOneOverTwoGlooRanksMatchesOnePlainRank) {
   TempDir dir;
   const std::string model_dir = MakeModelDir(dir, "m", 14);
   config::Config c = DpConfig();
-  const RolloutBatch batch = MakeBatch(8, 15);
+  const data::RolloutBatch batch = MakeBatch(8, 15);
 
   auto single = MakeTrainer(model_dir, c);
   ASSERT_NE(single, nullptr);
@@ -495,7 +495,7 @@ TEST(DataParallelTrainerTest, CheckpointsCrossBetweenZeroOneAndOnePlainRank) {
   TempDir dir;
   const std::string model_dir = MakeModelDir(dir, "m", 21);
   config::Config c = DpConfig();
-  const RolloutBatch batch = MakeBatch(8, 23);
+  const data::RolloutBatch batch = MakeBatch(8, 23);
   config::Config zc = c;
   zc.train.use_distributed_optimizer = true;
   zc.train.ddp_bucket_size = 5000;
@@ -571,7 +571,7 @@ TEST(DataParallelTrainerTest, PpoCriticWithZeroOneMatchesAndResumesOnOnePlainRan
   c.algorithm.lambd = 0.95;
   c.algorithm.value_clip = 0.2;
   c.train.critic_lr = 1e-3;
-  const RolloutBatch batch = MakeBatch(8, 53);
+  const data::RolloutBatch batch = MakeBatch(8, 53);
 
   auto single = MakeTrainer(model_dir, c);
   ASSERT_NE(single, nullptr);
@@ -630,7 +630,7 @@ TEST(DataParallelTrainerTest, PpoCriticWithZeroOneMatchesAndResumesOnOnePlainRan
 TEST(DataParallelTrainerTest, BucketedAllReduceEqualsPerParameter) {
   TempDir dir;
   const std::string model_dir = MakeModelDir(dir, "m", 31);
-  const RolloutBatch batch = MakeBatch(8, 33);
+  const data::RolloutBatch batch = MakeBatch(8, 33);
   struct Run {
     std::vector<torch::Tensor> weights;
     std::vector<TrainRolloutResult> results;
@@ -692,7 +692,7 @@ TEST(DataParallelTrainerTest, BucketedAllReduceEqualsPerParameter) {
 TEST(DataParallelTrainerTest, OverlappedGradReduceEqualsTheSynchronousPath) {
   TempDir dir;
   const std::string model_dir = MakeModelDir(dir, "m", 61);
-  const RolloutBatch batch = MakeBatch(8, 63);
+  const data::RolloutBatch batch = MakeBatch(8, 63);
   config::Config c = DpConfig();
   c.algorithm.advantage_estimator = "ppo";
   c.algorithm.use_kl_loss = false;
@@ -788,7 +788,7 @@ TEST(DataParallelTrainerTest, SettingsAreCheckedAndOneRankIgnoresZero) {
   ASSERT_NE(with, nullptr);
   ASSERT_NE(without, nullptr);
   EXPECT_FALSE(with->optimizer().distributed());
-  const RolloutBatch batch = MakeBatch(8, 43);
+  const data::RolloutBatch batch = MakeBatch(8, 43);
   Train(*with, 0, batch);
   Train(*without, 0, batch);
   ExpectBitwiseEqual(Weights(*with), Weights(*without));

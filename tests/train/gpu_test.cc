@@ -73,7 +73,7 @@ TEST(TrainerTest, CudaBf16FirstStepGates) {
   auto trainer = Trainer::Create(o);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   EXPECT_EQ((*trainer)->model().dtype(), torch::kBFloat16);
-  const RolloutBatch batch = MakeBatch(4, 11);
+  const data::RolloutBatch batch = MakeBatch(4, 11);
   const SampleLogProbs actor = LogProbs(**trainer, batch);
   EXPECT_TRUE(actor.log_probs[0].is_cuda());
   ExpectBitwiseEqual(LogProbs(**trainer, batch, PolicyWeights::kRef), actor);

@@ -343,7 +343,7 @@ void ExpectMatchesOneStage(const Grid& g, bool tied, bool zero = false, bool sp 
   c.train.use_distributed_optimizer = zero;
   c.train.sequence_parallel = sp;  // the one-rank reference ignores it
   c.train.overlap_grad_reduce = g.overlap;  // likewise
-  const RolloutBatch batch = MakeBatch(8, 15);
+  const data::RolloutBatch batch = MakeBatch(8, 15);
   constexpr int kRollouts = 2;
 
   TrainerOptions so;
@@ -604,7 +604,7 @@ void ExpectCheckpointsMoveBetweenLayouts(const Grid& g, bool zero = false) {
   const std::string model_dir = MakePpModelDir(dir, 21, /*tied=*/false, g.tp);
   config::Config c = PpConfig();
   c.train.use_distributed_optimizer = zero;
-  const RolloutBatch batch = MakeBatch(8, 22);
+  const data::RolloutBatch batch = MakeBatch(8, 22);
   const std::string at_one = dir.Join("save-one"), at_grid = dir.Join("save-grid");
 
   auto a = test_util::MakeTrainer(model_dir, c);

@@ -249,7 +249,7 @@ void OnGrid(int tp, int dp, const std::string& model_dir, const config::Config& 
 
 // Trains `rollouts` rollouts of `batch` on a TP × DP grid.
 std::vector<RankResult> TrainGrid(int tp, int dp, const std::string& model_dir,
-                                  const config::Config& c, const RolloutBatch& batch,
+                                  const config::Config& c, const data::RolloutBatch& batch,
                                   int rollouts, const Placement& where = {}) {
   std::vector<RankResult> out(tp * dp);
   OnGrid(tp, dp, model_dir, c, [&](int rank, TrainerOptions o) {
@@ -306,7 +306,7 @@ void ExpectMatchesOneRank(int tp, int dp, bool llama = false, const Placement& w
   c.train.sequence_parallel = sequence_parallel;  // the TP=1 reference ignores it
   c.train.use_distributed_optimizer = zero;       // no effect on the one-rank trainer
   c.train.overlap_grad_reduce = overlap;           // likewise
-  const RolloutBatch batch = MakeBatch(8, 15);
+  const data::RolloutBatch batch = MakeBatch(8, 15);
   constexpr int kRollouts = 2;
 
   TrainerOptions so;
@@ -439,7 +439,7 @@ TEST(TensorParallelTrainerTest, ZeroOneCheckpointsMoveBetweenTensorParallelSizes
   const std::string model_dir = MakeTpModelDir(dir, 25);
   config::Config c = TpConfig();
   c.train.use_distributed_optimizer = true;
-  const RolloutBatch batch = MakeBatch(8, 26);
+  const data::RolloutBatch batch = MakeBatch(8, 26);
   const std::string at_tp1 = dir.Join("save-tp1"), at_grid = dir.Join("save-grid");
   const std::vector<model::ParamSpec> specs = Specs(model_dir);
 
@@ -510,7 +510,7 @@ TEST(TensorParallelTrainerTest, CheckpointsMoveBetweenTensorParallelSizes) {
   TempDir dir;
   const std::string model_dir = MakeTpModelDir(dir, 21);
   const config::Config c = TpConfig();
-  const RolloutBatch batch = MakeBatch(8, 22);
+  const data::RolloutBatch batch = MakeBatch(8, 22);
   const std::string at_tp1 = dir.Join("save-tp1"), at_tp2 = dir.Join("save-tp2");
   const std::vector<model::ParamSpec> specs = Specs(model_dir);
 

@@ -73,7 +73,7 @@ TEST(TrainerTest, FirstStepGatesWithReferenceAndOldActorPasses) {
   EXPECT_FALSE(trainer->SkipsOldLogProbs(2));
   ASSERT_TRUE(trainer->has_weights(PolicyWeights::kRef));
 
-  RolloutBatch batch = MakeBatch(4, 11, /*temperature=*/0.8);
+  data::RolloutBatch batch = MakeBatch(4, 11, /*temperature=*/0.8);
   const SampleLogProbs actor = LogProbs(*trainer, batch);
   ExpectBitwiseEqual(LogProbs(*trainer, batch, PolicyWeights::kRef), actor);
   // The engine's log-probs, as if it computed exactly what the trainer does.
@@ -103,7 +103,7 @@ TEST(TrainerTest, GrpoRaisesTheLogProbsOfRewardedResponsesOnAnOverfitBatch) {
   TempDir dir;
   auto trainer = MakeTrainer(MakeModelDir(dir, "m", 3), BaseConfig());
   ASSERT_NE(trainer, nullptr);
-  const RolloutBatch batch = MakeBatch(4, 5);
+  const data::RolloutBatch batch = MakeBatch(4, 5);
   const SampleLogProbs before = LogProbs(*trainer, batch);
   std::vector<double> losses;
   for (int rollout = 0; rollout < 10; ++rollout) {
@@ -135,7 +135,7 @@ TEST(TrainerTest, SftStepsLowerTheLoss) {
   c.train.global_batch_size = 3;
   auto trainer = MakeTrainer(MakeModelDir(dir, "m", 4), c);
   ASSERT_NE(trainer, nullptr);
-  const RolloutBatch batch = MakeBatch(3, 9);
+  const data::RolloutBatch batch = MakeBatch(3, 9);
   std::vector<double> losses;
   for (int step = 0; step < 8; ++step) {
     auto r = trainer->SftStep(batch);
@@ -169,7 +169,7 @@ TEST(TrainerTest, StepResultDoesNotDependOnTheMicroBatchSplit) {
   auto b = MakeTrainer(model_dir, large);
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  const RolloutBatch batch = MakeBatch(6, 13);
+  const data::RolloutBatch batch = MakeBatch(6, 13);
   for (int rollout = 0; rollout < 2; ++rollout) {
     TrainRolloutResult ra = Train(*a, rollout, batch);
     TrainRolloutResult rb = Train(*b, rollout, batch);
@@ -199,7 +199,7 @@ TEST(TrainerTest, TwoDataParallelRanksMatchOneRank) {
   c.algorithm.normalize_advantages = true;
   c.train.micro_batch_size = 1;
   c.train.global_batch_size = 4;
-  const RolloutBatch batch = MakeBatch(8, 15);
+  const data::RolloutBatch batch = MakeBatch(8, 15);
 
   auto single = MakeTrainer(model_dir, c);
   ASSERT_NE(single, nullptr);
@@ -256,7 +256,7 @@ TEST(TrainerTest, ReferenceSwapRestoresTheActorBitwise) {
   auto fresh = MakeTrainer(model_dir, c);
   ASSERT_NE(trainer, nullptr);
   ASSERT_NE(fresh, nullptr);
-  const RolloutBatch batch = MakeBatch(4, 21);
+  const data::RolloutBatch batch = MakeBatch(4, 21);
   Train(*trainer, 0, batch);
   Train(*trainer, 1, batch);
 
@@ -270,7 +270,7 @@ TEST(TrainerTest, ReferenceSwapRestoresTheActorBitwise) {
   ExpectBitwiseEqual(LogProbs(*trainer, batch), actor_lp);
 
   // A rejected batch changes nothing either.
-  RolloutBatch bad = batch;
+  data::RolloutBatch bad = batch;
   bad.samples[2].tokens.back() = 101;
   EXPECT_FALSE(trainer->ComputeLogProbs(bad, PolicyWeights::kRef).ok());
   ExpectBitwiseEqual(Weights(*trainer), actor);
@@ -287,7 +287,7 @@ TEST(TrainerTest, RefUpdateIntervalCopiesTheActorIntoTheReference) {
   c.algorithm.ref_update_interval = 2;
   auto trainer = MakeTrainer(MakeModelDir(dir, "m", 8), c);
   ASSERT_NE(trainer, nullptr);
-  const RolloutBatch batch = MakeBatch(4, 22);
+  const data::RolloutBatch batch = MakeBatch(4, 22);
   Train(*trainer, 0, batch);
   EXPECT_FALSE(torch::equal(LogProbs(*trainer, batch, PolicyWeights::kRef).log_probs[0],
                             LogProbs(*trainer, batch).log_probs[0]));
@@ -308,7 +308,7 @@ TEST(TrainerTest, MegatronOpdSwapsTheTeacherIn) {
   auto teacher = MakeTrainer(teacher_dir, BaseConfig());
   ASSERT_NE(trainer, nullptr);
   ASSERT_NE(teacher, nullptr);
-  const RolloutBatch batch = MakeBatch(4, 23);
+  const data::RolloutBatch batch = MakeBatch(4, 23);
   ExpectBitwiseEqual(LogProbs(*trainer, batch, PolicyWeights::kTeacher), LogProbs(*teacher, batch));
   EXPECT_FALSE(trainer->SkipsOldLogProbs(1));  // use_opd needs π_old for the penalty
   TrainRolloutResult r = Train(*trainer, 0, batch);
@@ -325,7 +325,7 @@ TEST(TrainerTest, KeepOldActorFollowsTheWeightSyncQueue) {
   c.weight_sync.interval = 1;
   auto trainer = MakeTrainer(MakeModelDir(dir, "m", 9), c);
   ASSERT_NE(trainer, nullptr);
-  const RolloutBatch batch = MakeBatch(4, 24);
+  const data::RolloutBatch batch = MakeBatch(4, 24);
   const SampleLogProbs initial = LogProbs(*trainer, batch);
   Train(*trainer, 0, batch);
   const SampleLogProbs after_r0 = LogProbs(*trainer, batch);
@@ -350,7 +350,7 @@ TEST(TrainerTest, SaveLoadThenTheNextRolloutIsBitwiseIdentical) {
   c.train.min_lr = 1e-5;
   c.train.weight_decay = 0.1;
   c.data.num_rollout = 4;
-  const RolloutBatch r0 = MakeBatch(4, 30), r1 = MakeBatch(4, 31);
+  const data::RolloutBatch r0 = MakeBatch(4, 30), r1 = MakeBatch(4, 31);
 
   auto a = MakeTrainer(model_dir, c);
   ASSERT_NE(a, nullptr);
@@ -390,7 +390,7 @@ TEST(TrainerTest, ResetOptimizerStatesEveryRollout) {
   c.train.reset_optimizer_states = true;
   auto trainer = MakeTrainer(MakeModelDir(dir, "m", 11), c);
   ASSERT_NE(trainer, nullptr);
-  const RolloutBatch batch = MakeBatch(4, 32);
+  const data::RolloutBatch batch = MakeBatch(4, 32);
   Train(*trainer, 0, batch);
   Train(*trainer, 1, batch);
   EXPECT_EQ(trainer->optimizer().step(), 1);  // reset before rollout 1's step
@@ -405,17 +405,17 @@ TEST(TrainerTest, BadBatchesNameTheField) {
   c.algorithm.use_tis = true;
   auto trainer = MakeTrainer(MakeModelDir(dir, "m", 12), c);
   ASSERT_NE(trainer, nullptr);
-  RolloutBatch good = MakeBatch(4, 40);
-  for (TrainSample& s : good.samples) s.rollout_log_probs.assign(s.response_length, -4.0f);
+  data::RolloutBatch good = MakeBatch(4, 40);
+  for (data::TrainSample& s : good.samples) s.rollout_log_probs.assign(s.response_length, -4.0f);
   ASSERT_TRUE(trainer->CheckBatch(good).ok());
 
-  auto expect_error = [&](RolloutBatch batch, const std::string& needle) {
+  auto expect_error = [&](data::RolloutBatch batch, const std::string& needle) {
     auto r = trainer->TrainRollout(0, batch);
     ASSERT_FALSE(r.ok()) << needle;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
     EXPECT_NE(Msg(r.status()).find(needle), std::string::npos) << r.status();
   };
-  RolloutBatch b = good;
+  data::RolloutBatch b = good;
   b.samples[1].tokens.pop_back();
   expect_error(b, "samples[1].tokens");
   b = good;

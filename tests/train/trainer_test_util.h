@@ -103,13 +103,13 @@ inline std::unique_ptr<Trainer> MakeTrainer(const std::string& model_dir,
 
 // A deterministic batch: prompts of 2–5 tokens, responses of 3–8 with a few masked tokens,
 // rewards alternating +1 / −1 (already post-processed).
-inline RolloutBatch MakeBatch(int num_samples, uint32_t seed, double temperature = 1.0) {
+inline data::RolloutBatch MakeBatch(int num_samples, uint32_t seed, double temperature = 1.0) {
   std::mt19937 rng(seed);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  RolloutBatch b;
+  data::RolloutBatch b;
   b.temperature = temperature;
   for (int i = 0; i < num_samples; ++i) {
-    TrainSample s;
+    data::TrainSample s;
     s.prompt_length = uniform(2, 5);
     s.response_length = uniform(3, 8);
     for (int64_t t = 0; t < s.prompt_length + s.response_length; ++t) {
@@ -153,21 +153,22 @@ inline void ExpectBitwiseEqual(const SampleLogProbs& a, const SampleLogProbs& b)
   ExpectBitwiseEqual(a.log_probs, b.log_probs);
 }
 
-inline SampleLogProbs LogProbs(Trainer& trainer, const RolloutBatch& batch,
+inline SampleLogProbs LogProbs(Trainer& trainer, const data::RolloutBatch& batch,
                                PolicyWeights which = PolicyWeights::kActor) {
   auto r = trainer.ComputeLogProbs(batch, which);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *r : SampleLogProbs{};
 }
 
-inline TrainRolloutResult Train(Trainer& trainer, int64_t rollout_id, const RolloutBatch& batch) {
+inline TrainRolloutResult Train(Trainer& trainer, int64_t rollout_id,
+                                const data::RolloutBatch& batch) {
   auto r = trainer.TrainRollout(rollout_id, batch);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *r : TrainRolloutResult{};
 }
 
 // Σ_i r̃_i · (loss-masked mean log-prob of sample i): what GRPO increases.
-inline double Objective(const SampleLogProbs& lp, const RolloutBatch& batch) {
+inline double Objective(const SampleLogProbs& lp, const data::RolloutBatch& batch) {
   double j = 0;
   for (size_t i = 0; i < batch.samples.size(); ++i) {
     const torch::Tensor m = torch::tensor(batch.samples[i].loss_mask, torch::kFloat32);

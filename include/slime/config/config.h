@@ -392,7 +392,8 @@ int ActorNumGpus(const Config& config);
 int DataParallelSize(const Config& config);
 // Local inference engines: rollout_num_gpus / rollout_num_gpus_per_engine (0 when unset).
 int NumRolloutEngines(const Config& config);
-// slime's use_critic: the estimator is "ppo" (the critic copies the actor's shape).
+// slime's use_critic: the estimator needs a critic (algorithms.h; "ppo"), which copies the
+// actor's shape.
 bool UseCritic(const Config& config);
 
 }  // namespace slime::config

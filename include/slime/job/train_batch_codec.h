@@ -1,4 +1,4 @@
-// train::RolloutBatch ⇄ bytes of a slime.v1.TrainBatchProto (proto/slime/v1/job.proto): the
+// data::RolloutBatch ⇄ bytes of a slime.v1.TrainBatchProto (proto/slime/v1/job.proto): the
 // driver → trainer data plane. Decode checks what the proto cannot say (lengths that agree with
 // the sample's response length); the trainer's CheckBatch checks the rest.
 #ifndef SLIME_JOB_TRAIN_BATCH_CODEC_H_
@@ -8,15 +8,15 @@
 #include <string>
 
 #include "slime/common/status.h"
-#include "slime/train/rollout_batch.h"
+#include "slime/data/rollout_batch.h"
 
 namespace slime::job {
 
-std::string EncodeTrainBatch(int64_t rollout_id, const train::RolloutBatch& batch);
+std::string EncodeTrainBatch(int64_t rollout_id, const data::RolloutBatch& batch);
 
 struct DecodedTrainBatch {
   int64_t rollout_id = 0;
-  train::RolloutBatch batch;
+  data::RolloutBatch batch;
 };
 // InvalidArgument: not a TrainBatchProto, or a sample whose token count is not
 // prompt_length + response_length, or whose loss mask / log-prob arrays have another length

@@ -1,9 +1,10 @@
-// Reward post-processing, per-token KL estimators and advantage estimators, exactly as slime
-// computes them (docs/algorithms.md, "Reward post-processing" to "Advantage whitening").
+// Per-token KL estimators and advantage estimators, exactly as slime computes them
+// (docs/algorithms.md, "KL estimators" to "Advantage whitening").
 //
 // The pipeline for one rollout, in slime's order:
-//   1. PostProcessRewards (rollout coordinator, CPU): raw scalar rewards → r̃ (group
-//      normalization for grpo/gspo/cispo/reinforce_plus_plus_baseline).
+//   1. reward::NormalizeGroupRewards (reward/reward_postprocess.h; the rollout coordinator, on
+//      the CPU): raw scalar rewards → r̃ (group normalization for
+//      grpo/gspo/cispo/reinforce_plus_plus_baseline), shipped in data::TrainSample::reward.
 //   2. ComputeAdvantagesAndReturns (trainer): per-token reward KL (kl_coef), the estimator,
 //      on-policy distillation (use_opd), then masked whitening (normalize_advantages).
 // Each stage is also a public function of its own so it can be tested and reused.
@@ -16,8 +17,8 @@
 // discounted returns) run on the CPU in double and come back in the dtype and device of their
 // input. Results never require grad (advantages are constants of the policy loss).
 //
-// Thread-safety: every function is pure (apart from spdlog warnings); concurrent calls are
-// safe. LibTorch errors are caught and returned as InternalError with context.
+// Thread-safety: every function is pure; concurrent calls are safe. LibTorch errors are caught
+// and returned as InternalError with context.
 #ifndef SLIME_TRAIN_ADVANTAGES_H_
 #define SLIME_TRAIN_ADVANTAGES_H_
 
@@ -34,22 +35,7 @@
 namespace slime::train {
 
 // ---- Names -------------------------------------------------------------------------------
-
-// AlgorithmConfig::advantage_estimator. It also selects the policy-loss family: gspo uses the
-// sequence-level ratio, cispo the CISPO loss, everything else the PPO clipped loss.
-enum class AdvantageEstimator {
-  kGrpo,
-  kGspo,
-  kCispo,
-  kReinforcePlusPlus,
-  kReinforcePlusPlusBaseline,
-  kPpo,
-};
-
-// "grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo";
-// anything else is InvalidArgument listing those names.
-StatusOr<AdvantageEstimator> ParseAdvantageEstimator(std::string_view name);
-std::string_view AdvantageEstimatorName(AdvantageEstimator estimator);
+// (AlgorithmConfig::advantage_estimator selects a row of loss_registry.h.)
 
 // AlgorithmConfig::kl_loss_type; used for the reward KL and for the KL loss.
 enum class KlType { kK1, kK2, kK3, kLowVarKl };
@@ -57,43 +43,6 @@ enum class KlType { kK1, kK2, kK3, kLowVarKl };
 // "k1", "k2", "k3", "low_var_kl"; anything else is InvalidArgument listing those names.
 StatusOr<KlType> ParseKlType(std::string_view name);
 std::string_view KlTypeName(KlType type);
-
-// ---- 3.1 Reward post-processing (no LibTorch types: usable by the rollout coordinator) ------
-
-struct RewardPostProcessOptions {
-  AdvantageEstimator estimator = AdvantageEstimator::kGrpo;
-  bool rewards_normalization = true;   // AlgorithmConfig::rewards_normalization
-  bool grpo_std_normalization = true;  // AlgorithmConfig::grpo_std_normalization (false: Dr.GRPO)
-  int n_samples_per_prompt = 1;        // DataConfig::n_samples_per_prompt, >= 1
-  int rollout_batch_size = 0;          // DataConfig::rollout_batch_size (prompts per rollout)
-
-  // Fills the fields from a (resolved) config; InvalidArgument for an unknown estimator.
-  static StatusOr<RewardPostProcessOptions> FromConfig(const config::Config& config);
-};
-
-struct PostProcessedRewards {
-  std::vector<double> rewards;  // r̃_i, one per raw reward, same order
-  // Size of the normalization groups: n_samples_per_prompt, the whole batch (see below), or 0
-  // when the estimator / options leave the rewards unchanged.
-  int group_size = 0;
-  // The reward count was not rollout_batch_size × n_samples_per_prompt (e.g. dynamic
-  // sampling or partial rollouts), so slime treats the whole batch as one group; a warning is
-  // logged.
-  bool whole_batch_one_group = false;
-};
-
-// slime's RolloutManager._post_process_rewards:
-//   grpo, gspo, cispo (rewards_normalization): r̃ = (r − mean_g) / (std_g + 1e-6), std the
-//     unbiased (n−1) sample std; with grpo_std_normalization false (Dr.GRPO) r̃ = r − mean_g.
-//   reinforce_plus_plus_baseline (rewards_normalization): r̃ = r − mean_g.
-//   ppo, reinforce_plus_plus, or rewards_normalization false: r̃ = r.
-// Groups are consecutive runs of n_samples_per_prompt rewards when there are exactly
-// rollout_batch_size × n of them; otherwise the whole batch is one group (warned).
-// Computed in double (slime uses float32; results agree to ~1e-7 relative). A group of one
-// reward has std 0 here (slime's torch.std gives NaN), so its r̃ is 0.
-// Errors: n_samples_per_prompt < 1, rollout_batch_size < 0, a non-finite reward.
-StatusOr<PostProcessedRewards> PostProcessRewards(const std::vector<double>& raw_rewards,
-                                                  const RewardPostProcessOptions& options);
 
 // ---- 3.2 Per-token KL ----------------------------------------------------------------------
 
@@ -115,7 +64,7 @@ StatusOr<std::vector<torch::Tensor>> GrpoAdvantages(const std::vector<double>& r
                                                     const std::vector<torch::Tensor>& like);
 
 // reinforce_plus_plus_baseline: A_{i,t} = r̃_i − kl_coef · kl_{i,t} (r̃ already group-mean
-// centered by PostProcessRewards).
+// centered by reward::NormalizeGroupRewards).
 StatusOr<std::vector<torch::Tensor>> ReinforcePlusPlusBaselineAdvantages(
     const std::vector<double>& rewards, const std::vector<torch::Tensor>& kl, double kl_coef);
 
@@ -165,7 +114,7 @@ StatusOr<torch::Tensor> MaskedWhiten(const torch::Tensor& values, const torch::T
 // ---- The whole stage --------------------------------------------------------------------
 
 struct AdvantageInputs {
-  std::vector<double> rewards;                   // r̃_i (PostProcessRewards output), size B
+  std::vector<double> rewards;                   // r̃_i (NormalizeGroupRewards output), size B
   std::vector<torch::Tensor> log_probs;          // [R_i] π_old (the rollout's log-probs when
                                                  // use_rollout_logprobs); always required
   std::vector<torch::Tensor> ref_log_probs;      // [R_i]; required when kl_coef != 0
@@ -182,7 +131,8 @@ struct AdvantageOutputs {
 };
 
 // slime's compute_advantages_and_returns: kl_t = KLest(logp^old, logp^ref) with kl_loss_type
-// (zeros when kl_coef == 0), then the estimator of `algorithm`:
+// (zeros when kl_coef == 0), then the estimator of `algorithm` (its AdvantageFn in
+// loss_registry.h):
 //   grpo/gspo/cispo: GrpoAdvantages; returns = advantages.
 //   ppo: ρ_t = −kl_coef · kl_t, + r̃_i at the last response token (whatever its mask); GAE.
 //   reinforce_plus_plus: ReinforcePlusPlusReturns; returns = advantages.
@@ -190,8 +140,9 @@ struct AdvantageOutputs {
 // then ApplyOnPolicyDistillation (use_opd, student = log_probs) and MaskedWhiten over all
 // tokens of all samples (normalize_advantages).
 // Errors name the offending field and sample: counts that differ from B, a tensor whose
-// length differs from the sample's loss mask, missing ref/values/teacher inputs, an unknown
-// estimator or KL type, gamma or lambd outside [0, 1], negative kl_coef or opd_kl_coef.
+// length differs from the sample's loss mask, missing ref / values (an estimator with a
+// critic) / teacher inputs, an unknown estimator or KL type, gamma or lambd outside [0, 1],
+// negative kl_coef or opd_kl_coef.
 StatusOr<AdvantageOutputs> ComputeAdvantagesAndReturns(const config::AlgorithmConfig& algorithm,
                                                        const AdvantageInputs& inputs,
                                                        const AllReduceSumFn& all_reduce = {});

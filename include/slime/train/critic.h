@@ -50,6 +50,9 @@
 #include "slime/train/batching.h"
 #include "slime/train/lr_schedule.h"
 
+namespace slime::data {
+struct RolloutBatch;
+}  // namespace slime::data
 namespace slime::model {
 class DecoderModel;
 }  // namespace slime::model
@@ -58,7 +61,6 @@ namespace slime::train {
 
 class AdamW;
 class LossReducer;
-struct RolloutBatch;
 
 inline constexpr char kValueHeadName[] = "value_head.weight";
 inline constexpr char kCriticSubdir[] = "critic";
@@ -108,7 +110,7 @@ class Critic {
 
   // Forward-only values of the samples of `micro_batches` into out[sample] ([R_i] float32 on
   // the model's device, detached). `out` must have one slot per batch sample.
-  Status ComputeValues(const RolloutBatch& batch,
+  Status ComputeValues(const data::RolloutBatch& batch,
                        const std::vector<const MicroBatch*>& micro_batches,
                        std::vector<torch::Tensor>& out);
 
@@ -117,7 +119,7 @@ class Critic {
   // gradients and metrics are summed over the DP group; AdamW with the scheduler's LR; the
   // scheduler advances by `num_samples` (the step's samples over all ranks) unless skipped.
   // old_values and returns are per batch sample ([R_i], defined for every sample used).
-  StatusOr<CriticStepResult> TrainStep(const RolloutBatch& batch,
+  StatusOr<CriticStepResult> TrainStep(const data::RolloutBatch& batch,
                                        const std::vector<CriticMicroBatch>& micro_batches,
                                        const std::vector<torch::Tensor>& old_values,
                                        const std::vector<torch::Tensor>& returns,
@@ -147,7 +149,7 @@ class Critic {
   // The tensors of Parameters() the optimizer trains.
   std::vector<torch::Tensor> TrainableParameters() const;
   // Values [T] of one packed micro-batch (with the autograd graph when grad mode is on).
-  StatusOr<torch::Tensor> ForwardValues(const RolloutBatch& batch,
+  StatusOr<torch::Tensor> ForwardValues(const data::RolloutBatch& batch,
                                         const std::vector<int64_t>& samples);
 
   CriticOptions options_;

@@ -110,9 +110,15 @@ class LossReducer {
 enum class TisType { kTis, kIcepop };
 StatusOr<TisType> ParseTisType(std::string_view name);
 
+// The policy-gradient objective; each advantage estimator names one (loss_registry.h).
+enum class PolicyObjective {
+  kPpoClip,  // PPO clip on the per-token ratio (grpo, ppo, reinforce_plus_plus*)
+  kGspo,     // PPO clip on the sequence-level ratio (gspo)
+  kCispo,    // the CISPO loss (cispo)
+};
+
 struct PolicyLossOptions {
-  // gspo: sequence-level ratio; cispo: the CISPO loss; everything else: PPO clip.
-  AdvantageEstimator estimator = AdvantageEstimator::kGrpo;
+  PolicyObjective objective = PolicyObjective::kPpoClip;
   // Clip range [1 − eps_clip, 1 + eps_clip_high], both >= 0; dual clip c > 1 (unset = off).
   double eps_clip = 0.2;
   double eps_clip_high = 0.2;
@@ -136,7 +142,8 @@ struct PolicyLossOptions {
   // old_log_probs are the rollout's: the abs-diff metric compares the current logp instead.
   bool use_rollout_logprobs = false;
 
-  // From a resolved AlgorithmConfig (eps_clip_high unset = eps_clip); validated.
+  // From a resolved AlgorithmConfig (eps_clip_high unset = eps_clip; the objective of the
+  // advantage_estimator's row in loss_registry.h); validated.
   static StatusOr<PolicyLossOptions> FromConfig(const config::AlgorithmConfig& algorithm);
   // Range checks; the error names the option, its value and the valid range.
   Status Validate() const;

@@ -44,11 +44,11 @@
 // Step 4 runs on every exit path, errors included, and restores the actor bit for bit; the
 // optimizer's float32 masters are never touched.
 //
-// Data parallelism. Every DP rank receives the same RolloutBatch (the whole rollout) and trains
-// only its micro-batches of each step, picked by the deterministic schedule; options.dp_all_reduce
-// sums whitening statistics, metrics and gradients over the group (losses.h's denominators
-// already count all ranks, so a SUM gives slime's objective). Gradients go in buckets of up to
-// train.ddp_bucket_size elements (consecutive trainable parameters of one dtype and device
+// Data parallelism. Every DP rank receives the same data::RolloutBatch (the whole rollout) and
+// trains only its micro-batches of each step, picked by the deterministic schedule;
+// options.dp_all_reduce sums whitening statistics, metrics and gradients over the group (losses.h's
+// denominators already count all ranks, so a SUM gives slime's objective). Gradients go in buckets
+// of up to train.ddp_bucket_size elements (consecutive trainable parameters of one dtype and device
 // flattened into one tensor, one all-reduce each, copied back; a larger parameter alone). With
 // train.use_distributed_optimizer (ZeRO-1, optimizer.h) the gradients are not all-reduced here:
 // AdamW reduce-scatters them, updates its 1/dp shard of the float32 masters and Adam moments and
@@ -148,12 +148,12 @@
 
 #include "slime/common/status.h"
 #include "slime/config/config.h"
+#include "slime/data/rollout_batch.h"
 #include "slime/model/checkpoint.h"
 #include "slime/train/advantages.h"
 #include "slime/train/batching.h"
 #include "slime/train/grad_reducer.h"
 #include "slime/train/lr_schedule.h"
-#include "slime/train/rollout_batch.h"
 
 namespace slime::model {
 class DecoderModel;
@@ -165,6 +165,9 @@ namespace slime::train {
 
 class AdamW;
 class Critic;
+class LossReducer;
+struct LossTypeSpec;
+struct SampleTensors;
 
 // ---- Data --------------------------------------------------------------------------------------
 
@@ -293,24 +296,24 @@ class Trainer {
   // rollout_log_probs / teacher_log_probs of the wrong length or missing where the config
   // needs them, a token id outside [0, vocab_size), a loss mask value other than 0/1, a
   // non-finite reward, a response without a prompt token.
-  Status CheckBatch(const RolloutBatch& batch) const;
+  Status CheckBatch(const data::RolloutBatch& batch) const;
 
   // Forward-only log-probs (and entropy) of every sample's response tokens under `which`
   // (FailedPrecondition when this trainer keeps no such copy), micro-batched as one training
   // step over the whole batch would be.
-  StatusOr<SampleLogProbs> ComputeLogProbs(const RolloutBatch& batch,
+  StatusOr<SampleLogProbs> ComputeLogProbs(const data::RolloutBatch& batch,
                                            PolicyWeights which = PolicyWeights::kActor,
                                            bool with_entropy = false);
 
   // Trains on one rollout (the order in the header comment). With loss_type "sft_loss" the
   // steps use the SFT loss and steps 1–4 are skipped.
-  StatusOr<TrainRolloutResult> TrainRollout(int64_t rollout_id, const RolloutBatch& batch);
+  StatusOr<TrainRolloutResult> TrainRollout(int64_t rollout_id, const data::RolloutBatch& batch);
 
   // One optimizer step of the SFT loss (−Reduce(log p) over the loss-masked tokens; per-token
   // or per-rollout reduction as train.calculate_per_token_loss says) over every sample of the
   // batch, micro-batched like a training step. global_batch_size does not apply: the batch is
   // the step.
-  StatusOr<TrainStepMetrics> SftStep(const RolloutBatch& batch);
+  StatusOr<TrainStepMetrics> SftStep(const data::RolloutBatch& batch);
 
   // The keep_old_actor queue, to call after the actor's weights were pushed to the engines:
   // with weight_sync.interval == 1, old_actor ← rollout_actor and rollout_actor ← actor (the
@@ -373,7 +376,6 @@ class Trainer {
 
  private:
   struct Impl;
-  struct SampleTensors;
   Trainer(TrainerOptions options, std::unique_ptr<model::DecoderModel> model,
           std::unique_ptr<AdamW> optimizer, LrScheduler lr_scheduler);
   // PP > 1 with tied embeddings: the first and the last stage sum their two gradients of the
@@ -381,11 +383,35 @@ class Trainer {
   Status SyncTiedEmbeddingGrads();
   // Runs `fn` with `which`'s weights swapped into the model, then restores the actor.
   Status WithPolicyWeights(PolicyWeights which, const std::function<Status()>& fn);
-  // One optimizer step over this rank's micro-batches of `step`.
+
+  // TrainRollout's steps (trainer.cc). Steps 1–4: the reference / teacher / old-actor passes
+  // over `micro_batches`, the critic's values and the advantages of this rank's samples `local`
+  // into `tensors`; their rollout-side means into `rollout_values`.
+  Status PrepareAdvantages(const data::RolloutBatch& batch,
+                           const std::vector<const MicroBatch*>& micro_batches,
+                           const std::vector<int64_t>& local, int64_t num_steps,
+                           SampleTensors& tensors, std::map<std::string, double>& rollout_values);
+  // Step 6: the reference weights become the actor's every ref_update_interval rollouts.
+  Status FollowActorWithReference(int64_t rollout_id);
+
+  // One optimizer step of `loss` over this rank's micro-batches of `step` (trainer_step.cc).
   StatusOr<TrainStepMetrics> RunStep(int64_t rollout_id, int64_t step_in_rollout, int64_t num_steps,
-                                     bool sft, const RolloutBatch& batch,
+                                     const LossTypeSpec& loss, const data::RolloutBatch& batch,
                                      const std::vector<int64_t>& rollout_ids,
                                      const StepSchedule& step, const SampleTensors& tensors);
+  // RunStep's steps. The forward and backward passes of every micro-batch (the pipeline
+  // schedule), the loss metrics summed into `sums`; true when the last backward pass armed the
+  // overlapped gradient reducer.
+  StatusOr<bool> ForwardBackward(const LossTypeSpec& loss, const data::RolloutBatch& batch,
+                                 const std::vector<MicroBatch>& micro_batches,
+                                 const std::vector<LossReducer>& reducers,
+                                 const SampleTensors& tensors,
+                                 std::map<std::string, torch::Tensor>& sums);
+  // The gradients and `sums` summed over the DP group, as the optimizer and the overlapped
+  // reducer need.
+  Status ReduceOverDataParallel(bool overlap_armed, std::map<std::string, torch::Tensor>& sums);
+  // AdamW, the step counter and the LR schedule; grad_norm and lr join `metrics`.
+  Status ApplyOptimizerStep(int64_t num_steps, TrainStepMetrics& metrics);
 
   TrainerOptions options_;
   std::unique_ptr<model::DecoderModel> model_;

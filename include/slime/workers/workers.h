@@ -59,7 +59,7 @@
 #include "nlohmann/json.hpp"
 #include "slime/common/status.h"
 #include "slime/config/config.h"
-#include "slime/train/rollout_batch.h"
+#include "slime/data/rollout_batch.h"
 
 namespace slime::workers {
 
@@ -99,7 +99,7 @@ class TrainerWorker {
   StatusOr<nlohmann::json> JoinGroups(const nlohmann::json& request);
   // {"steps": [{"step", "step_in_rollout", "num_samples", "skipped", "values": {...}}],
   //  "rollout_values": {...}, "dropped_samples": n, "seconds": s}
-  StatusOr<nlohmann::json> Train(int64_t rollout_id, const train::RolloutBatch& batch);
+  StatusOr<nlohmann::json> Train(int64_t rollout_id, const data::RolloutBatch& batch);
   // {"dir": iteration directory, "seconds": s}. FailedPrecondition without checkpoint.save.
   // DP ranks other than 0 write nothing (their state equals DP rank 0's): {"written": false};
   // with ZeRO-1 they take part (the shards are gathered), and at TP > 1 or PP > 1 the ranks of

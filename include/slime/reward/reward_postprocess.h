@@ -1,8 +1,10 @@
-// Reward post-processing without LibTorch: slime's RolloutManager._post_process_rewards
-// (docs/algorithms.md, "Reward post-processing"), for the rollout coordinator, which runs it on
-// the CPU before samples are shipped to the trainers. The torch trainer's PostProcessRewards
-// (advantages.h) delegates here.
+// Reward post-processing (reward shaping) without LibTorch: slime's
+// RolloutManager._post_process_rewards (docs/algorithms.md, "Reward post-processing"). The
+// rollout coordinator runs it on the CPU before samples are shipped to the trainers; this is the
+// one implementation (the trainer receives r̃ in data::TrainSample::reward).
 //
+// What an estimator asks for is a column of config/algorithms.h (group_mean_baseline,
+// group_std_scaling); today:
 //   grpo, gspo, cispo (rewards_normalization on):
 //       r̃ = (r − mean_g) / (std_g + 1e-6)  with std_g the unbiased (n − 1) sample std;
 //       grpo_std_normalization off (Dr.GRPO): r̃ = r − mean_g.
@@ -15,8 +17,8 @@
 // Computed in double.
 //
 // Thread-safety: pure functions.
-#ifndef SLIME_TRAIN_REWARD_POSTPROCESS_H_
-#define SLIME_TRAIN_REWARD_POSTPROCESS_H_
+#ifndef SLIME_REWARD_REWARD_POSTPROCESS_H_
+#define SLIME_REWARD_REWARD_POSTPROCESS_H_
 
 #include <string>
 #include <string_view>
@@ -24,7 +26,7 @@
 
 #include "slime/common/status.h"
 
-namespace slime::train {
+namespace slime::reward {
 
 // What the estimator and options imply for one group.
 enum class GroupRewardNormalization {
@@ -34,8 +36,7 @@ enum class GroupRewardNormalization {
 };
 
 struct GroupRewardOptions {
-  // AlgorithmConfig::advantage_estimator: grpo, gspo, cispo, reinforce_plus_plus,
-  // reinforce_plus_plus_baseline, ppo.
+  // AlgorithmConfig::advantage_estimator: a name of config::kAdvantageEstimators.
   std::string advantage_estimator = "grpo";
   bool rewards_normalization = true;   // false: slime's --disable-rewards-normalization
   bool grpo_std_normalization = true;  // false: Dr.GRPO (mean only)
@@ -62,6 +63,6 @@ StatusOr<NormalizedRewards> NormalizeGroupRewards(const std::vector<double>& raw
 // values. Also used by the rollout's dynamic-sampling filter.
 double SampleStd(const std::vector<double>& values);
 
-}  // namespace slime::train
+}  // namespace slime::reward
 
-#endif  // SLIME_TRAIN_REWARD_POSTPROCESS_H_
+#endif  // SLIME_REWARD_REWARD_POSTPROCESS_H_

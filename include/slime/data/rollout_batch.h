@@ -1,13 +1,16 @@
-// TrainSample and RolloutBatch: one rollout as the trainer consumes it — plain data, no LibTorch,
-// so the driver builds it from the rollout coordinator's samples and ships it to the trainer
-// processes (job/train_batch_codec.h) without seeing torch.
-#ifndef SLIME_TRAIN_ROLLOUT_BATCH_H_
-#define SLIME_TRAIN_ROLLOUT_BATCH_H_
+// TrainSample and RolloutBatch: the rollout → trainer data contract, one rollout as the trainer
+// consumes it. Plain data, no LibTorch: the driver builds it from the rollout coordinator's
+// samples (data::Sample, rewards already post-processed by reward/reward_postprocess.h), ships
+// it to the trainer processes (job/train_batch_codec.h) and train::Trainer trains on it. It
+// lives in `data` because both sides share it and neither owns the other.
+// Thread-safety: plain values.
+#ifndef SLIME_DATA_ROLLOUT_BATCH_H_
+#define SLIME_DATA_ROLLOUT_BATCH_H_
 
 #include <cstdint>
 #include <vector>
 
-namespace slime::train {
+namespace slime::data {
 
 // One sample of a rollout as the coordinator ships it (plain data, no LibTorch).
 struct TrainSample {
@@ -15,7 +18,8 @@ struct TrainSample {
   int64_t prompt_length = 0;     // P; >= 1 when R > 0 (the first response token needs a context)
   int64_t response_length = 0;   // R
   std::vector<float> loss_mask;  // [R], 0 or 1 (tool / environment tokens are 0)
-  double reward = 0.0;           // post-processed r̃ (PostProcessRewards), drives the advantages
+  double reward = 0.0;           // post-processed r̃ (reward::NormalizeGroupRewards), drives the
+                                 // advantages
   double raw_reward = 0.0;       // the reward model's value, logged only
   // [R] the engine's log-probs of the response tokens, or empty. Required with use_tis,
   // get_mismatch_metrics and use_rollout_logprobs; reported as
@@ -35,6 +39,6 @@ struct RolloutBatch {
   double temperature = 1.0;  // the rollout temperature; logits are divided by it (> 0)
 };
 
-}  // namespace slime::train
+}  // namespace slime::data
 
-#endif  // SLIME_TRAIN_ROLLOUT_BATCH_H_
+#endif  // SLIME_DATA_ROLLOUT_BATCH_H_

@@ -1,30 +1,29 @@
 // Reward post-processing without LibTorch (reward_postprocess.h).
-#include "slime/train/reward_postprocess.h"
+#include "slime/reward/reward_postprocess.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <cmath>
 
-namespace slime::train {
+#include "slime/config/algorithms.h"
+
+namespace slime::reward {
 
 StatusOr<GroupRewardNormalization> GroupRewardNormalizationFor(const GroupRewardOptions& options) {
-  const std::string& e = options.advantage_estimator;
-  const bool grpo_family = e == "grpo" || e == "gspo" || e == "cispo";
-  if (!grpo_family && e != "reinforce_plus_plus_baseline" && e != "reinforce_plus_plus" &&
-      e != "ppo") {
+  const config::AdvantageEstimatorInfo* estimator =
+      config::FindAdvantageEstimator(options.advantage_estimator);
+  if (estimator == nullptr) {
     return absl::InvalidArgumentError(fmt::format(
-        "advantage_estimator '{}' is not known: use grpo, gspo, cispo, reinforce_plus_plus, "
-        "reinforce_plus_plus_baseline or ppo",
-        e));
+        "advantage_estimator '{}' is not known: use one of {}", options.advantage_estimator,
+        config::JoinNames(config::AdvantageEstimatorNames())));
   }
-  if (!options.rewards_normalization) return GroupRewardNormalization::kNone;
-  if (grpo_family) {
-    return options.grpo_std_normalization ? GroupRewardNormalization::kMeanStd
-                                          : GroupRewardNormalization::kMean;
+  if (!options.rewards_normalization || !estimator->group_mean_baseline) {
+    return GroupRewardNormalization::kNone;
   }
-  if (e == "reinforce_plus_plus_baseline") return GroupRewardNormalization::kMean;
-  return GroupRewardNormalization::kNone;
+  return estimator->group_std_scaling && options.grpo_std_normalization
+             ? GroupRewardNormalization::kMeanStd
+             : GroupRewardNormalization::kMean;
 }
 
 double SampleStd(const std::vector<double>& values) {
@@ -83,4 +82,4 @@ StatusOr<NormalizedRewards> NormalizeGroupRewards(const std::vector<double>& raw
   return out;
 }
 
-}  // namespace slime::train
+}  // namespace slime::reward
