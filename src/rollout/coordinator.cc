@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "coordinator_internal.h"
 #include "request.h"
+#include "slime/config/algorithms.h"
 #include "slime/reward/reward.h"
 
 namespace slime::rollout {
@@ -591,9 +592,13 @@ void RolloutCoordinator::AddRolloutMetrics(const Run& run, const GenerateTally& 
                                            RolloutResult* result) {
   const double elapsed = Seconds(Clock::now() - run.start);
   MetricMap& metrics = result->metrics;
-  metrics = RolloutSampleMetrics(
-      result->groups, result->rewards,
-      /*zero_std=*/options_.reward_postprocess.advantage_estimator != "ppo", options_.log_passrate);
+  // rollout/zero_std/* counts groups whose rewards leave no group signal: estimators without a
+  // critic (config/algorithms.h).
+  const config::AdvantageEstimatorInfo* estimator =
+      config::FindAdvantageEstimator(options_.reward_postprocess.advantage_estimator);
+  metrics = RolloutSampleMetrics(result->groups, result->rewards,
+                                 /*zero_std=*/estimator == nullptr || !estimator->critic,
+                                 options_.log_passrate);
   for (const auto& [k, v] : t.drops) metrics[k] = v;
   if (t.fallback_kept > 0) metrics["rollout/dynamic_filter/kept_by_fallback"] = t.fallback_kept;
   metrics["rollout/partial_rollout/recycled_groups"] = static_cast<double>(t.recycled);
