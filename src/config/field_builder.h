@@ -5,7 +5,16 @@
 // setters for its metadata:
 //
 //   b.Add("temperature", &RolloutConfig::temperature)
+//       .ReadBy("rollout")
 //       .Slime("--rollout-temperature").Above(0).Doc("Sampling temperature ...");
+//
+// Every field says who uses it: ReadBy(modules) names the modules (directories of src/) whose
+// code reads the member, "config" when only ResolveConfig does (it derives other keys from it);
+// scripts/check_config_fields.py (ctest config_fields_test) checks each name. A feature that is
+// not there yet is Refused("why"): any value but the default fails the config check with
+//   train.context_parallel_size = 2: not supported (context parallelism is later work); remove
+//   the key or leave it at its default 1
+// config_test fails on a field with neither mark.
 //
 // Thread-safety: used only while building the (function-local static) tables.
 #ifndef SLIME_CONFIG_FIELD_BUILDER_H_
@@ -184,6 +193,16 @@ class FieldRef {
   }
   FieldRef& Required() {
     spec_->required = true;
+    return *this;
+  }
+  template <typename... More>
+  FieldRef& ReadBy(const char* module, More... more) {  // module names, e.g. ("rollout", "job")
+    spec_->read_by = {module, more...};
+    return *this;
+  }
+  FieldRef& Refused(std::string why) {  // `why` completes "not supported (...)"
+    spec_->refused = std::move(why);
+    spec_->refused_default = spec_->get(Owner{});
     return *this;
   }
 

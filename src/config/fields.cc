@@ -162,6 +162,13 @@ Status CheckEnum(const FieldInfo& field, const std::string& v, const std::string
 }  // namespace
 
 Status CheckFieldValue(const FieldInfo& field, const FieldValue& value, const std::string& where) {
+  if (!field.refused.empty() && value != field.refused_default) {
+    const bool unset = std::holds_alternative<std::monostate>(field.refused_default);
+    return absl::InvalidArgumentError(fmt::format(
+        "{} = {}: not supported ({}); remove the key or leave it {}", where,
+        FormatFieldValue(value), field.refused,
+        unset ? "unset" : "at its default " + FormatFieldValue(field.refused_default)));
+  }
   if (std::holds_alternative<std::monostate>(value)) {
     if (field.optional) return absl::OkStatus();
     return absl::InvalidArgumentError(fmt::format("{} must be set (it cannot be null); expected {}",

@@ -11,153 +11,194 @@ namespace slime::config::internal {
 void AddAlgorithmFields(std::vector<FieldSpec<Config>>* table) {
   SectionBuilder<AlgorithmConfig> b(table, "algorithm", &Config::algorithm);
   b.Add("advantage_estimator", &AlgorithmConfig::advantage_estimator)
+      .ReadBy("rollout", "train")
       .Slime("--advantage-estimator")
       .Enum(AdvantageEstimatorNames())
       .Doc("Advantage estimator and policy-loss family; ppo also trains a critic.");
   b.Add("loss_type", &AlgorithmConfig::loss_type)
+      .ReadBy("train")
       .Slime("--loss-type")
       .Enum(LossTypeNames())
       .Doc("policy_loss: the RL objective; sft_loss: token NLL on the loss-masked response.");
   b.Add("compute_advantages_and_returns", &AlgorithmConfig::compute_advantages_and_returns)
+      .ReadBy("train")
       .Slime("--disable-compute-advantages-and-returns (inverted)")
       .Doc("Compute reference/old log-probs and advantages before training (off for SFT).");
   b.Add("eps_clip", &AlgorithmConfig::eps_clip)
+      .ReadBy("train")
       .Slime("--eps-clip")
       .Min(0)
       .Doc("Lower clip range: the ratio is clipped at 1 - eps_clip.");
   b.Add("eps_clip_high", &AlgorithmConfig::eps_clip_high)
+      .ReadBy("train")
       .Slime("--eps-clip-high")
       .Min(0)
       .Doc(
           "Upper clip range (DAPO clip-higher): ratio clipped at 1 + eps_clip_high. Unset: "
           "eps_clip.");
   b.Add("eps_clip_c", &AlgorithmConfig::eps_clip_c)
+      .ReadBy("train")
       .Slime("--eps-clip-c")
       .Above(1)
       .Doc("Dual-clip constant c bounding the loss of negative-advantage tokens; unset = off.");
   b.Add("value_clip", &AlgorithmConfig::value_clip)
+      .ReadBy("train")
       .Slime("--value-clip")
       .Min(0)
       .Doc("PPO critic value clipping range.");
   b.Add("kl_coef", &AlgorithmConfig::kl_coef)
+      .ReadBy("train")
       .Slime("--kl-coef")
       .Min(0)
       .Doc(
           "KL penalty folded into token rewards (ppo and reinforce_plus_plus* only; the "
           "GRPO family ignores it). Needs checkpoint.ref_load when nonzero.");
   b.Add("use_kl_loss", &AlgorithmConfig::use_kl_loss)
+      .ReadBy("train")
       .Slime("--use-kl-loss")
       .Doc(
           "Add a KL(policy || reference) term to the loss and compute reference log-probs "
           "(needs checkpoint.ref_load, even with kl_loss_coef 0, which only logs the KL).");
   b.Add("kl_loss_coef", &AlgorithmConfig::kl_loss_coef)
+      .ReadBy("train")
       .Slime("--kl-loss-coef")
       .Min(0)
       .Doc("Weight of the KL loss term; cannot be nonzero together with kl_coef.");
   b.Add("kl_loss_type", &AlgorithmConfig::kl_loss_type)
+      .ReadBy("train")
       .Slime("--kl-loss-type")
       .Enum({"k1", "k2", "k3", "low_var_kl"})
       .Doc("KL estimator, for the loss term and for the reward penalty.");
   b.Add("use_unbiased_kl", &AlgorithmConfig::use_unbiased_kl)
+      .ReadBy("train")
       .Slime("--use-unbiased-kl")
       .Doc("Weight the KL estimate by the policy/old importance ratio.");
   b.Add("entropy_coef", &AlgorithmConfig::entropy_coef)
+      .ReadBy("train")
       .Slime("--entropy-coef")
       .Doc("Weight of the entropy bonus (subtracted from the loss).");
   b.Add("gamma", &AlgorithmConfig::gamma)
+      .ReadBy("train")
       .Slime("--gamma")
       .Min(0)
       .Max(1)
       .Doc("Discount for GAE and REINFORCE++ returns.");
-  b.Add("lambd", &AlgorithmConfig::lambd).Slime("--lambd").Min(0).Max(1).Doc("GAE lambda.");
+  b.Add("lambd", &AlgorithmConfig::lambd)
+      .ReadBy("train")
+      .Slime("--lambd")
+      .Min(0)
+      .Max(1)
+      .Doc("GAE lambda.");
   b.Add("normalize_advantages", &AlgorithmConfig::normalize_advantages)
+      .ReadBy("train")
       .Slime("--normalize-advantages")
       .Doc(
           "Whiten advantages over all response tokens of the rollout (required by the "
           "reinforce_plus_plus estimators).");
   b.Add("rewards_normalization", &AlgorithmConfig::rewards_normalization)
+      .ReadBy("rollout")
       .Slime("--disable-rewards-normalization (inverted)")
       .Doc(
           "Group-normalize rewards (subtract the group mean) for grpo, gspo, cispo and "
           "reinforce_plus_plus_baseline.");
   b.Add("grpo_std_normalization", &AlgorithmConfig::grpo_std_normalization)
+      .ReadBy("rollout")
       .Slime("--disable-grpo-std-normalization (inverted)")
       .Doc(
           "Also divide by the group's standard deviation (grpo, gspo, cispo). false = "
           "Dr.GRPO. Forced false when n_samples_per_prompt is 1.");
   b.Add("use_rollout_entropy", &AlgorithmConfig::use_rollout_entropy)
+      .ReadBy("train")
       .Slime("--use-rollout-entropy")
       .Doc("Also compute entropy in the forward-only log-prob pass (for logging).");
   b.Add("use_rollout_logprobs", &AlgorithmConfig::use_rollout_logprobs)
+      .ReadBy("train")
       .Slime("--use-rollout-logprobs")
       .Doc("Use the engine's log-probs as the old policy instead of recomputing them.");
   b.Add("use_tis", &AlgorithmConfig::use_tis)
+      .ReadBy("train")
       .Slime("--use-tis")
       .Doc(
           "Importance-weight the loss by old/rollout probability ratios (train-inference "
           "mismatch correction).");
   b.Add("tis_type", &AlgorithmConfig::tis_type)
+      .ReadBy("train")
       .Slime("--custom-tis-function-path")
       .Enum({"tis", "icepop"})
       .Doc(
           "tis: clamp weights to [tis_clip_low, tis_clip]; icepop: zero tokens whose weight "
           "lies outside that interval.");
   b.Add("tis_clip", &AlgorithmConfig::tis_clip)
+      .ReadBy("train")
       .Slime("--tis-clip")
       .Min(0)
       .Doc("Upper bound of the importance weight.");
   b.Add("tis_clip_low", &AlgorithmConfig::tis_clip_low)
+      .ReadBy("train")
       .Slime("--tis-clip-low")
       .Min(0)
       .Doc("Lower bound of the importance weight.");
   b.Add("get_mismatch_metrics", &AlgorithmConfig::get_mismatch_metrics)
+      .ReadBy("train")
       .Slime("--get-mismatch-metrics")
       .Doc("Report train/rollout mismatch metrics without changing the loss.");
   b.Add("use_opsm", &AlgorithmConfig::use_opsm)
+      .ReadBy("train")
       .Slime("--use-opsm")
       .Doc(
           "Off-policy sequence masking: drop negative-advantage tokens of samples whose "
           "mean old-new log-ratio exceeds opsm_delta.");
   b.Add("opsm_delta", &AlgorithmConfig::opsm_delta)
+      .ReadBy("train")
       .Slime("--opsm-delta")
       .Min(0)
       .Doc("Threshold of off-policy sequence masking.");
   b.Add("use_routing_replay", &AlgorithmConfig::use_routing_replay)
+      .Refused("routing replay is for MoE models, which the trainer does not support yet")
       .Slime("--use-routing-replay")
       .Doc("MoE: record expert routing in the old-log-prob pass and replay it in training.");
   b.Add("use_rollout_routing_replay", &AlgorithmConfig::use_rollout_routing_replay)
+      .Refused("routing replay is for MoE models, which the trainer does not support yet")
       .Slime("--use-rollout-routing-replay")
       .Doc("MoE: replay the engine's routing (implies use_routing_replay).");
   b.Add("num_critic_only_steps", &AlgorithmConfig::num_critic_only_steps)
+      .ReadBy("train")
       .Slime("--num-critic-only-steps")
       .Min(0)
       .Doc("ppo: rollouts at the start during which only the critic trains.");
   b.Add("keep_old_actor", &AlgorithmConfig::keep_old_actor)
+      .ReadBy("train")
       .Slime("--keep-old-actor")
       .Doc(
           "Keep the weights that generated the data as the old policy (for off-policy "
           "loops).");
   b.Add("ref_update_interval", &AlgorithmConfig::ref_update_interval)
+      .ReadBy("train")
       .Slime("--ref-update-interval")
       .Min(1)
       .Doc("Copy the actor into the reference model every N rollouts; unset = never.");
   b.Add("use_opd", &AlgorithmConfig::use_opd)
+      .ReadBy("train")
       .Slime("--use-opd")
       .Doc("On-policy distillation: penalize advantages by the reverse KL to a teacher.");
   b.Add("opd_type", &AlgorithmConfig::opd_type)
+      .ReadBy("train")
       .Slime("--opd-type")
       .Enum({"sglang", "megatron"})
       .Doc(
           "Teacher source: `sglang` = a server at reward.rm_url scores the tokens during "
           "rollout; `megatron` = teacher weights (opd_teacher_load) loaded into the trainer.");
   b.Add("opd_kl_coef", &AlgorithmConfig::opd_kl_coef)
+      .ReadBy("train")
       .Slime("--opd-kl-coef")
       .Min(0)
       .Doc("Weight of the distillation penalty.");
   b.Add("opd_teacher_load", &AlgorithmConfig::opd_teacher_load)
+      .ReadBy("job", "train")
       .Slime("--opd-teacher-load")
       .Doc("Teacher checkpoint (opd_type megatron only).");
   b.Add("opd_teacher_ckpt_step", &AlgorithmConfig::opd_teacher_ckpt_step)
+      .ReadBy("train")
       .Slime("--opd-teacher-ckpt-step")
       .Min(0)
       .Doc("Step of the teacher checkpoint to load.");
@@ -165,84 +206,102 @@ void AddAlgorithmFields(std::vector<FieldSpec<Config>>* table) {
 
 void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
   SectionBuilder<TrainConfig> b(table, "train", &Config::train);
-  b.Add("lr", &TrainConfig::lr).Slime("--lr").Min(0).Doc("Peak learning rate.");
+  b.Add("lr", &TrainConfig::lr).ReadBy("train").Slime("--lr").Min(0).Doc("Peak learning rate.");
   b.Add("min_lr", &TrainConfig::min_lr)
+      .ReadBy("train")
       .Slime("--min-lr")
       .Min(0)
       .Doc("Learning rate at the end of the decay; at most lr.");
   b.Add("critic_lr", &TrainConfig::critic_lr)
+      .ReadBy("train")
       .Slime("--megatron-config-path (role critic: lr)")
       .Min(0)
       .Doc(
           "ppo: peak learning rate of the critic's own AdamW (same schedule shape as the "
           "actor's). Unset: lr.");
   b.Add("critic_min_lr", &TrainConfig::critic_min_lr)
+      .ReadBy("train")
       .Slime("--megatron-config-path (role critic: min_lr)")
       .Min(0)
       .Doc("ppo: the critic's learning rate at the end of the decay; at most critic_lr. Unset: "
            "min_lr.");
   b.Add("lr_decay_style", &TrainConfig::lr_decay_style)
+      .ReadBy("train")
       .Slime("--lr-decay-style")
       .Enum({"constant", "linear", "cosine"})
       .Doc("Schedule after warmup (Megatron's default is linear decay to min_lr).");
   b.Add("lr_decay_iters", &TrainConfig::lr_decay_iters)
+      .ReadBy("train")
       .Slime("--lr-decay-iters")
       .Min(1)
       .Doc(
           "Optimizer steps over which lr decays. Unset: all steps of the run (num_rollout × "
           "rollout_batch_size × n_samples_per_prompt / global_batch_size).");
   b.Add("lr_warmup_iters", &TrainConfig::lr_warmup_iters)
+      .ReadBy("train")
       .Slime("--lr-warmup-iters")
       .Min(0)
       .Doc("Linear warmup steps from lr_warmup_init to lr.");
   b.Add("lr_warmup_fraction", &TrainConfig::lr_warmup_fraction)
+      .ReadBy("train")
       .Slime("--lr-warmup-fraction")
       .Min(0)
       .Max(1)
       .Doc("Warmup as a fraction of lr_decay_iters (instead of lr_warmup_iters).");
   b.Add("lr_warmup_init", &TrainConfig::lr_warmup_init)
+      .ReadBy("train")
       .Slime("--lr-warmup-init")
       .Min(0)
       .Doc("Learning rate at the start of warmup.");
   b.Add("weight_decay", &TrainConfig::weight_decay)
+      .ReadBy("train")
       .Slime("--weight-decay")
       .Min(0)
       .Doc("Decoupled (AdamW) weight decay.");
   b.Add("adam_beta1", &TrainConfig::adam_beta1)
+      .ReadBy("train")
       .Slime("--adam-beta1")
       .Min(0)
       .Below(1)
       .Doc("Adam first-moment decay.");
   b.Add("adam_beta2", &TrainConfig::adam_beta2)
+      .ReadBy("train")
       .Slime("--adam-beta2")
       .Min(0)
       .Below(1)
       .Doc("Adam second-moment decay.");
   b.Add("adam_eps", &TrainConfig::adam_eps)
+      .ReadBy("train")
       .Slime("--adam-eps")
       .Above(0)
       .Doc("Adam denominator epsilon.");
   b.Add("clip_grad", &TrainConfig::clip_grad)
+      .ReadBy("train")
       .Slime("--clip-grad")
       .Min(0)
       .Doc("Clip the global gradient norm to this value; 0 = no clipping.");
   b.Add("override_opt_param_scheduler", &TrainConfig::override_opt_param_scheduler)
+      .ReadBy("workers")
       .Slime("--override-opt_param-scheduler")
       .Doc(
           "On resume, keep the configured LR schedule even when the checkpoint's differs (e.g. a "
           "run extended with a larger data.num_rollout); default: such a resume is refused.");
   b.Add("use_checkpoint_opt_param_scheduler", &TrainConfig::use_checkpoint_opt_param_scheduler)
+      .ReadBy("workers")
       .Slime("--use-checkpoint-opt_param-scheduler")
       .Doc("On resume, continue the checkpoint's LR schedule whatever is configured.");
   b.Add("reset_optimizer_states", &TrainConfig::reset_optimizer_states)
+      .ReadBy("train")
       .Slime("--reset-optimizer-states")
       .Doc("Zero the Adam moments and step count before every rollout's training.");
   b.Add("use_stateless_adam", &TrainConfig::use_stateless_adam)
+      .ReadBy("train")
       .Slime("--use-stateless-adam")
       .Doc(
           "Adam with moments reset every step (a sign-like update); needs "
           "checkpoint.no_save_optim.");
   b.Add("use_distributed_optimizer", &TrainConfig::use_distributed_optimizer)
+      .ReadBy("train", "workers")
       .Slime("--use-distributed-optimizer")
       .Doc(
           "ZeRO-1: each data-parallel rank keeps the float32 master weights and Adam moments of "
@@ -251,6 +310,7 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
           "Checkpoints hold the full per-parameter state, loadable with any dp size and with or "
           "without this. No effect with one data-parallel rank.");
   b.Add("ddp_bucket_size", &TrainConfig::ddp_bucket_size)
+      .ReadBy("train")
       .Slime("--ddp-bucket-size")
       .Min(1)
       .Doc(
@@ -260,6 +320,7 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
           "bucket; a larger parameter goes alone. Megatron's default of 40M elements is 80 MB "
           "of bf16.");
   b.Add("overlap_grad_reduce", &TrainConfig::overlap_grad_reduce)
+      .ReadBy("train")
       .Slime("--overlap-grad-reduce")
       .Doc(
           "Sum the data-parallel gradients while the last micro-batch's backward pass of each "
@@ -268,41 +329,49 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
           "buckets after the pass. Same sums as without it. Applies with the plain optimizer; "
           "with use_distributed_optimizer the reduce-scatter still follows the backward pass "
           "(logged). No effect with one data-parallel rank.");
-  b.Add("seed", &TrainConfig::seed).Slime("--seed").Doc("Trainer random seed.");
+  b.Add("seed", &TrainConfig::seed).ReadBy("train").Slime("--seed").Doc("Trainer random seed.");
   b.Add("micro_batch_size", &TrainConfig::micro_batch_size)
+      .ReadBy("train")
       .Slime("--micro-batch-size")
       .Min(1)
       .Doc("Samples per micro-batch when use_dynamic_batch_size is false.");
   b.Add("global_batch_size", &TrainConfig::global_batch_size)
+      .ReadBy("train")
       .Slime("--global-batch-size")
       .Min(1)
       .Doc(
           "Samples (rollouts) per optimizer step. Unset: from num_steps_per_rollout, else "
           "rollout_batch_size × n_samples_per_prompt (one step per rollout).");
   b.Add("num_steps_per_rollout", &TrainConfig::num_steps_per_rollout)
+      .ReadBy("train")
       .Slime("--num-steps-per-rollout")
       .Min(1)
       .Doc(
           "Optimizer steps per rollout; sets global_batch_size = rollout_batch_size × "
           "n_samples_per_prompt / num_steps_per_rollout.");
   b.Add("use_dynamic_batch_size", &TrainConfig::use_dynamic_batch_size)
+      .ReadBy("train")
       .Slime("--use-dynamic-batch-size")
       .Doc(
           "Pack samples into micro-batches of up to max_tokens_per_gpu × "
           "context_parallel_size tokens.");
   b.Add("max_tokens_per_gpu", &TrainConfig::max_tokens_per_gpu)
+      .ReadBy("train")
       .Slime("--max-tokens-per-gpu")
       .Min(1)
       .Doc("Token budget of a packed micro-batch per GPU (required with dynamic batching).");
   b.Add("balance_data", &TrainConfig::balance_data)
+      .ReadBy("train")
       .Slime("--balance-data")
       .Doc("Balance micro-batches over data-parallel ranks by estimated FLOPs.");
   b.Add("balance_by_flops", &TrainConfig::balance_by_flops)
+      .ReadBy("train")
       .Slime("--balance-by-flops")
       .Doc(
           "Pack micro-batches by estimated FLOPs instead of tokens (needs dynamic batching; "
           "implies balance_data).");
   b.Add("log_probs_chunk_size", &TrainConfig::log_probs_chunk_size)
+      .ReadBy("train")
       .Slime("--log-probs-chunk-size")
       .Min(1)
       .AlsoAllow(-1)
@@ -310,12 +379,14 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
           "Compute log-probs and entropy over chunks of this many tokens to save memory; -1 "
           "= one chunk.");
   b.Add("data_pad_size_multiplier", &TrainConfig::data_pad_size_multiplier)
+      .ReadBy("train")
       .Slime("--data-pad-size-multiplier")
       .Min(1)
       .Doc(
           "Packed micro-batches are padded to a multiple of tensor_model_parallel_size × "
           "this.");
   b.Add("tensor_model_parallel_size", &TrainConfig::tensor_model_parallel_size)
+      .ReadBy("app", "job", "train", "workers")
       .Slime("--tensor-model-parallel-size")
       .Min(1)
       .Doc(
@@ -327,6 +398,7 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
           "get full tensors). Works with use_distributed_optimizer (each TP rank's DP group "
           "shards that rank's tensors). Not yet with advantage_estimator ppo.");
   b.Add("pipeline_model_parallel_size", &TrainConfig::pipeline_model_parallel_size)
+      .ReadBy("app", "job", "train", "workers")
       .Slime("--pipeline-model-parallel-size")
       .Min(1)
       .Doc("Pipeline-parallel size of the trainer: the decoder layers are split into this many "
@@ -336,57 +408,70 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
            "use_distributed_optimizer. Not yet with advantage_estimator ppo (the trainers' init "
            "fails naming it).");
   b.Add("context_parallel_size", &TrainConfig::context_parallel_size)
+      .Refused("context parallelism is later work")
       .Slime("--context-parallel-size")
       .Min(1)
       .Doc("Context-parallel size of the trainer (sequences split across ranks).");
   b.Add("sequence_parallel", &TrainConfig::sequence_parallel)
+      .ReadBy("train")
       .Slime("--sequence-parallel")
       .Doc(
           "Shard activations along the sequence inside tensor-parallel groups (no effect "
           "and turned off when tensor_model_parallel_size is 1).");
   b.Add("bf16", &TrainConfig::bf16)
+      .ReadBy("workers")
       .Slime("--bf16")
       .Doc("Train in bfloat16 with fp32 master weights; false = fp32.");
   b.Add("recompute_granularity", &TrainConfig::recompute_granularity)
+      .ReadBy("train")
       .Slime("--recompute-granularity")
       .Enum({"full", "selective"})
       .Doc(
           "Activation recomputation (Megatron's). Not implemented: accepted for slime "
           "compatibility, ignored with a warning (every activation is kept).");
   b.Add("recompute_method", &TrainConfig::recompute_method)
+      .ReadBy("train")
       .Slime("--recompute-method")
       .Enum({"uniform", "block"})
       .Doc("With full recompute: how layers are grouped for recomputation.");
   b.Add("recompute_num_layers", &TrainConfig::recompute_num_layers)
+      .ReadBy("train")
       .Slime("--recompute-num-layers")
       .Min(1)
       .Doc(
           "With full recompute: layers per recompute group (uniform) or recomputed layers "
           "per stage (block).");
   b.Add("recompute_loss_function", &TrainConfig::recompute_loss_function)
+      .ReadBy("train")
       .Slime("--recompute-loss-function")
       .Doc(
           "Recompute the loss (logits-sized buffers) in backward to save memory. Not "
           "implemented: accepted, ignored with a warning (log_probs_chunk_size bounds those "
           "buffers).");
   b.Add("calculate_per_token_loss", &TrainConfig::calculate_per_token_loss)
+      .ReadBy("train")
       .Slime("--calculate-per-token-loss")
       .Doc("Average the loss over all tokens of the step instead of per-sample token means.");
   b.Add("mtp_num_layers", &TrainConfig::mtp_num_layers)
+      .Refused("multi-token prediction is later work")
       .Slime("--mtp-num-layers")
       .Min(1)
       .Doc("Multi-token-prediction layers of the model.");
   b.Add("mtp_loss_scaling_factor", &TrainConfig::mtp_loss_scaling_factor)
+      .Refused("multi-token prediction is later work")
       .Slime("--mtp-loss-scaling-factor")
       .Min(0)
       .Doc("Weight of the MTP loss.");
   b.Add("enable_mtp_training", &TrainConfig::enable_mtp_training)
+      .Refused("multi-token prediction is later work")
       .Slime("--enable-mtp-training")
       .Doc("Also train the MTP layers during RL (needs mtp_num_layers).");
   b.Add("only_train_params_name_list", &TrainConfig::only_train_params_name_list)
+      .ReadBy("train")
       .Slime("--only-train-params-name-list")
       .Doc("Regexes: train only parameters whose name matches one; freeze the rest.");
   b.Add("freeze_params_name_list", &TrainConfig::freeze_params_name_list)
+      .ReadBy("train")
       .Slime("--freeze-params-name-list")
       .Doc("Regexes: freeze parameters whose name matches one.");
 }
@@ -394,12 +479,14 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
 void AddWeightSyncFields(std::vector<FieldSpec<Config>>* table) {
   SectionBuilder<WeightSyncConfig> b(table, "weight_sync", &Config::weight_sync);
   b.Add("mode", &WeightSyncConfig::mode)
+      .Refused("delta weight sync is later work")
       .Slime("--update-weight-mode")
       .Enum({"full", "delta"})
       .Doc(
-          "full: send every parameter; delta: write only changed bytes to disk (disk "
-          "transport, not colocated).");
+          "full: send every parameter. (slime's delta writes only the changed bytes to "
+          "disk.)");
   b.Add("transport", &WeightSyncConfig::transport)
+      .ReadBy("workers")
       .Slime("--update-weight-transport")
       .Enum({"nccl", "disk"})
       .Doc(
@@ -407,35 +494,43 @@ void AddWeightSyncFields(std::vector<FieldSpec<Config>>* table) {
           "colocated engines on the same GPU get IPC handles); disk: write a checkpoint "
           "under disk_dir that engines reload.");
   b.Add("buffer_size", &WeightSyncConfig::buffer_size)
+      .ReadBy("workers")
       .Slime("--update-weight-buffer-size")
       .Min(1)
       .Doc("Bytes per broadcast bucket.");
   b.Add("interval", &WeightSyncConfig::interval)
+      .ReadBy("job", "train")
       .Slime("--update-weights-interval")
       .Min(1)
       .Doc("Push weights every N rollouts.");
   b.Add("disk_dir", &WeightSyncConfig::disk_dir)
+      .ReadBy("workers")
       .Slime("--update-weight-disk-dir")
       .Doc("Directory shared by trainers and engines (required for disk transport).");
   b.Add("disk_keep_files", &WeightSyncConfig::disk_keep_files)
+      .ReadBy("workers")
       .Slime("--update-weight-disk-keep-files")
       .Doc("Keep the checkpoints written for disk sync instead of deleting them.");
   b.Add("local_checkpoint_dir", &WeightSyncConfig::local_checkpoint_dir)
+      .Refused("delta weight sync is later work")
       .Slime("--update-weight-local-checkpoint-dir")
       .Doc(
           "Engine-host local copy of the weights that deltas are applied to (required for "
           "delta mode).");
   b.Add("delta_encoding", &WeightSyncConfig::delta_encoding)
+      .Refused("delta weight sync is later work")
       .Slime("--update-weight-delta-encoding")
       .Enum({"xor", "overwrite"})
       .Doc(
           "xor: new ^ old (apply exactly once); overwrite: changed positions and values "
           "(idempotent).");
   b.Add("delta_checksum", &WeightSyncConfig::delta_checksum)
+      .Refused("delta weight sync is later work")
       .Slime("--update-weight-delta-checksum")
       .Enum({"xxh3-128", "blake3", "adler32"})
       .Doc("Per-tensor checksum of delta files.");
   b.Add("check_weight_update_equal", &WeightSyncConfig::check_weight_update_equal)
+      .ReadBy("workers")
       .Slime("--check-weight-update-equal")
       .Doc("Debug: verify after the first sync that engine weights equal the trainer's.");
 }
@@ -443,54 +538,67 @@ void AddWeightSyncFields(std::vector<FieldSpec<Config>>* table) {
 void AddCheckpointFields(std::vector<FieldSpec<Config>>* table) {
   SectionBuilder<CheckpointConfig> b(table, "checkpoint", &Config::checkpoint);
   b.Add("load", &CheckpointConfig::load)
+      .ReadBy("job", "workers")
       .Slime("--load")
       .Doc(
           "Checkpoint to resume from (model, optimizer, RNG, data position). Not a "
           "checkpoint: start from ref_load, else model.hf_checkpoint.");
   b.Add("save", &CheckpointConfig::save)
+      .ReadBy("job", "workers")
       .Slime("--save")
       .Doc("Directory checkpoints are written to; to resume, point load at it.");
   b.Add("save_interval", &CheckpointConfig::save_interval)
+      .ReadBy("job")
       .Slime("--save-interval")
       .Min(1)
       .Doc("Save every N rollouts and after the last one (requires save).");
   b.Add("keep_last", &CheckpointConfig::keep_last)
+      .ReadBy("train")
       .Min(1)
       .Doc("Keep only the newest N checkpoints; unset = keep all.");
   b.Add("no_save_optim", &CheckpointConfig::no_save_optim)
+      .ReadBy("train")
       .Slime("--no-save-optim")
       .Doc("Do not save optimizer state (smaller checkpoints; exact resume impossible).");
   b.Add("no_load_optim", &CheckpointConfig::no_load_optim)
+      .ReadBy("train")
       .Slime("--no-load-optim")
       .Doc("Do not load optimizer state when resuming.");
   b.Add("async_save", &CheckpointConfig::async_save)
+      .ReadBy("train")
       .Slime("--async-save")
       .Doc("Write checkpoints in the background.");
   b.Add("save_hf", &CheckpointConfig::save_hf)
+      .ReadBy("job")
       .Slime("--save-hf")
       .Doc(
           "Also export a Hugging Face checkpoint at each save; `{rollout_id}` in the path is "
           "replaced.");
   b.Add("ref_load", &CheckpointConfig::ref_load)
+      .ReadBy("job", "train")
       .Slime("--ref-load")
       .Doc(
           "Reference model for KL terms (required when use_kl_loss or kl_coef is set); also "
           "the initial actor when load is not a checkpoint.");
   b.Add("ref_ckpt_step", &CheckpointConfig::ref_ckpt_step)
+      .ReadBy("train")
       .Slime("--ref-ckpt-step")
       .Min(0)
       .Doc("Step of the reference checkpoint to load.");
   b.Add("critic_load", &CheckpointConfig::critic_load)
+      .ReadBy("job", "train")
       .Slime("--megatron-config-path (role critic: load)")
       .Doc(
           "ppo: initial critic weights: a critic checkpoint (a `<save>/critic` directory or one "
           "of its iterations) or an HF directory (new value head). Unset: the actor's initial "
           "weights with a new value head. Resuming from load reads `<load>/critic`.");
   b.Add("ckpt_step", &CheckpointConfig::ckpt_step)
+      .ReadBy("workers")
       .Slime("--ckpt-step")
       .Min(0)
       .Doc("Step of the load checkpoint to resume from; unset = the latest.");
   b.Add("start_rollout_id", &CheckpointConfig::start_rollout_id)
+      .ReadBy("job")
       .Slime("--start-rollout-id")
       .Min(0)
       .Doc("Override the rollout id to start at (default: loaded step + 1, or 0).");
@@ -499,8 +607,10 @@ void AddCheckpointFields(std::vector<FieldSpec<Config>>* table) {
 void AddMetricsFields(std::vector<FieldSpec<Config>>* table) {
   SectionBuilder<MetricsConfig> b(table, "metrics", &Config::metrics);
   b.Add("jsonl_path", &MetricsConfig::jsonl_path)
+      .ReadBy("job")
       .Doc("One JSON object per logged step. Unset: <cluster.run_dir>/metrics.jsonl.");
   b.Add("prometheus_port", &MetricsConfig::prometheus_port)
+      .ReadBy("job")
       .Min(0)
       .Max(65535)
       .Doc(
@@ -508,18 +618,23 @@ void AddMetricsFields(std::vector<FieldSpec<Config>>* table) {
           "free port); unset = a free port on 127.0.0.1. The address is in "
           "<cluster.run_dir>/driver.json.");
   b.Add("tensorboard_dir", &MetricsConfig::tensorboard_dir)
+      .ReadBy("job")
       .Slime("--use-tensorboard / --tb-project-name")
       .Doc("Write TensorBoard event files here; unset = off.");
   b.Add("log_passrate", &MetricsConfig::log_passrate)
+      .ReadBy("rollout")
       .Slime("--log-passrate")
       .Doc("Log pass@k (k = 1, 2, 4, ... up to the group size).");
   b.Add("log_multi_turn", &MetricsConfig::log_multi_turn)
+      .ReadBy("rollout")
       .Slime("--log-multi-turn")
       .Doc("Log multi-turn statistics (rounds, response lengths without observations).");
   b.Add("log_correct_samples", &MetricsConfig::log_correct_samples)
+      .ReadBy("rollout")
       .Slime("--log-correct-samples")
       .Doc("Log length and entropy statistics of correct samples.");
   b.Add("log_reward_category", &MetricsConfig::log_reward_category)
+      .ReadBy("rollout")
       .Slime("--log-reward-category")
       .Doc("Count samples by this key of a mapping-valued reward.");
 }
@@ -527,26 +642,35 @@ void AddMetricsFields(std::vector<FieldSpec<Config>>* table) {
 void AddFaultToleranceFields(std::vector<FieldSpec<Config>>* table) {
   SectionBuilder<FaultToleranceConfig> b(table, "fault_tolerance", &Config::fault_tolerance);
   b.Add("use_fault_tolerance", &FaultToleranceConfig::use_fault_tolerance)
+      .Refused(
+          "engine recovery is always on: a lost engine is restarted up to "
+          "fault_tolerance.max_engine_restarts times, 0 fails the job instead")
       .Slime("--use-fault-tolerance")
-      .Doc("Accepted for slime compatibility; recovery is always on: a dead engine process is "
-           "restarted and re-synced (max_engine_restarts), and an engine that stays unreachable "
-           "while its process lives fails the job after health_check_timeout.");
+      .Doc("slime's switch for engine health checks and restarts. Here recovery is always on: a "
+           "dead engine process is restarted and re-synced (max_engine_restarts), and an engine "
+           "that stays unreachable while its process lives fails the job after "
+           "health_check_timeout.");
   b.Add("health_check_interval", &FaultToleranceConfig::health_check_interval)
+      .ReadBy("job")
       .Slime("--rollout-health-check-interval")
       .Above(0)
       .Doc("Seconds between health checks.");
   b.Add("health_check_timeout", &FaultToleranceConfig::health_check_timeout)
+      .ReadBy("job")
       .Slime("--rollout-health-check-timeout")
       .Above(0)
       .Doc("Seconds a health check may take before the engine counts as dead.");
   b.Add("health_check_first_wait", &FaultToleranceConfig::health_check_first_wait)
+      .ReadBy("job")
       .Slime("--rollout-health-check-first-wait")
       .Min(0)
       .Doc("Seconds to wait after engines start before the first health check.");
   b.Add("max_engine_restarts", &FaultToleranceConfig::max_engine_restarts)
+      .ReadBy("job")
       .Min(0)
       .Doc("Restarts allowed per engine before the job fails.");
   b.Add("restart_backoff", &FaultToleranceConfig::restart_backoff)
+      .ReadBy("job")
       .Min(0)
       .Doc("Seconds to wait before restarting a failed engine (doubles with each restart).");
 }
@@ -554,61 +678,79 @@ void AddFaultToleranceFields(std::vector<FieldSpec<Config>>* table) {
 void AddDebugFields(std::vector<FieldSpec<Config>>* table) {
   SectionBuilder<DebugConfig> b(table, "debug", &Config::debug);
   b.Add("rollout_only", &DebugConfig::rollout_only)
+      .ReadBy("job")
       .Slime("--debug-rollout-only")
       .Doc("Run only generation and rewards, no trainers (turns colocate and offload off).");
   b.Add("train_only", &DebugConfig::train_only)
+      .ReadBy("config")
       .Slime("--debug-train-only")
-      .Doc("Run only trainers, no engines (set by load_debug_rollout_data).");
+      .Doc(
+          "Run only trainers, no engines, on the rollouts of load_debug_rollout_data (which "
+          "sets it; alone it is an error).");
   b.Add("save_debug_rollout_data", &DebugConfig::save_debug_rollout_data)
+      .ReadBy("job")
       .Slime("--save-debug-rollout-data")
       .Doc("Save each rollout's samples to this path template (must contain {rollout_id}).");
   b.Add("load_debug_rollout_data", &DebugConfig::load_debug_rollout_data)
+      .ReadBy("job")
       .Slime("--load-debug-rollout-data")
       .Doc(
           "Train on saved rollouts from this path template instead of generating "
           "(implies train_only; must contain {rollout_id}).");
   b.Add("load_debug_rollout_data_subsample", &DebugConfig::load_debug_rollout_data_subsample)
+      .ReadBy("job")
       .Slime("--load-debug-rollout-data-subsample")
       .Above(0)
       .Max(1)
       .Doc("Use this fraction of each loaded rollout.");
   b.Add("save_debug_train_data", &DebugConfig::save_debug_train_data)
+      .ReadBy("workers")
       .Slime("--save-debug-train-data")
       .Doc("Save each trainer's batch to this path template ({rollout_id}, {rank}).");
   b.Add("dump_details", &DebugConfig::dump_details)
+      .ReadBy("config")
       .Slime("--dump-details")
       .Doc(
           "Directory for full dumps: sets save_debug_rollout_data to "
           "<dir>/rollout_data/{rollout_id}.bin and save_debug_train_data to "
           "<dir>/train_data/{rollout_id}.bin.");
   b.Add("log_level", &DebugConfig::log_level)
+      .ReadBy("app")
       .Enum(std::vector<std::string>(std::begin(kLogLevels), std::end(kLogLevels)))
       .Doc("Log level of every process.");
   b.Add("deterministic_mode", &DebugConfig::deterministic_mode)
+      .ReadBy("rollout")
       .Slime("--deterministic-mode / --sglang-enable-deterministic-inference")
       .Doc(
-          "Bitwise reproducible kernels in trainers and engines, and per-sample sampling "
-          "seeds (rollout.seed + index in group).");
+          "Per-sample sampling seeds (rollout.seed + index in group), so a rollout's "
+          "sampling repeats. Unlike slime it does not switch trainer or engine kernels to "
+          "deterministic algorithms.");
   b.Add("ci_test", &DebugConfig::ci_test)
+      .ReadBy("train")
       .Slime("--ci-test")
       .Doc(
           "Assert slime's CI invariants while training (first-step KL, log-prob ranges, "
           "train/rollout log-prob gap).");
   b.Add("ci_disable_kl_checker", &DebugConfig::ci_disable_kl_checker)
+      .ReadBy("train")
       .Slime("--ci-disable-kl-checker")
       .Doc("With ci_test, skip the first-step KL assertions.");
   b.Add("ci_kl_threshold", &DebugConfig::ci_kl_threshold)
+      .ReadBy("train")
       .Min(0)
       .Doc("With ci_test, bound on the first step's ppo_kl and kl_loss (slime fixes 1e-8).");
   b.Add("ci_train_rollout_logprob_abs_diff_threshold",
         &DebugConfig::ci_train_rollout_logprob_abs_diff_threshold)
+      .ReadBy("train")
       .Slime("--ci-train-rollout-logprob-abs-diff-threshold")
       .Min(0)
       .Doc("With ci_test, bound on the mean |train - rollout| log-prob difference.");
   b.Add("ci_save_grad_norm", &DebugConfig::ci_save_grad_norm)
+      .ReadBy("train")
       .Slime("--ci-save-grad-norm")
       .Doc("Save grad norms to this template ({role}, {rollout_id}, {step_id}).");
   b.Add("ci_load_grad_norm", &DebugConfig::ci_load_grad_norm)
+      .ReadBy("train")
       .Slime("--ci-load-grad-norm")
       .Doc("Compare grad norms with those saved at this template (1% tolerance).");
 }

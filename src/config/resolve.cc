@@ -148,10 +148,6 @@ class Resolver {
     } else if (a.opd_teacher_load.has_value()) {
       Error("algorithm.opd_teacher_load is set but algorithm.use_opd is false");
     }
-    if (a.use_rollout_routing_replay) a.use_routing_replay = true;
-    if (c_.train.enable_mtp_training && !c_.train.mtp_num_layers.has_value()) {
-      Error("train.enable_mtp_training requires train.mtp_num_layers");
-    }
   }
 
   void ResolveDebug() {
@@ -175,6 +171,11 @@ class Resolver {
       }
     }
     if (d.load_debug_rollout_data.has_value()) d.train_only = true;
+    if (d.train_only && !d.load_debug_rollout_data.has_value()) {
+      Error(
+          "debug.train_only needs debug.load_debug_rollout_data (the saved rollouts to train on; "
+          "it sets train_only itself)");
+    }
     if (d.load_debug_rollout_data_subsample.has_value() && !d.load_debug_rollout_data) {
       Warn(
           "debug.load_debug_rollout_data_subsample has no effect without "
@@ -394,16 +395,10 @@ class Resolver {
     } else if (d.num_rollout.has_value() && d.num_epoch.has_value()) {
       Warn("data.num_rollout and data.num_epoch are both set; num_epoch is ignored");
     }
-    if (d.num_epoch.has_value() && !d.num_rollout.has_value() && !d.rollout_global_dataset) {
-      Error(
-          "data.num_epoch needs data.rollout_global_dataset: true (the dataset size is "
-          "unknown otherwise); set data.num_rollout instead");
-    }
-    if (d.prompt_data.empty() && d.rollout_global_dataset &&
-        !c_.debug.load_debug_rollout_data.has_value()) {
+    if (d.prompt_data.empty() && !c_.debug.load_debug_rollout_data.has_value()) {
       Error(
           "data.prompt_data is required (slime --prompt-data), unless "
-          "data.rollout_global_dataset is false or debug.load_debug_rollout_data is set");
+          "debug.load_debug_rollout_data is set");
     }
     if (r.mask_offpolicy_in_partial_rollout && !r.partial_rollout) {
       Warn(
@@ -468,7 +463,6 @@ class Resolver {
       if (!ds.min_new_tokens) ds.min_new_tokens = e.min_new_tokens;
       if (!ds.stop) ds.stop = r.stop;
       if (!ds.rm_type) ds.rm_type = c_.reward.rm_type;
-      if (!ds.custom_rm_path) ds.custom_rm_path = c_.reward.custom_rm_path;
       if (!ds.reward_key) ds.reward_key = e.reward_key;
       if (!ds.input_key) ds.input_key = e.input_key;
       if (!ds.label_key) ds.label_key = e.label_key;
@@ -601,22 +595,6 @@ class Resolver {
       Error(
           "weight_sync.transport 'disk' requires weight_sync.disk_dir (a directory shared by "
           "trainers and engines)");
-    }
-    if (w.mode == "delta") {
-      if (w.transport != "disk") {
-        Error("weight_sync.mode 'delta' requires weight_sync.transport 'disk', got '{}'",
-              w.transport);
-      }
-      if (c_.cluster.colocate) {
-        Error(
-            "weight_sync.mode 'delta' is not supported with cluster.colocate (colocated "
-            "engines receive weights in place); use mode 'full'");
-      }
-      if (!w.local_checkpoint_dir.has_value()) {
-        Error(
-            "weight_sync.mode 'delta' requires weight_sync.local_checkpoint_dir (an "
-            "engine-host local directory)");
-      }
     }
   }
 

@@ -3,6 +3,12 @@
 // accessors into the typed struct. YAML parsing, `--set` overrides, unknown-key detection,
 // ToYaml and the Markdown reference are all driven by this table, so they cannot drift apart.
 //
+// Every field is either read (`read_by` names the modules whose code uses it; the ctest
+// config_fields_test checks each claim with scripts/check_config_fields.py) or refused (any
+// value but its default is an error naming the key and why: the feature is later work). A
+// setting that is accepted but changes nothing cannot be added: config_test fails on a field
+// that is neither.
+//
 // Two tables exist: ConfigFields() for `Config` (keys "section.key") and EvalDatasetFields()
 // for the entries of `eval.datasets`. Both are built once, on first use, and are immutable
 // afterwards; reading them from several threads is safe.
@@ -63,6 +69,9 @@ struct FieldInfo {
   std::optional<Bound> max;
   int64_t int_min = std::numeric_limits<int64_t>::min();  // range of the C++ member
   int64_t int_max = std::numeric_limits<int64_t>::max();
+  std::vector<std::string> read_by;  // modules whose code reads the field ("train", "config", ...)
+  std::string refused;               // non-empty: only the default is accepted; says why
+  FieldValue refused_default;        // the one accepted value of a refused field
 
   // "section.key", or just "key" for eval dataset entries.
   std::string Path() const { return section.empty() ? key : section + "." + key; }
@@ -91,8 +100,8 @@ const std::vector<FieldSpec<EvalDatasetConfig>>& EvalDatasetFields();
 // The field at "section.key", or null.
 const FieldSpec<Config>* FindConfigField(std::string_view section, std::string_view key);
 
-// Checks a value against the field's enum / range / required constraints. `where` names the
-// key in messages (e.g. "eval.datasets[1].top_p").
+// Checks a value against the field's refusal, enum / range / required constraints. `where`
+// names the key in messages (e.g. "eval.datasets[1].top_p").
 Status CheckFieldValue(const FieldInfo& field, const FieldValue& value, const std::string& where);
 
 // "bool", "int", "float", "string", "list<string>", ... with a trailing "?" when optional.
