@@ -75,6 +75,10 @@ int RunTrain(const TrainOptions& options) {
     Status s = job::CheckAsyncConfig(config);
     if (!s.ok()) return UsageError(std::string(s.message()));
   }
+  if (options.dry_run) {  // the real start checks the same in the driver's setup
+    Status s = job::CheckInputFiles(config);
+    if (!s.ok()) return UsageError(std::string(s.message()));
+  }
   comm::AcceleratorInfo accel = comm::QueryAccelerators();
   StatusOr<JobPlan> job = PlanJob(config, accel.cuda_available);
   if (!job.ok()) return UsageError(fmt::format("placement: {}", std::string(job.status().message())));
@@ -119,7 +123,8 @@ int RunCli(int argc, char** argv) {
   train_cmd->add_option("--set", train.overrides,
                         "Override a key: --set section.key=value (repeatable; value is YAML)");
   train_cmd->add_flag("--dry-run", train.dry_run,
-                      "Print the resolved config and the placement plan, then exit");
+                      "Check the config and that its input files exist, print the resolved "
+                      "config and the placement plan, then exit");
   train_cmd->add_flag("--async", train.async_train,
                       "One-step off-policy (slime's train_async.py): generate rollout N+1 while "
                       "training on N; not with cluster.colocate (docs/operations.md)");

@@ -34,6 +34,7 @@ void MakeAbsolute(std::optional<std::string>& path) {
 
 Status Driver::Setup() {
   if (options_.async_train) SLIME_RETURN_IF_ERROR(CheckAsyncConfig(config_));
+  SLIME_RETURN_IF_ERROR(CheckInputFiles(config_));
   train_only_ = config_.debug.load_debug_rollout_data.has_value();
   SLIME_RETURN_IF_ERROR(MakePathsAbsolute());
   SLIME_RETURN_IF_ERROR(LoadData());
@@ -122,7 +123,7 @@ Status Driver::LoadEvalDatasets() {
     if (entry.label_key) o.label_key = *entry.label_key;
     if (entry.tool_key) o.tool_key = *entry.tool_key;
     if (entry.apply_chat_template) o.apply_chat_template = *entry.apply_chat_template;
-    o.max_prompt_len = 0;
+    o.max_prompt_len = config_.eval.max_prompt_len.value_or(0);
     StatusOr<data::PromptDataset> eval = data::PromptDataset::Load(entry.path, *tokenizer_, o);
     if (!eval.ok()) {
       return absl::InvalidArgumentError(fmt::format("eval dataset '{}': {}", entry.name,

@@ -1,6 +1,7 @@
 // Runs the real slime_train binary (SLIME_TRAIN_BIN, set by ctest) and checks its command line:
 // --version, --help, --dry-run placement for the shipped configs in colocated and disaggregated
-// layouts, and that bad input exits non-zero with a message naming the problem.
+// layouts, and that bad input exits non-zero with a message naming the problem (refused keys and
+// missing input files included, the latter with the same message as a real start).
 #include <sys/wait.h>
 
 #include <gtest/gtest.h>
@@ -33,14 +34,50 @@ std::string ReadFile(const std::filesystem::path& path) {
   return s.str();
 }
 
+// The input files of the shipped configs, empty (--dry-run checks that they exist, no more),
+// under a temporary directory removed at exit; the configs find them through their ${...}s.
+class InputFiles {
+ public:
+  InputFiles() {
+    root_ = std::filesystem::temp_directory_path() /
+            ("slime_cli_inputs_" + std::to_string(::getpid()));
+    for (const char* file : {"model/config.json", "model/tokenizer.json", "tiny/train.jsonl",
+                             "tiny/eval.jsonl", "data/dapo-math-17k/dapo-math-17k.jsonl",
+                             "data/aime-2024/aime-2024.jsonl"}) {
+      std::filesystem::create_directories((root_ / file).parent_path());
+      std::ofstream(root_ / file) << "\n";
+    }
+  }
+  ~InputFiles() {
+    std::error_code ec;
+    std::filesystem::remove_all(root_, ec);
+  }
+  // The environment that points the shipped configs at the files.
+  std::string Env() const {
+    const std::string r = root_.string();
+    return "SLIME_TINY_MODEL='" + r + "/model' SLIME_TINY_DATA='" + r +
+           "/tiny/train.jsonl' SLIME_TINY_EVAL='" + r + "/tiny/eval.jsonl' QWEN3_4B='" + r +
+           "/model' QWEN3_0_6B='" + r + "/model' SLIME_DATA_DIR='" + r + "/data'";
+  }
+  const std::filesystem::path& root() const { return root_; }
+
+ private:
+  std::filesystem::path root_;
+};
+
+const InputFiles& Inputs() {
+  static const InputFiles files;
+  return files;
+}
+
 // Runs `slime_train <args>` from the source directory (so configs/ resolves).
 RunResult RunSlime(const std::string& args) {
   static int counter = 0;
   auto err_path = std::filesystem::temp_directory_path() /
                   ("slime_cli_test_" + std::to_string(::getpid()) + "_" +
                    std::to_string(counter++) + ".err");
-  std::string cmd = "cd '" + SourceDir() + "' && SLIME_TINY_MODEL=/tmp/tiny '" +
-                    TrainBin() + "' " + args + " 2>'" + err_path.string() + "'";
+  std::string cmd = "cd '" + SourceDir() + "' && " + Inputs().Env() + " '" + TrainBin() + "' " +
+                    args + " 2>'" + err_path.string() + "'";
   RunResult r;
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (pipe == nullptr) {
@@ -175,6 +212,74 @@ TEST(CliTest, ValidationErrorExitsWithoutStackTrace) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("rollout.temperature"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("terminate"), std::string::npos) << r.err;
+}
+
+TEST(CliTest, DryRunRefusesAKeyWhoseFeatureIsNotThere) {
+  RunResult r =
+      RunSlime("--config configs/grpo-tiny-cpu.yaml --dry-run --set weight_sync.mode=delta");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("weight_sync.mode = delta: not supported (delta weight sync is later work)"),
+            std::string::npos)
+      << r.err;
+  r = RunSlime("--config configs/grpo-tiny-cpu.yaml --dry-run --set train.context_parallel_size=2");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("train.context_parallel_size = 2: not supported"), std::string::npos)
+      << r.err;
+}
+
+TEST(CliTest, DryRunNamesEachMissingInputFile) {
+  RunResult r = RunSlime(
+      "--config configs/grpo-tiny-cpu.yaml --dry-run --set model.hf_checkpoint=/nonexistent/model "
+      "--set 'data.prompt_data=/nonexistent/train.jsonl@[0:8]' "
+      "--set 'eval.datasets=[{name: held_out, path: /nonexistent/eval.jsonl}]'");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_EQ(r.out.find("# placement plan"), std::string::npos) << r.out;
+  for (const char* line :
+       {"3 input files are missing:",
+        "model.hf_checkpoint: /nonexistent/model does not exist (expected a Hugging Face model "
+        "directory with config.json and tokenizer.json)",
+        "data.prompt_data: /nonexistent/train.jsonl does not exist (expected a .jsonl prompt "
+        "dataset)",
+        "eval.datasets[0].path (dataset 'held_out'): /nonexistent/eval.jsonl does not exist"}) {
+    EXPECT_NE(r.err.find(line), std::string::npos) << line << "\n" << r.err;
+  }
+}
+
+TEST(CliTest, DryRunNamesAModelDirectoryWithoutItsTokenizer) {
+  const std::filesystem::path model = Inputs().root() / "model-without-tokenizer";
+  std::filesystem::create_directories(model);
+  std::ofstream(model / "config.json") << "{}\n";
+  RunResult r = RunSlime(
+      "--config configs/grpo-tiny-cpu.yaml --dry-run --set model.hf_checkpoint=" + model.string());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("model.hf_checkpoint: " + (model / "tokenizer.json").string() +
+                       " does not exist (expected the tokenizer, read from the model directory)"),
+            std::string::npos)
+      << r.err;
+}
+
+// The first line starting with `prefix`, or "".
+std::string LineStartingWith(const std::string& text, const std::string& prefix) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(prefix, 0) == 0) return line;
+  }
+  return "";
+}
+
+TEST(CliTest, DryRunReportsAMissingFileAsTheRealStartDoes) {
+  const std::filesystem::path run_dir = Inputs().root() / "run";
+  const std::string args = "--config configs/grpo-tiny-cpu.yaml --set cluster.run_dir=" +
+                           run_dir.string() + " --set data.prompt_data=/nonexistent/train.jsonl";
+  RunResult dry = RunSlime(args + " --dry-run");
+  RunResult start = RunSlime(args);  // fails in the driver's setup, before any process starts
+  EXPECT_EQ(dry.exit_code, 2) << dry.err;
+  EXPECT_EQ(start.exit_code, 2) << start.err;
+  const std::string error = LineStartingWith(dry.err, "slime_train: error: ");
+  EXPECT_NE(error.find("data.prompt_data: /nonexistent/train.jsonl does not exist"),
+            std::string::npos)
+      << dry.err;
+  EXPECT_EQ(LineStartingWith(start.err, "slime_train: error: "), error) << start.err;
 }
 
 TEST(CliTest, ExplicitTrainSubcommandEqualsDefault) {

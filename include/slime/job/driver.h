@@ -62,6 +62,13 @@ struct DriverOptions {
 // Errors: the config cannot run the --async loop (cluster.colocate); the message says why.
 Status CheckAsyncConfig(const config::Config& config);
 
+// Errors: a file the job reads does not exist (model.hf_checkpoint with its config.json and
+// tokenizer.json, data.prompt_data, eval.datasets[].path, reward.custom_rm_path,
+// rollout.custom_generate_path, checkpoint.ref_load / critic_load, algorithm.opd_teacher_load,
+// each when the job would read it). One line per missing file, naming the key and the path.
+// The driver's setup checks this first; `slime_train --dry-run` calls it too.
+Status CheckInputFiles(const config::Config& config);
+
 // Runs the job to the end; returns the process exit code (see above). `signals` (constructed
 // before any other thread started) gets the handler that stops every actor on SIGINT/SIGTERM.
 int RunDriver(DriverOptions options, SignalWatcher* signals);
