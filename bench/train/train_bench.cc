@@ -8,12 +8,30 @@
 //               [--steps 5] [--warmup 2] [--mode rl,sft] [--seed 0]
 //               [--log-probs-chunk-size -1] [--peak-tflops 989]
 //               [--write-data FILE] [--json OUT] [--log-level warn] [--tp N]
+//               [--recompute none,full:uniform:1,full:block:N,selective]
+//               [--find-max-seq-len CAP] [--search-steps 2] [--search-chunk-size 8192]
 //
 // --tp N (default 1): Megatron-style tensor parallelism over N ranks, one thread each, on
 // devices cuda:0..N-1 (or all on the CPU with --device cpu), joined by a c10d group over a
 // TCPStore on 127.0.0.1 (NCCL on CUDA, Gloo on the CPU; comm::ProcessGroupTensorParallel). Every
 // rank trains the same samples on its shard; the table is TP rank 0's: tokens/s is the group's,
 // MFU is against N × --peak-tflops, peak memory is rank 0's device.
+//
+// --recompute LIST (default none): activation recomputation settings (train.recompute_*,
+// model/recompute.h), comma-separated: none, selective, full:uniform:N or full:block:N. Each
+// setting gets its own Trainer (the previous one freed, the CUDA cache emptied) and one row per
+// mode, named with the setting when it is not none; peak memory and tokens/s compare them.
+//
+// --find-max-seq-len CAP (0 = off; one rank only): after the rows, for each --recompute
+// setting, the longest single sequence that trains one RL step (TrainRollout of one sample of
+// L tokens, one micro-batch of L, log_probs_chunk_size --search-chunk-size so that the LM
+// head's buffers do not decide the fit) without running out of device memory: L doubles from
+// --seq-len while it fits (up to CAP), then --search-steps bisections (to multiples of 256)
+// between the longest fit and the shortest failure. Each probe is a fresh Trainer on an
+// emptied CUDA cache; an error other than "out of memory" stops the bench. A second table has,
+// per setting, the longest fit, the shortest failure (– when CAP fitted), the peak memory and
+// the step time of the longest fit. Memory only: the model's max_position_embeddings is not a
+// limit here.
 //
 // Every optimizer step trains on --samples-per-step fixed-length samples of --seq-len token ids
 // (prompt 1 token, response seq_len - 1 tokens, loss mask all 1, so every position but the last
@@ -57,6 +75,7 @@
 #endif
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -68,6 +87,7 @@
 #include <fstream>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -108,7 +128,42 @@ struct Options {
   std::string json;
   std::string log_level = "warn";
   int tp = 1;
+  std::vector<std::string> recompute = {"none"};
+  int64_t find_max_seq_len = 0;
+  int64_t search_steps = 2;
+  int64_t search_chunk_size = 8192;
 };
+
+// One --recompute setting: the train.recompute_* keys it sets and its label.
+struct RecomputeSetting {
+  std::string label;  // as given, e.g. "full:uniform:1"
+  std::optional<std::string> granularity, method;
+  std::optional<int> num_layers;
+};
+
+// "none" | "selective" | "full:uniform:N" | "full:block:N"; nullopt otherwise.
+std::optional<RecomputeSetting> ParseRecompute(const std::string& text) {
+  RecomputeSetting s;
+  s.label = text;
+  if (text == "none") return s;
+  if (text == "selective") {
+    s.granularity = "selective";
+    return s;
+  }
+  for (const std::string method : {"uniform", "block"}) {
+    const std::string prefix = "full:" + method + ":";
+    if (text.rfind(prefix, 0) != 0) continue;
+    const std::string n = text.substr(prefix.size());
+    if (n.empty() || n.size() > 6 || n.find_first_not_of("0123456789") != std::string::npos) {
+      return std::nullopt;
+    }
+    s.granularity = "full";
+    s.method = method;
+    s.num_layers = std::stoi(n);
+    return s;
+  }
+  return std::nullopt;
+}
 
 Options ParseArgs(int argc, char** argv) {
   Options o;
@@ -139,6 +194,20 @@ Options ParseArgs(int argc, char** argv) {
                  "train.log_probs_chunk_size: LM-head rows per log-softmax chunk (-1 = all)");
   app.add_option("--tp", o.tp, "tensor-parallel ranks (threads; cuda:0..N-1 or the CPU)")
       ->check(CLI::Range(1, 64));
+  app.add_option("--recompute", o.recompute,
+                 "activation recomputation settings, one Trainer and row set each: none, "
+                 "selective, full:uniform:N, full:block:N")
+      ->delimiter(',');
+  app.add_option("--find-max-seq-len", o.find_max_seq_len,
+                 "search the longest sequence (up to this cap) that trains without running out "
+                 "of memory, per --recompute setting (0 = off)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  app.add_option("--search-steps", o.search_steps,
+                 "bisections after the doubling of --find-max-seq-len")
+      ->check(CLI::Range(int64_t{0}, int64_t{20}));
+  app.add_option("--search-chunk-size", o.search_chunk_size,
+                 "train.log_probs_chunk_size of the --find-max-seq-len probes")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   app.add_option("--peak-tflops", o.peak_tflops,
                  "peak dense TFLOP/s of the device for MFU (default: H200 bf16 spec)")
       ->check(CLI::PositiveNumber);
@@ -156,6 +225,23 @@ Options ParseArgs(int argc, char** argv) {
           "--seq-len", fmt::format("{} exceeds --max-tokens-per-gpu {}: a sample must fit one "
                                    "micro-batch",
                                    o.seq_len, o.max_tokens_per_gpu));
+    }
+    if (o.recompute.empty()) throw CLI::ValidationError("--recompute", "needs a setting");
+    for (const std::string& r : o.recompute) {
+      if (!ParseRecompute(r).has_value()) {
+        throw CLI::ValidationError(
+            "--recompute",
+            fmt::format("'{}' is not none, selective, full:uniform:N or full:block:N", r));
+      }
+    }
+    if (o.find_max_seq_len > 0 && o.tp > 1) {
+      throw CLI::ValidationError("--find-max-seq-len", "runs on one rank (--tp 1)");
+    }
+    if (o.find_max_seq_len > 0 && o.find_max_seq_len < o.seq_len) {
+      throw CLI::ValidationError(
+          "--find-max-seq-len",
+          fmt::format("{} is below --seq-len {}, where the search starts", o.find_max_seq_len,
+                      o.seq_len));
     }
     if (o.log_probs_chunk_size == 0 || o.log_probs_chunk_size < -1) {
       throw CLI::ValidationError("--log-probs-chunk-size",
@@ -227,15 +313,16 @@ void WriteDataFile(const Options& o, int64_t vocab) {
              path.string());
 }
 
-// The batch of optimizer step `step` (0-based within a mode, warm-up steps included).
-RolloutBatch MakeBatch(const Options& o, int64_t vocab, int64_t step) {
+// The batch of optimizer step `step` (0-based within a mode, warm-up steps included): `n`
+// samples of `seq_len` ids.
+RolloutBatch MakeBatch(uint64_t seed, int64_t vocab, int64_t seq_len, int64_t n, int64_t step) {
   RolloutBatch batch;
   batch.temperature = 1.0;
-  for (int64_t j = 0; j < o.samples_per_step; ++j) {
+  for (int64_t j = 0; j < n; ++j) {
     TrainSample s;
-    s.tokens = SampleIds(o.seed, vocab, o.seq_len, step * o.samples_per_step + j);
+    s.tokens = SampleIds(seed, vocab, seq_len, step * n + j);
     s.prompt_length = 1;
-    s.response_length = o.seq_len - 1;
+    s.response_length = seq_len - 1;
     s.loss_mask.assign(static_cast<size_t>(s.response_length), 1.0f);
     s.reward = j % 2 == 0 ? 1.0 : -1.0;
     s.raw_reward = j % 2 == 0 ? 1.0 : 0.0;
@@ -274,6 +361,13 @@ void ResetPeakMemory(const torch::Device& d) {
 #endif
 }
 
+// Returns the CUDA caching allocator's free blocks to the device (between Trainers).
+void EmptyCache(const torch::Device& d) {
+#ifdef SLIME_WITH_CUDA
+  if (d.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+}
+
 int64_t PeakMemoryBytes(const torch::Device& d) {
 #ifdef SLIME_WITH_CUDA
   if (d.is_cuda()) {
@@ -290,6 +384,7 @@ int64_t PeakMemoryBytes(const torch::Device& d) {
 struct Row {
   std::string name;
   std::string mode;
+  std::string recompute = "none";
   int64_t samples = 0;
   int64_t seq_len = 0;
   int64_t micro_batches = 0;   // per optimizer step
@@ -334,7 +429,7 @@ Row RunMode(Trainer& trainer, const Options& o, const std::string& mode, int64_t
                        slime::train::EstimateForwardFlops(fm, o.seq_len);
   for (int64_t step = 0; step < o.warmup + o.steps; ++step) {
     const bool timed = step >= o.warmup;
-    const RolloutBatch batch = MakeBatch(o, vocab, step);
+    const RolloutBatch batch = MakeBatch(o.seed, vocab, o.seq_len, o.samples_per_step, step);
     if (step == o.warmup) ResetPeakMemory(device);
     Sync(device);
     const Clock::time_point t0 = Clock::now();
@@ -406,6 +501,7 @@ nlohmann::json ToJson(const Row& r, double peak_tflops) {
   nlohmann::json j = {
       {"name", r.name},
       {"mode", r.mode},
+      {"recompute", r.recompute},
       {"samples_per_step", r.samples},
       {"seq_len", r.seq_len},
       {"micro_batches_per_step", r.micro_batches},
@@ -445,6 +541,121 @@ void WriteJsonFile(const std::string& path, const nlohmann::json& j) {
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) Die(fmt::format("--json: cannot rename {} to {}: {}", tmp, path, ec.message()));
+}
+
+// ---- Longest sequence that fits (--find-max-seq-len) -----------------------------------------
+
+bool IsOutOfMemory(const slime::Status& s) {
+  std::string m(s.message());
+  for (char& ch : m) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  // The caching allocator's "CUDA out of memory", or a library's failed workspace allocation.
+  return m.find("out of memory") != std::string::npos ||
+         m.find("alloc_failed") != std::string::npos;
+}
+
+struct Probe {
+  bool fits = false;
+  double step_s = 0;
+  int64_t peak_bytes = -1;
+};
+
+// One RL step of one sequence of `seq_len` ids on a fresh Trainer (file comment).
+Probe ProbeSeqLen(const Options& o, slime::train::TrainerOptions to, int64_t vocab,
+                  const torch::Device& device, int64_t seq_len) {
+  slime::config::Config& c = to.config;
+  c.train.global_batch_size = 1;
+  c.train.max_tokens_per_gpu = static_cast<int>(seq_len);
+  c.train.log_probs_chunk_size = static_cast<int>(o.search_chunk_size);
+  to.train_iters = 1;
+  Probe p;
+  EmptyCache(device);
+  ResetPeakMemory(device);
+  {
+    auto trainer = Trainer::Create(to);
+    if (!trainer.ok()) Die(std::string(trainer.status().message()));
+    Sync(device);
+    const Clock::time_point t0 = Clock::now();
+    auto r = (*trainer)->TrainRollout(0, MakeBatch(o.seed, vocab, seq_len, 1, 0));
+    Sync(device);
+    p.step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!r.ok() && !IsOutOfMemory(r.status())) {
+      Die(fmt::format("--find-max-seq-len at {} tokens: {}", seq_len,
+                      std::string(r.status().message())));
+    }
+    p.fits = r.ok();
+    p.peak_bytes = PeakMemoryBytes(device);
+  }
+  EmptyCache(device);
+  fmt::print(stderr, "train_bench: search {} tokens: {} ({:.2f} s, peak {:.1f} GiB)\n", seq_len,
+             p.fits ? "fits" : "out of memory", p.step_s,
+             static_cast<double>(p.peak_bytes) / (1 << 30));
+  return p;
+}
+
+struct SearchResult {
+  std::string recompute;
+  int64_t longest_fit = 0;  // 0: not even --seq-len
+  int64_t first_oom = -1;   // -1: the cap fitted
+  Probe at_longest;
+};
+
+SearchResult SearchLongest(const Options& o, const slime::train::TrainerOptions& to, int64_t vocab,
+                           const torch::Device& device, const std::string& label) {
+  SearchResult r;
+  r.recompute = label;
+  int64_t length = o.seq_len;
+  for (;;) {
+    const Probe p = ProbeSeqLen(o, to, vocab, device, length);
+    if (!p.fits) {
+      r.first_oom = length;
+      break;
+    }
+    r.longest_fit = length;
+    r.at_longest = p;
+    if (length >= o.find_max_seq_len) break;
+    length = std::min(length * 2, o.find_max_seq_len);
+  }
+  for (int64_t i = 0; i < o.search_steps && r.longest_fit > 0 && r.first_oom > 0; ++i) {
+    const int64_t mid = (r.longest_fit + r.first_oom) / 2 / 256 * 256;
+    if (mid <= r.longest_fit) break;
+    const Probe p = ProbeSeqLen(o, to, vocab, device, mid);
+    if (p.fits) {
+      r.longest_fit = mid;
+      r.at_longest = p;
+    } else {
+      r.first_oom = mid;
+    }
+  }
+  return r;
+}
+
+void PrintSearchTable(const std::vector<SearchResult>& results, const Options& o) {
+  fmt::print("\nlongest sequence that trains (one RL step of one sample, log_probs_chunk_size {}, "
+             "cap {}):\n",
+             o.search_chunk_size, o.find_max_seq_len);
+  fmt::print("| recompute | longest fit (tokens) | shortest failure | peak mem GiB at the longest | "
+             "step s at the longest |\n");
+  fmt::print("|---|---:|---:|---:|---:|\n");
+  for (const SearchResult& r : results) {
+    const std::string mem =
+        r.at_longest.peak_bytes >= 0
+            ? fmt::format("{:.1f}", static_cast<double>(r.at_longest.peak_bytes) / (1 << 30))
+            : "–";
+    fmt::print("| {} | {} | {} | {} | {:.2f} |\n", r.recompute,
+               r.longest_fit > 0 ? WithCommas(static_cast<double>(r.longest_fit))
+                                 : fmt::format("< {}", o.seq_len),
+               r.first_oom > 0 ? WithCommas(static_cast<double>(r.first_oom)) : "–", mem,
+               r.at_longest.step_s);
+  }
+}
+
+// The options' config with the train.recompute_* keys of `s`.
+slime::train::TrainerOptions WithRecompute(slime::train::TrainerOptions to,
+                                           const RecomputeSetting& s) {
+  to.config.train.recompute_granularity = s.granularity;
+  to.config.train.recompute_method = s.method;
+  to.config.train.recompute_num_layers = s.num_layers;
+  return to;
 }
 
 }  // namespace
@@ -549,18 +760,27 @@ int main(int argc, char** argv) {
         throw std::runtime_error(std::string(s.message()));
       ro.tp_group = std::make_shared<slime::comm::ProcessGroupTensorParallel>(group);
     }
-    torch::manual_seed(o.seed);
-    const Clock::time_point t_load = Clock::now();
-    auto trainer = Trainer::Create(ro);
-    if (!trainer.ok()) throw std::runtime_error(std::string(trainer.status().message()));
-    if (rank == 0) {
-      fmt::print(stderr, "train_bench: trainer up in {:.1f}s\n",
-                 std::chrono::duration<double>(Clock::now() - t_load).count());
-    }
     std::vector<Row> out;
-    for (const std::string& mode : o.modes) {
-      out.push_back(RunMode(**trainer, o, mode, vocab, fm, d, micro_batches, rank == 0));
+    // One Trainer per recompute setting, freed before the next one loads.
+    for (const std::string& label : o.recompute) {
+      const RecomputeSetting setting = *ParseRecompute(label);
+      torch::manual_seed(o.seed);
+      EmptyCache(d);
+      const Clock::time_point t_load = Clock::now();
+      auto trainer = Trainer::Create(WithRecompute(ro, setting));
+      if (!trainer.ok()) throw std::runtime_error(std::string(trainer.status().message()));
+      if (rank == 0) {
+        fmt::print(stderr, "train_bench: trainer (recompute {}) up in {:.1f}s\n", label,
+                   std::chrono::duration<double>(Clock::now() - t_load).count());
+      }
+      for (const std::string& mode : o.modes) {
+        Row row = RunMode(**trainer, o, mode, vocab, fm, d, micro_batches, rank == 0);
+        row.recompute = label;
+        if (label != "none") row.name += ", recompute " + label;
+        out.push_back(std::move(row));
+      }
     }
+    EmptyCache(d);
     return out;
   };
   std::vector<Row> rows;
@@ -584,6 +804,16 @@ int main(int argc, char** argv) {
     }
     if (!errors.empty()) Die(errors);
   }
+  std::vector<SearchResult> searches;
+  if (o.find_max_seq_len > 0) {
+    slime::train::TrainerOptions so = to;
+    so.device = rank_device(0);
+    c10::DeviceGuard guard(so.device);
+    for (const std::string& label : o.recompute) {
+      searches.push_back(
+          SearchLongest(o, WithRecompute(so, *ParseRecompute(label)), vocab, so.device, label));
+    }
+  }
   const double peak = device.is_cuda() ? o.peak_tflops * o.tp : 0.0;
   std::string device_desc = DeviceDescription(device);
   if (o.tp > 1) device_desc = fmt::format("{} x {} (TP={})", o.tp, device_desc, o.tp);
@@ -597,6 +827,7 @@ int main(int argc, char** argv) {
       peak > 0 ? fmt::format("{:g} TFLOP/s", peak) : std::string("– (no MFU on the CPU)"),
       TORCH_VERSION);
   PrintTable(rows, micro_batch_tokens, peak);
+  if (!searches.empty()) PrintSearchTable(searches, o);
 
   if (!o.json.empty()) {
     nlohmann::json j;
@@ -618,9 +849,24 @@ int main(int argc, char** argv) {
                     {"warmup", o.warmup},
                     {"seed", o.seed},
                     {"log_probs_chunk_size", o.log_probs_chunk_size},
-                    {"tp", o.tp}};
+                    {"tp", o.tp},
+                    {"recompute", o.recompute},
+                    {"find_max_seq_len", o.find_max_seq_len},
+                    {"search_steps", o.search_steps},
+                    {"search_chunk_size", o.search_chunk_size}};
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows) j["rows"].push_back(ToJson(r, peak));
+    j["max_seq_len"] = nlohmann::json::array();
+    for (const SearchResult& r : searches) {
+      j["max_seq_len"].push_back(
+          {{"recompute", r.recompute},
+           {"longest_fit", r.longest_fit},
+           {"first_oom", r.first_oom > 0 ? nlohmann::json(r.first_oom) : nullptr},
+           {"peak_memory_bytes", r.at_longest.peak_bytes >= 0
+                                     ? nlohmann::json(r.at_longest.peak_bytes)
+                                     : nullptr},
+           {"step_s", r.at_longest.step_s}});
+    }
     WriteJsonFile(o.json, j);
   }
   return 0;

@@ -104,6 +104,52 @@ TEST(TrainBenchTest, BothModesReportFiniteThroughputOnTheCpu) {
   }
 }
 
+// --recompute: one Trainer and row per setting (named with the setting); --find-max-seq-len:
+// the search's plumbing (on the CPU nothing runs out of memory, so every probe up to the cap
+// fits and there is no failure to report).
+TEST(TrainBenchTest, RecomputeSettingsAndTheLongestSequenceSearch) {
+  TempDir dir;
+  const std::string model = MakeModelDir(dir);
+  const std::string json = dir.Join("out.json");
+  const BenchResult r = RunTrainBench(
+      dir, "--model '" + model +
+               "' --device cpu --dtype float32 --seq-len 16 --max-tokens-per-gpu 32 "
+               "--samples-per-step 2 --steps 1 --warmup 0 --mode rl "
+               "--recompute none,full:uniform:1,selective --find-max-seq-len 48 "
+               "--search-steps 1 --json '" +
+               json + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("| slime-cpp rl (GRPO TrainRollout) | 2 | 16 |"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("| slime-cpp rl (GRPO TrainRollout), recompute full:uniform:1 | 2 | 16 |"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("| full:uniform:1 | 48 | – |"), std::string::npos) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(slime::model::testing::ReadFile(json));
+  ASSERT_EQ(j["rows"].size(), 3u) << j.dump(2);
+  EXPECT_EQ(j["rows"][1]["recompute"], "full:uniform:1");
+  EXPECT_EQ(j["rows"][2]["recompute"], "selective");
+  // The same samples and weights: recomputation changes neither the loss nor the gradients.
+  EXPECT_EQ(j["rows"][0]["loss_last"], j["rows"][1]["loss_last"]);
+  EXPECT_EQ(j["rows"][0]["grad_norm_last"], j["rows"][1]["grad_norm_last"]);
+  EXPECT_EQ(j["rows"][0]["grad_norm_last"], j["rows"][2]["grad_norm_last"]);
+  ASSERT_EQ(j["max_seq_len"].size(), 3u) << j.dump(2);
+  for (const nlohmann::json& s : j["max_seq_len"]) {
+    EXPECT_EQ(s["longest_fit"], 48) << s.dump();  // 16, 32, then the cap
+    EXPECT_TRUE(s["first_oom"].is_null()) << s.dump();
+  }
+
+  BenchResult bad = RunTrainBench(dir, "--model '" + model + "' --device cpu --recompute full:x:1");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--recompute"), std::string::npos) << bad.err;
+  bad = RunTrainBench(dir, "--model '" + model +
+                               "' --device cpu --dtype float32 --seq-len 16 --max-tokens-per-gpu "
+                               "32 --samples-per-step 2 --steps 1 --recompute full:block:5");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("train.recompute_num_layers = 5 is not within 1..2"), std::string::npos)
+      << bad.err;
+}
+
 // The file bench_train_hf.py --data reads: a header line, then little-endian int32 ids from the
 // SplitMix64 generator of the file comment (golden values computed independently in Python).
 TEST(TrainBenchTest, WritesTheDocumentedTokenIdFile) {

@@ -427,27 +427,38 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
       .Slime("--recompute-granularity")
       .Enum({"full", "selective"})
       .Doc(
-          "Activation recomputation (Megatron's). Not implemented: accepted for slime "
-          "compatibility, ignored with a warning (every activation is kept).");
+          "Activation recomputation in the training forward (Megatron's): activations are "
+          "dropped in the forward and computed again in the backward; the gradients are "
+          "unchanged. full: whole decoder layers (keeps one [tokens, hidden] input per "
+          "recomputed group; needs recompute_method and recompute_num_layers). selective: the "
+          "core attention of every layer (scores, softmax, probs·V from q, k, v): saves the "
+          "score matrices of the math attention path, little with SDPA's fused kernels. Unset: "
+          "every activation is kept.");
   b.Add("recompute_method", &TrainConfig::recompute_method)
       .ReadBy("train")
       .Slime("--recompute-method")
       .Enum({"uniform", "block"})
-      .Doc("With full recompute: how layers are grouped for recomputation.");
+      .Doc(
+          "With full recompute: uniform cuts each pipeline stage's layers into groups of "
+          "recompute_num_layers (the last may be shorter), each group's input kept and the group "
+          "recomputed; block recomputes the first recompute_num_layers layers of each stage one "
+          "by one and keeps the activations of the rest.");
   b.Add("recompute_num_layers", &TrainConfig::recompute_num_layers)
       .ReadBy("train")
       .Slime("--recompute-num-layers")
       .Min(1)
       .Doc(
           "With full recompute: layers per recompute group (uniform) or recomputed layers "
-          "per stage (block).");
+          "per pipeline stage (block); at most the layers of a stage (checked when the trainer "
+          "loads the model).");
   b.Add("recompute_loss_function", &TrainConfig::recompute_loss_function)
       .ReadBy("train")
       .Slime("--recompute-loss-function")
       .Doc(
-          "Recompute the loss (logits-sized buffers) in backward to save memory. Not "
-          "implemented: accepted, ignored with a warning (log_probs_chunk_size bounds those "
-          "buffers).");
+          "Recompute the loss's logits-sized buffers in backward. Always the case here, so "
+          "true and false behave the same: the log-prob/entropy op keeps no [tokens, vocab] "
+          "tensor between forward and backward and computes each chunk's logits again in its "
+          "backward (log_probs_chunk_size bounds them).");
   b.Add("calculate_per_token_loss", &TrainConfig::calculate_per_token_loss)
       .ReadBy("train")
       .Slime("--calculate-per-token-loss")

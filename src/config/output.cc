@@ -189,7 +189,8 @@ of our own marked *ours*). Warnings do not stop the job.
 - `sequence_parallel` is turned off when `tensor_model_parallel_size` is 1 (warning);
   `min_lr <= lr` (and `critic_min_lr <= critic_lr`, each defaulting to the actor's); only
   one of `lr_warmup_fraction` / `lr_warmup_iters`; recompute method and layers need
-  `recompute_granularity: full`; only one of the two parameter-name lists;
+  `recompute_granularity: full`, which needs both (the layers at most a pipeline stage's,
+  checked when the trainer loads the model); only one of the two parameter-name lists;
   `use_stateless_adam` requires `checkpoint.no_save_optim`.
 - `weight_sync.transport: disk` requires `disk_dir`.
 - `checkpoint.save_interval` requires `checkpoint.save`. `metrics.jsonl_path` defaults to

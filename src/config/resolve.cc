@@ -577,6 +577,14 @@ class Resolver {
           "train.recompute_method and train.recompute_num_layers apply only to "
           "train.recompute_granularity: full");
     }
+    if (t.recompute_granularity == "full" &&
+        (!t.recompute_method.has_value() || !t.recompute_num_layers.has_value())) {
+      // Megatron's rule: full recomputation says how (its upper bound, the layers of a pipeline
+      // stage, is checked where the model is known: the trainer's init).
+      Error(
+          "train.recompute_granularity: full needs train.recompute_method (uniform or block) "
+          "and train.recompute_num_layers (1 to the layers of a pipeline stage)");
+    }
     if (!t.only_train_params_name_list.empty() && !t.freeze_params_name_list.empty()) {
       Error(
           "set only one of train.only_train_params_name_list and "

@@ -6,7 +6,12 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <deque>
+#include <memory>
+#include <utility>
+#include <vector>
 
+#include "activation_checkpoint.h"
 #include "decoder_ops.h"
 #include "fused_inference.h"
 #include "torch_util.h"
@@ -51,6 +56,14 @@ const torch::Tensor& AnyParameter(const ModelWeights& w) {
   if (w.embed_tokens.defined()) return w.embed_tokens;
   return w.layers.at(w.stage.first_layer).input_norm;
 }
+
+// The tensor of layer parameter `spec` in one layer's weights (ParamSlot's layer half).
+torch::Tensor& LayerTensor(LayerWeights& w, const ParamSpec& spec) {
+  if (spec.block_slot < 0) return w.*(spec.layer_slot);
+  std::deque<torch::Tensor>& params = w.ffn.params;
+  if (params.size() <= static_cast<size_t>(spec.block_slot)) params.resize(spec.block_slot + 1);
+  return params[spec.block_slot];
+}
 }  // namespace
 
 DecoderModel::DecoderModel(ModelConfig config, ModelWeights weights,
@@ -64,6 +77,16 @@ DecoderModel::DecoderModel(ModelConfig config, ModelWeights weights,
   for (int l = 0; l < static_cast<int>(config_.num_hidden_layers); ++l) {
     ffn_.push_back(&FeedForwardFor(config_, l));
   }
+  layer_specs_.resize(config_.num_hidden_layers);
+  for (ParamSpec& spec : ParameterSpecs(config_)) {
+    if (spec.layer >= 0) layer_specs_.at(spec.layer).push_back(std::move(spec));
+  }
+}
+
+Status DecoderModel::SetRecompute(const RecomputeOptions& options) {
+  SLIME_RETURN_IF_ERROR(ValidateRecompute(options, weights_.stage, config_.num_hidden_layers));
+  recompute_ = options;
+  return absl::OkStatus();
 }
 
 StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(
@@ -128,9 +151,10 @@ Status DecoderModel::CheckWhole(const char* what) const {
       weights_.stage.end_layer));
 }
 
-torch::Tensor DecoderModel::Layer(int index, const torch::Tensor& x, const torch::Tensor& cos,
-                                  const torch::Tensor& sin, AttentionBackend& attention) {
-  const LayerWeights& w = weights_.layers[index];
+torch::Tensor DecoderModel::Layer(int index, const LayerWeights& w, const torch::Tensor& x,
+                                  const torch::Tensor& cos, const torch::Tensor& sin,
+                                  AttentionBackend& attention,
+                                  const std::shared_ptr<AttentionBackend>& checkpointed_attention) {
   const double eps = config_.rms_norm_eps;
   const int64_t t = cos.size(0);  // all T tokens (x holds this rank's rows under SP)
   const int64_t d = config_.head_dim;
@@ -161,7 +185,17 @@ torch::Tensor DecoderModel::Layer(int index, const torch::Tensor& x, const torch
   }
   q = ApplyRope(q, cos, sin);
   k = ApplyRope(k, cos, sin);
-  torch::Tensor a = attention.Attend(index, q, k, v);  // [T, heads/P, D]
+  torch::Tensor a;  // [T, heads/P, D]
+  if (checkpointed_attention != nullptr) {
+    // Selective recomputation: q, k, v are kept, the scores and probabilities are not.
+    a = internal::Checkpoint(
+        [attend = checkpointed_attention, index](const std::vector<torch::Tensor>& in) {
+          return attend->Attend(index, in[0], in[1], in[2]);
+        },
+        {q, k, v});
+  } else {
+    a = attention.Attend(index, q, k, v);
+  }
   torch::Tensor out = x + ctx.RowParallel(a.reshape({t, -1}), w.o_proj, w.o_bias);
 
   // Feed-forward block (ffn/feed_forward.h).
@@ -169,8 +203,66 @@ torch::Tensor DecoderModel::Layer(int index, const torch::Tensor& x, const torch
   return out + ffn_[index]->Forward(w.ffn, h, ctx);  // [T or rows_r, hidden]
 }
 
+torch::Tensor DecoderModel::RecomputedRun(const LayerRun& run, const torch::Tensor& x,
+                                          const torch::Tensor& cos, const torch::Tensor& sin,
+                                          std::shared_ptr<AttentionBackend> attention) {
+  // The region's inputs: x, then every parameter the run's layers hold, in spec order.
+  std::vector<torch::Tensor> inputs{x};
+  std::vector<const ParamSpec*> slots;  // inputs[1 + i] is slots[i]'s tensor
+  for (int64_t l = run.first; l < run.end; ++l) {
+    for (const ParamSpec& spec : layer_specs_[l]) {
+      const torch::Tensor& t = ParamSlot(std::as_const(weights_), spec);
+      if (!t.defined()) continue;
+      inputs.push_back(t);
+      slots.push_back(&spec);
+    }
+  }
+  auto region = [this, run, cos, sin, attention = std::move(attention),
+                 slots = std::move(slots)](const std::vector<torch::Tensor>& in) {
+    // The layers' weights with every parameter replaced by the region's input for it.
+    std::vector<LayerWeights> w(weights_.layers.begin() + run.first,
+                                weights_.layers.begin() + run.end);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      LayerTensor(w[slots[i]->layer - run.first], *slots[i]) = in[1 + i];
+    }
+    torch::Tensor h = in[0];
+    for (int64_t l = run.first; l < run.end; ++l) {
+      h = Layer(static_cast<int>(l), w[l - run.first], h, cos, sin, *attention);
+    }
+    return h;
+  };
+  return internal::Checkpoint(std::move(region), inputs);
+}
+
+torch::Tensor DecoderModel::StageLayers(torch::Tensor x, const torch::Tensor& cos,
+                                        const torch::Tensor& sin, AttentionBackend& attention,
+                                        const std::shared_ptr<AttentionBackend>& owned) {
+  const PipelineStage& stage = weights_.stage;
+  const int64_t end = stage.end_layer < 0 ? config_.num_hidden_layers : stage.end_layer;
+  const bool recompute = owned != nullptr && recompute_.granularity != RecomputeGranularity::kNone &&
+                         torch::GradMode::is_enabled() && !projections_fused();
+  if (!recompute) {
+    for (int64_t l = stage.first_layer; l < end; ++l) {
+      x = Layer(static_cast<int>(l), weights_.layers[l], x, cos, sin, attention);
+    }
+    return x;
+  }
+  const std::shared_ptr<AttentionBackend> selective = recompute_.selective() ? owned : nullptr;
+  for (const LayerRun& run : RecomputePlan(recompute_, stage.first_layer, end)) {
+    if (run.recompute) {
+      x = RecomputedRun(run, x, cos, sin, owned);
+      continue;
+    }
+    for (int64_t l = run.first; l < run.end; ++l) {
+      x = Layer(static_cast<int>(l), weights_.layers[l], x, cos, sin, attention, selective);
+    }
+  }
+  return x;
+}
+
 torch::Tensor DecoderModel::ForwardImpl(const torch::Tensor& ids, const torch::Tensor& positions,
-                                        AttentionBackend& attention) {
+                                        AttentionBackend& attention,
+                                        const std::shared_ptr<AttentionBackend>& owned) {
   const PipelineStage& stage = weights_.stage;
   const bool sp = sequence_parallel();
   const int64_t total = ids.size(0);
@@ -191,10 +283,7 @@ torch::Tensor DecoderModel::ForwardImpl(const torch::Tensor& ids, const torch::T
   if (!sp && projections_fused() && internal::InferenceKernelsApply(x)) {
     return FusedForward(x, cos, sin, attention);  // fused_inference.cc
   }
-  const int64_t end = stage.end_layer < 0 ? config_.num_hidden_layers : stage.end_layer;
-  for (int l = static_cast<int>(stage.first_layer); l < static_cast<int>(end); ++l) {
-    x = Layer(l, x, cos, sin, attention);
-  }
+  x = StageLayers(x, cos, sin, attention, owned);
   // Under SP the stage's output is gathered to all T rows. Its gradient arrives identical on
   // every rank (the next stage scatters its input; the LM head's input enters copy-to-region),
   // so each rank keeps its own rows of it rather than reduce-scattering.
@@ -240,8 +329,9 @@ StatusOr<torch::Tensor> DecoderModel::ForwardPacked(const torch::Tensor& input_i
       input = input_ids.to(device_, dtype_);
     }
     SLIME_RETURN_IF_ERROR(ValidateCuSeqlens(cu_seqlens, input.size(0)));
-    VarlenAttention attention(cu_seqlens, attention_impl_);
-    return ForwardImpl(input, VarlenPositions(cu_seqlens).to(device_), attention);
+    // Owned by the recomputed regions too (they run it again in the backward).
+    auto attention = std::make_shared<VarlenAttention>(cu_seqlens, attention_impl_);
+    return ForwardImpl(input, VarlenPositions(cu_seqlens).to(device_), *attention, attention);
   });
 }
 

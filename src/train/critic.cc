@@ -107,6 +107,7 @@ StatusOr<std::unique_ptr<Critic>> Critic::Create(CriticOptions options) {
       options.dtype.value_or(options.device.is_cuda() ? torch::kBFloat16 : torch::kFloat32);
   SLIME_ASSIGN_OR_RETURN(std::unique_ptr<model::DecoderModel> model,
                          model::DecoderModel::Load(dir, dtype, options.device));
+  SLIME_RETURN_IF_ERROR(internal::ApplyRecompute(config.train, *model, "critic"));
   const int64_t hidden = model->config().hidden_size;
   SLIME_ASSIGN_OR_RETURN(torch::Tensor head, GuardTorch("critic: read the value head", [&]() {
                            return ReadValueHead(dir, hidden);

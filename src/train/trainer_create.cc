@@ -127,17 +127,6 @@ Status CheckSupported(const config::Config& config, const TrainerAlgorithm& algo
   return absl::OkStatus();
 }
 
-// Settings accepted for slime compatibility that change nothing here.
-void WarnAboutRecomputation(const config::TrainConfig& train) {
-  if (train.recompute_granularity.has_value() || train.recompute_loss_function) {
-    spdlog::warn(
-        "trainer: activation recomputation (train.recompute_granularity, "
-        "recompute_loss_function) is not implemented: the settings are accepted for slime "
-        "compatibility and every activation is kept; lower train.max_tokens_per_gpu if memory "
-        "runs out");
-  }
-}
-
 // ---- Parallel groups
 // -----------------------------------------------------------------------------
 
@@ -211,6 +200,7 @@ StatusOr<std::unique_ptr<model::DecoderModel>> LoadActor(const TrainerOptions& o
       model::DecoderModel::Load(options.model_dir, dtype, options.device, options.tp_group,
                                 options.pp_group->rank(), options.pp_group->size()));
   model->set_sequence_parallel(options.config.train.sequence_parallel);
+  SLIME_RETURN_IF_ERROR(internal::ApplyRecompute(options.config.train, *model, "trainer"));
   return model;
 }
 
@@ -385,6 +375,53 @@ void LogCreated(const TrainerOptions& options, const model::DecoderModel& model,
 
 namespace internal {
 
+Status ApplyRecompute(const config::TrainConfig& train, model::DecoderModel& model,
+                      const char* who) {
+  model::RecomputeOptions o;
+  const bool method_or_layers =
+      train.recompute_method.has_value() || train.recompute_num_layers.has_value();
+  const std::string granularity = train.recompute_granularity.value_or("");
+  if (granularity == "full") {
+    if (!train.recompute_method.has_value() || !train.recompute_num_layers.has_value()) {
+      return absl::InvalidArgumentError(fmt::format(
+          "{}: train.recompute_granularity: full needs train.recompute_method (uniform or "
+          "block) and train.recompute_num_layers",
+          who));
+    }
+    o.granularity = model::RecomputeGranularity::kFull;
+    if (*train.recompute_method == "uniform") {
+      o.method = model::RecomputeMethod::kUniform;
+    } else if (*train.recompute_method == "block") {
+      o.method = model::RecomputeMethod::kBlock;
+    } else {
+      return absl::InvalidArgumentError(
+          fmt::format("{}: train.recompute_method = \"{}\" is not valid (valid: uniform, block)",
+                      who, *train.recompute_method));
+    }
+    o.num_layers = *train.recompute_num_layers;
+  } else if (method_or_layers) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: train.recompute_method and train.recompute_num_layers apply only to "
+        "train.recompute_granularity: full",
+        who));
+  } else if (granularity == "selective") {
+    o.granularity = model::RecomputeGranularity::kSelective;
+  } else if (!granularity.empty()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: train.recompute_granularity = \"{}\" is not valid (valid: full, selective)", who,
+        granularity));
+  }
+  Status set = model.SetRecompute(o);
+  if (!set.ok()) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: train.{}", who, std::string(set.message())));
+  }
+  if (o.granularity != model::RecomputeGranularity::kNone) {
+    spdlog::info("{}: activation recomputation: {}", who, model::RecomputeDescription(o));
+  }
+  return absl::OkStatus();
+}
+
 StatusOr<LrSchedule> MakeRunLrSchedule(const config::Config& config,
                                        std::optional<int64_t> train_iters, double lr_value,
                                        double min_lr) {
@@ -438,7 +475,6 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   SLIME_RETURN_IF_ERROR(CheckTrainerOptions(options));
   SLIME_ASSIGN_OR_RETURN(TrainerAlgorithm algorithm, SelectAlgorithm(config.algorithm));
   SLIME_RETURN_IF_ERROR(CheckSupported(config, algorithm));
-  WarnAboutRecomputation(config.train);
   SLIME_ASSIGN_OR_RETURN(PolicyLossOptions policy, PolicyLossOptions::FromConfig(config.algorithm));
   SLIME_RETURN_IF_ERROR(ParseKlType(config.algorithm.kl_loss_type).status());
   SLIME_RETURN_IF_ERROR(SetUpTensorParallel(options, algorithm));

@@ -80,6 +80,13 @@ StatusOr<LrSchedule> MakeRunLrSchedule(const config::Config& config,
                                        std::optional<int64_t> train_iters, double lr,
                                        double min_lr);
 
+// Sets `model`'s activation recomputation (model/recompute.h) from train.recompute_granularity,
+// recompute_method and recompute_num_layers (full needs both of the others, selective neither);
+// InvalidArgument naming the key otherwise, or when recompute_num_layers exceeds the layers of
+// the model's pipeline stage. Actor and critic call it after loading their model.
+Status ApplyRecompute(const config::TrainConfig& train, model::DecoderModel& model,
+                      const char* who);
+
 // The scheduler state as stored in trainer_state.json's "lr_scheduler".
 nlohmann::json LrStateToJson(const LrSchedulerState& s);
 // `text` (an "lr_scheduler" JSON object read from `where`) loaded into a copy of `configured`

@@ -486,6 +486,23 @@ TEST(ConfigResolveTrain, OptimizerAndScheduleChecks) {
   EXPECT_TRUE(LoadMinimal({"train.recompute_granularity=full", "train.recompute_method=uniform",
                            "train.recompute_num_layers=1"})
                   .ok());
+  EXPECT_TRUE(FailsWith(LoadMinimal({"train.recompute_granularity=selective",
+                                     "train.recompute_num_layers=2"}),
+                        {"apply only to train.recompute_granularity: full"}));
+  EXPECT_TRUE(LoadMinimal({"train.recompute_granularity=selective"}).ok());
+  for (const std::string& missing :
+       {std::string("train.recompute_method=block"), std::string("train.recompute_num_layers=2")}) {
+    EXPECT_TRUE(FailsWith(LoadMinimal({"train.recompute_granularity=full", missing}),
+                          {"train.recompute_granularity: full needs train.recompute_method "
+                           "(uniform or block) and train.recompute_num_layers"}))
+        << missing;
+  }
+  EXPECT_TRUE(FailsWith(LoadMinimal({"train.recompute_granularity=full",
+                                     "train.recompute_method=block",
+                                     "train.recompute_num_layers=0"}),
+                        {"train.recompute_num_layers"}));
+  EXPECT_TRUE(FailsWith(LoadMinimal({"train.recompute_granularity=partial"}),
+                        {"train.recompute_granularity"}));
   EXPECT_TRUE(FailsWith(
       LoadMinimal({"train.only_train_params_name_list=[experts]",
                    "train.freeze_params_name_list=[embedding]"}),

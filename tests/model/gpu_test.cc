@@ -385,6 +385,64 @@ TEST(FusedTrainingDecoderTest, Qwen3GradientsMatchEagerFp32) {
   }
 }
 
+// Activation recomputation on the GPU (fused training ops, SDPA): every setting keeps the
+// gradients (to rounding: the fused RMSNorm weight gradient sums with atomics, so two runs are
+// not bitwise equal on CUDA — the CPU tests check bitwise), and full recomputation keeps far
+// less memory between the forward and the backward (the layer inputs only).
+TEST(FusedTrainingDecoderTest, RecomputationKeepsTheGradientsAndHoldsLessMemory) {
+  SKIP_WITHOUT_CUDA();
+  DisableTf32();
+  ModelConfig c = ConfigFor("qwen3");
+  c.num_hidden_layers = 4;
+  std::unique_ptr<DecoderModel> model = Make(c, CpuWeights(c, 7), torch::kFloat32);
+  std::vector<NamedTensor> params = NamedParameters(model->weights(), c);
+  for (NamedTensor& p : params) p.tensor.requires_grad_(true);
+  std::vector<int64_t> all = Tokens(c.vocab_size, 1, 700), second = Tokens(c.vocab_size, 2, 1348);
+  all.insert(all.end(), second.begin(), second.end());
+  struct Run {
+    std::vector<torch::Tensor> grads;
+    int64_t held = 0;  // bytes allocated by the forward and still held when it returns
+  };
+  auto run = [&](const RecomputeOptions& o) {
+    EXPECT_TRUE(model->SetRecompute(o).ok());
+    for (NamedTensor& p : params) p.tensor.mutable_grad() = torch::Tensor();
+    Run r;
+    torch::cuda::synchronize();
+    const int64_t before = AllocatedBytes();
+    auto hidden = model->ForwardPacked(Ids(all), {0, 700, 2048});
+    EXPECT_TRUE(hidden.ok()) << hidden.status();
+    torch::cuda::synchronize();
+    r.held = AllocatedBytes() - before;
+    torch::Tensor probe =
+        torch::linspace(-1, 1, hidden->numel(), hidden->options()).view_as(*hidden);
+    (*hidden * probe).sum().backward();
+    for (NamedTensor& p : params) r.grads.push_back(p.tensor.grad().clone());
+    return r;
+  };
+  const Run plain = run(RecomputeOptions{});
+  RecomputeOptions full;
+  full.granularity = RecomputeGranularity::kFull;
+  full.method = RecomputeMethod::kUniform;
+  full.num_layers = 1;
+  RecomputeOptions block = full;
+  block.method = RecomputeMethod::kBlock;
+  block.num_layers = 2;
+  RecomputeOptions selective;
+  selective.granularity = RecomputeGranularity::kSelective;
+  for (const RecomputeOptions& o : {full, block, selective}) {
+    const Run got = run(o);
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_LE(RelErr(got.grads[i], plain.grads[i]), 1e-4)
+          << RecomputeDescription(o) << ": " << params[i].name;
+    }
+    EXPECT_LE(got.held, plain.held) << RecomputeDescription(o);
+    if (o.full() && o.method == RecomputeMethod::kUniform) {
+      EXPECT_LT(got.held * 3, plain.held) << "held " << got.held << " vs " << plain.held;
+    }
+  }
+  model->SetRecompute(RecomputeOptions{}).IgnoreError();
+}
+
 // ---- the decode GEMMs with the layer's elementwise steps folded in (cuda/fused_ops.h,
 // "norm_gemm"): bit for bit what the separate kernels give.
 

@@ -43,6 +43,7 @@
 #include "slime/model/config.h"
 #include "slime/model/ffn/feed_forward.h"
 #include "slime/model/pipeline_parallel.h"
+#include "slime/model/recompute.h"
 #include "slime/model/tensor_parallel.h"
 #include "slime/model/weights.h"
 
@@ -80,6 +81,13 @@ class DecoderModel {
   void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
   bool sequence_parallel() const { return sequence_parallel_ && tp_->size() > 1; }
 
+  // Activation recomputation of ForwardPacked's training forward (recompute.h): with a recorded
+  // graph, the layers or parts of layers the options name keep no activations and run again in
+  // the backward; the function and its gradients are unchanged. InvalidArgument (the model
+  // unchanged) when the options do not fit this stage's layers.
+  Status SetRecompute(const RecomputeOptions& options);
+  const RecomputeOptions& recompute() const { return recompute_; }
+
   void set_attention_impl(AttentionImpl impl) { attention_impl_ = impl; }
   AttentionImpl attention_impl() const { return attention_impl_; }
 
@@ -98,6 +106,7 @@ class DecoderModel {
 
   // Packed variable-length batch: sequence b is ids[cu[b]:cu[b+1]], positions restart at 0,
   // attention is causal within each sequence. -> [T, hidden]
+  // The training forward: recomputes activations in the backward as SetRecompute says.
   // On a pipeline stage after the first, `input_ids` is the previous stage's output [T, hidden]
   // (converted to the model's dtype and device; autograd flows back into it), and on a stage
   // before the last the result is this stage's output (header comment).
@@ -132,8 +141,11 @@ class DecoderModel {
 
  private:
   DecoderModel(ModelConfig config, ModelWeights weights, std::shared_ptr<TensorParallelGroup> tp);
+  // `owned`, when set, is `attention` owned here, so that it outlives the forward: recomputed
+  // regions run it again in the backward. Without it nothing is recomputed.
   torch::Tensor ForwardImpl(const torch::Tensor& ids, const torch::Tensor& positions,
-                            AttentionBackend& attention);
+                            AttentionBackend& attention,
+                            const std::shared_ptr<AttentionBackend>& owned = nullptr);
   // The fused inference forward (FuseProjections done, CUDA, InferenceMode); -> [T, hidden].
   // In fused_inference.cc with the rest of the inference fast path.
   torch::Tensor FusedForward(const torch::Tensor& x, const torch::Tensor& cos,
@@ -144,8 +156,23 @@ class DecoderModel {
   torch::Tensor FusedAttention(int l, const torch::Tensor& qkv, const LayerWeights& w,
                                const torch::Tensor& cos, const torch::Tensor& sin,
                                AttentionBackend& attention);
-  torch::Tensor Layer(int index, const torch::Tensor& x, const torch::Tensor& cos,
-                      const torch::Tensor& sin, AttentionBackend& attention);
+  // Layer `index` on x with the weights `w` (the layer's own, or their aliases when a recomputed
+  // run is run again). With `checkpointed_attention` the core attention goes through it as a
+  // checkpointed region (selective recomputation). -> [T or rows_r, hidden]
+  torch::Tensor Layer(int index, const LayerWeights& w, const torch::Tensor& x,
+                      const torch::Tensor& cos, const torch::Tensor& sin,
+                      AttentionBackend& attention,
+                      const std::shared_ptr<AttentionBackend>& checkpointed_attention = nullptr);
+  // This stage's layers on x: one after the other, or, when a graph is recorded, recompute is
+  // on and `owned` is set, by the recompute plan.
+  torch::Tensor StageLayers(torch::Tensor x, const torch::Tensor& cos, const torch::Tensor& sin,
+                            AttentionBackend& attention,
+                            const std::shared_ptr<AttentionBackend>& owned);
+  // Layers [run.first, run.end) on x as one checkpointed region (activation_checkpoint.h): its
+  // inputs are x and the layers' parameters.
+  torch::Tensor RecomputedRun(const LayerRun& run, const torch::Tensor& x,
+                              const torch::Tensor& cos, const torch::Tensor& sin,
+                              std::shared_ptr<AttentionBackend> attention);
   Status CheckIds(const torch::Tensor& ids) const;
   // FailedPrecondition naming `what` unless this is a whole model (one pipeline stage).
   Status CheckWhole(const char* what) const;
@@ -157,6 +184,8 @@ class DecoderModel {
   torch::Device device_;
   torch::Tensor inv_freq_;  // [head_dim / 2] float32 on device_
   std::vector<const FeedForwardBlock*> ffn_;  // layer -> its feed-forward block (FeedForwardFor)
+  std::vector<std::vector<ParamSpec>> layer_specs_;  // layer -> its parameters' specs
+  RecomputeOptions recompute_;
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
   bool sequence_parallel_ = false;
 };
