@@ -94,7 +94,11 @@ void AddClusterFields(std::vector<FieldSpec<Config>>* table) {
       .Doc("Timeout of collective operations between trainers and engines.");
   b.Add("train_env_vars", &ClusterConfig::train_env_vars)
       .Slime("--train-env-vars")
-      .Doc("Extra environment variables for trainer processes (a mapping of name: value).");
+      .Doc(
+          "Environment variables (a mapping of name: value) set in every trainer worker "
+          "process at its start, over what its node agent inherited; engines do not get them. "
+          "CUDA_VISIBLE_DEVICES and the runtime's SLIME_* variables are refused (the runtime "
+          "sets them per process).");
 }
 
 void AddModelFields(std::vector<FieldSpec<Config>>* table) {

@@ -571,7 +571,10 @@ void AddDebugFields(std::vector<FieldSpec<Config>>* table) {
       .Slime("--load-debug-rollout-data-subsample")
       .Above(0)
       .Max(1)
-      .Doc("Use this fraction of each loaded rollout.");
+      .Doc(
+          "Train on this fraction of each loaded rollout's prompt groups: floor(groups × "
+          "fraction) of them (at least one), the first half and the last half, whole groups "
+          "(slime's head-and-tail cut, on groups). Needs load_debug_rollout_data.");
   b.Add("save_debug_train_data", &DebugConfig::save_debug_train_data)
       .Slime("--save-debug-train-data")
       .Doc("Save each trainer's batch to this path template ({rollout_id}, {rank}).");

@@ -137,9 +137,9 @@ of our own marked *ours*). Warnings do not stop the job.
 - `use_rollout_routing_replay` implies `use_routing_replay`; `enable_mtp_training` requires
   `mtp_num_layers`.
 - `debug.dump_details: DIR` sets `save_debug_rollout_data` to
-  `DIR/rollout_data/{rollout_id}.bin` and `save_debug_train_data` to
-  `DIR/train_data/{rollout_id}.bin`; the two must differ; rollout-data templates must contain
-  `{rollout_id}` (*ours*). `load_debug_rollout_data` implies `train_only`; `rollout_only` and
+  `DIR/rollout_data/{rollout_id}.json` and `save_debug_train_data` to
+  `DIR/train_data/{rollout_id}_{rank}.json`; the two must differ; the templates must contain
+  `{rollout_id}`, and `save_debug_train_data` also `{rank}` with more than one trainer (*ours*). `load_debug_rollout_data` implies `train_only`; `rollout_only` and
   `train_only` exclude each other.
 - `cluster.offload: true` sets both offloads. `debug.rollout_only` turns `colocate` and both
   offloads off (a colocated rollout-only run keeps the actor's GPU count for engines).

@@ -242,6 +242,9 @@ StatusOr<std::vector<runtime::ActorOptions>> Driver::PlanActors(
     } else {
       // In rank order (the plan lists trainers by rank): trainer_ids_[r] is rank r.
       trainer_ids_.push_back(a.actor_id);
+      // cluster.train_env_vars: set in the trainer process's environment by its node agent
+      // (over what the agent inherited; the runtime's own variables still win).
+      for (const auto& [name, value] : config_.cluster.train_env_vars) a.env[name] = value;
       init["world_size"] = num_trainers;
       // CPU trainers of one node share its cores (ranks wait on each other in collectives).
       if (!*gpus)
