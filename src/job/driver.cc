@@ -102,6 +102,7 @@ int Driver::RunToEnd() {
 
 void Driver::Stop() {
   std::lock_guard<std::mutex> lock(stop_mu_);
+  if (health_ != nullptr) health_->Stop();  // no engine is killed while the job stops
   coordinator_.Cancel();
   if (head_ != nullptr) head_->Shutdown();
 }
@@ -230,7 +231,11 @@ bool Driver::EvalDue(int64_t rollout_id) {
 Status Driver::Evaluate(int64_t rollout_id, MetricValues* perf) {
   if (eval_datasets_.empty() || !has_engines_) return absl::OkStatus();
   const auto start = Clock::now();
-  SLIME_ASSIGN_OR_RETURN(rollout::EvalResult eval, coordinator_.Eval(rollout_id));
+  StatusOr<rollout::EvalResult> evaluated = [&] {
+    EngineHealthMonitor::ActiveScope checks(health_.get());
+    return coordinator_.Eval(rollout_id);
+  }();
+  SLIME_ASSIGN_OR_RETURN(rollout::EvalResult eval, std::move(evaluated));
   const double seconds = Since(start);
   MetricValues values(eval.metrics.begin(), eval.metrics.end());
   for (const auto& [key, value] : values) {

@@ -37,6 +37,7 @@ StatusOr<rollout::RolloutResult> Driver::GenerateRollout(int64_t rollout_id) {
                  rollout_id, kept.groups.size(), before, path, *fraction);
     return kept;
   }
+  EngineHealthMonitor::ActiveScope checks(health_.get());
   return coordinator_.Generate(rollout_id);
 }
 
