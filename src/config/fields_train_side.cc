@@ -534,15 +534,25 @@ void AddFaultToleranceFields(std::vector<FieldSpec<Config>>* table) {
   b.Add("health_check_interval", &FaultToleranceConfig::health_check_interval)
       .Slime("--rollout-health-check-interval")
       .Above(0)
-      .Doc("Seconds between health checks.");
+      .Doc(
+          "While engines generate (rollouts and evals), the driver sends every engine GET "
+          "/health_generate (a one-token forward) in rounds this many seconds apart; an engine "
+          "of the job that fails one is killed and restarted by the runtime "
+          "(max_engine_restarts) and recovered by the rollout. Rounds due while no generation "
+          "runs wait for the next one.");
   b.Add("health_check_timeout", &FaultToleranceConfig::health_check_timeout)
       .Slime("--rollout-health-check-timeout")
       .Above(0)
-      .Doc("Seconds a health check may take before the engine counts as dead.");
+      .Doc(
+          "Seconds one health check may take before the engine fails it; also how long a lost "
+          "engine whose process lives (or an external engine) may stay unreachable before the "
+          "job fails.");
   b.Add("health_check_first_wait", &FaultToleranceConfig::health_check_first_wait)
       .Slime("--rollout-health-check-first-wait")
       .Min(0)
-      .Doc("Seconds to wait after engines start before the first health check.");
+      .Doc(
+          "Seconds from the engines' connection (after the first weight push) before the first "
+          "health check round is due (slow-starting engines, e.g. kernel compilation).");
   b.Add("max_engine_restarts", &FaultToleranceConfig::max_engine_restarts)
       .Min(0)
       .Doc("Restarts allowed per engine before the job fails.");
