@@ -605,25 +605,41 @@ void AddDebugFields(std::vector<FieldSpec<Config>>* table) {
   b.Add("ci_test", &DebugConfig::ci_test)
       .Slime("--ci-test")
       .Doc(
-          "Assert slime's CI invariants while training (first-step KL, log-prob ranges, "
-          "train/rollout log-prob gap).");
+          "Fail the job (naming the metric, value and bound) when a training call breaks "
+          "slime's CI invariants: every step's train_rollout_logprob_abs_diff <= "
+          "ci_train_rollout_logprob_abs_diff_threshold; unless ci_disable_kl_checker, |ppo_kl| "
+          "< ci_kl_threshold on each rollout's first step, |kl_loss| < ci_kl_threshold on the "
+          "run's first step and |rollout/log_probs − rollout/ref_log_probs| < ci_kl_threshold "
+          "at rollout 0. (slime's log-prob and entropy range checks, which only trained models "
+          "meet, are not made.)");
   b.Add("ci_disable_kl_checker", &DebugConfig::ci_disable_kl_checker)
       .Slime("--ci-disable-kl-checker")
-      .Doc("With ci_test, skip the first-step KL assertions.");
+      .Doc("With ci_test, skip the three KL checks (ppo_kl, kl_loss, log_probs vs ref).");
   b.Add("ci_kl_threshold", &DebugConfig::ci_kl_threshold)
       .Min(0)
-      .Doc("With ci_test, bound on the first step's ppo_kl and kl_loss (slime fixes 1e-8).");
+      .Doc(
+          "With ci_test, the strict bound of the KL checks: first-step |ppo_kl|, the run's "
+          "first |kl_loss| and rollout 0's |log_probs − ref_log_probs| (slime fixes 1e-8).");
   b.Add("ci_train_rollout_logprob_abs_diff_threshold",
         &DebugConfig::ci_train_rollout_logprob_abs_diff_threshold)
       .Slime("--ci-train-rollout-logprob-abs-diff-threshold")
       .Min(0)
-      .Doc("With ci_test, bound on the mean |train - rollout| log-prob difference.");
+      .Doc(
+          "With ci_test, every step's train_rollout_logprob_abs_diff (mean |trainer − engine| "
+          "log-prob over loss tokens, when the batch has the engines' log-probs) must be <= "
+          "this.");
   b.Add("ci_save_grad_norm", &DebugConfig::ci_save_grad_norm)
       .Slime("--ci-save-grad-norm")
-      .Doc("Save grad norms to this template ({role}, {rollout_id}, {step_id}).");
+      .Doc(
+          "Write each step's grad norm (role actor: grad_norm, critic: critic_grad_norm) as "
+          "text to this template ({role}, {rollout_id}, {step_id} = step within the rollout), "
+          "atomically; with or without ci_test.");
   b.Add("ci_load_grad_norm", &DebugConfig::ci_load_grad_norm)
       .Slime("--ci-load-grad-norm")
-      .Doc("Compare grad norms with those saved at this template (1% tolerance).");
+      .Doc(
+          "Compare each step's grad norm with the one ci_save_grad_norm wrote at this "
+          "template: a missing file or a difference above 1% of the saved value fails the "
+          "job.");
 }
 
 }  // namespace slime::config::internal

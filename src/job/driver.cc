@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <iostream>
 
+#include "ci_checks.h"
 #include "driver_internal.h"
 #include "fmt/format.h"
 #include "slime/http/client.h"
@@ -176,21 +177,29 @@ Status Driver::TrainRollout(int64_t rollout_id, const rollout::RolloutResult& re
                          head_->Group(trainer_ids_).CallAll("train", payload, long_call));
   Json reply = Json::parse(replies.front(), nullptr, false);
   if (reply.is_discarded()) return absl::InternalError("train on trainer-0: reply is not JSON");
+  std::vector<TrainStepReport> reports;  // for the CI checks
   for (const Json& step : reply.at("steps")) {
+    TrainStepReport report;
+    report.step = step.at("step").get<int64_t>();
+    report.step_in_rollout = step.value("step_in_rollout", int64_t{0});
     MetricValues step_values;
     for (const auto& [k, v] : step.at("values").items()) {
       step_values["train/" + k] = v.get<double>();
+      report.values[k] = v.get<double>();
     }
     if (step.value("skipped", false)) step_values["train/skipped"] = 1.0;
-    SLIME_RETURN_IF_ERROR(
-        report_->Record(rollout_id, step.at("step").get<int64_t>(), step_values));
+    SLIME_RETURN_IF_ERROR(report_->Record(rollout_id, report.step, step_values));
     for (const auto& [k, v] : step_values) (*values)[k] = v;  // the summary shows the last step
+    reports.push_back(std::move(report));
   }
+  std::map<std::string, double> rollout_values;
   for (const auto& [k, v] : reply.at("rollout_values").items()) {
+    rollout_values[k] = v.get<double>();
     (*values)["rollout/trainer/" + k] = v.get<double>();
   }
   (*values)["perf/train_time"] = Since(t);
-  return absl::OkStatus();
+  // debug.ci_test and the grad-norm records (ci_checks.h); the step metrics are logged first.
+  return RunCiChecks(config_.debug, rollout_id, reports, rollout_values);
 }
 
 bool Driver::SyncDue(int64_t rollout_id) {
