@@ -515,13 +515,28 @@ void AddMetricsFields(std::vector<FieldSpec<Config>>* table) {
       .Doc("Log pass@k (k = 1, 2, 4, ... up to the group size).");
   b.Add("log_multi_turn", &MetricsConfig::log_multi_turn)
       .Slime("--log-multi-turn")
-      .Doc("Log multi-turn statistics (rounds, response lengths without observations).");
+      .Doc(
+          "Per rollout, multi_turn/raw_response_length/response_length_{mean,max,min,"
+          "clip_ratio} (all response tokens; clipped = reaching rollout.max_response_len), "
+          "multi_turn/wo_obs_response_length/response_length_{mean,max,min} (model tokens, "
+          "loss mask 1) and multi_turn/multi_turn_metric/round_number_{mean,max,min} "
+          "(metadata.round_number, else the runs of model tokens), to the JSONL log and "
+          "Prometheus.");
   b.Add("log_correct_samples", &MetricsConfig::log_correct_samples)
       .Slime("--log-correct-samples")
-      .Doc("Log length and entropy statistics of correct samples.");
+      .Doc(
+          "Per rollout, for the correct samples (reward == 1): rollout/correct_length/"
+          "{p25,p50,p75,p100}, the share whose response length falls in each quarter of "
+          "rollout.max_response_len, and rollout/trainer/correct_entropy, the mean over them of "
+          "the loss-masked mean of −log p under the trainer's pre-update policy (the old-actor "
+          "log-prob pass then always runs).");
   b.Add("log_reward_category", &MetricsConfig::log_reward_category)
       .Slime("--log-reward-category")
-      .Doc("Count samples by this key of a mapping-valued reward.");
+      .Doc(
+          "Group each rollout's samples by this key — of the reward function's mapping result "
+          "(raw_reward), else of the sample's metadata, else 'unknown' — and log "
+          "rollout/error_cat/<category> (share of samples) and rollout/reward_cat/<category>/"
+          "raw_reward (their mean reward).");
 }
 
 void AddFaultToleranceFields(std::vector<FieldSpec<Config>>* table) {

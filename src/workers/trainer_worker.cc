@@ -8,10 +8,12 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <utility>
 
 #include "fmt/format.h"
+#include "slime/common/atomic_file.h"
 #include "slime/comm/process_group.h"
 #include "slime/comm/tensor_parallel_group.h"
 #include "slime/comm/weight_sender.h"
@@ -45,6 +47,65 @@ nlohmann::json StepToJson(const train::TrainStepMetrics& m) {
 bool FileExists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
+}
+
+void ReplaceAll(std::string& s, const std::string& key, const std::string& value) {
+  for (size_t pos = s.find(key); pos != std::string::npos; pos = s.find(key, pos + value.size())) {
+    s.replace(pos, key.size(), value);
+  }
+}
+
+// debug.save_debug_train_data's document (workers.h, "Train data dumps").
+nlohmann::json TrainDataJson(int64_t rollout_id, const WorkerOptions& o, int tp_rank, int dp_rank,
+                             int pp_rank, int tp_size, int dp_size, int pp_size,
+                             const data::RolloutBatch& batch,
+                             const train::TrainRolloutResult& result) {
+  nlohmann::json samples = nlohmann::json::array();
+  for (const train::TrainedSample& t : result.trained) {
+    const data::TrainSample& s = batch.samples[static_cast<size_t>(t.index)];
+    nlohmann::json j = {{"index", t.index},
+                        {"step_in_rollout", t.step_in_rollout},
+                        {"micro_batch", t.micro_batch},
+                        {"tokens", s.tokens},
+                        {"prompt_length", s.prompt_length},
+                        {"response_length", s.response_length},
+                        {"loss_mask", s.loss_mask},
+                        {"reward", s.reward},
+                        {"raw_reward", s.raw_reward},
+                        {"rollout_id", s.rollout_id},
+                        {"truncated", s.truncated}};
+    auto put = [&j](const char* key, const std::vector<float>& v) {
+      if (!v.empty()) j[key] = v;
+    };
+    put("rollout_log_probs", s.rollout_log_probs);
+    put("teacher_log_probs", s.teacher_log_probs);
+    put("advantages", t.advantages);
+    put("returns", t.returns);
+    put("values", t.values);
+    put("log_probs", t.log_probs);
+    put("ref_log_probs", t.ref_log_probs);
+    put("opd_reverse_kl", t.opd_reverse_kl);
+    samples.push_back(std::move(j));
+  }
+  nlohmann::json steps = nlohmann::json::array();
+  for (const train::TrainStepMetrics& m : result.steps) steps.push_back(StepToJson(m));
+  return {{"format", "slime-cpp train data"},
+          {"version", 1},
+          {"rollout_id", rollout_id},
+          {"rank", o.rank},
+          {"world_size", o.world_size},
+          {"tp_rank", tp_rank},
+          {"dp_rank", dp_rank},
+          {"pp_rank", pp_rank},
+          {"tp_size", tp_size},
+          {"dp_size", dp_size},
+          {"pp_size", pp_size},
+          {"temperature", batch.temperature},
+          {"batch_samples", batch.samples.size()},
+          {"dropped_samples", result.dropped_samples},
+          {"steps", std::move(steps)},
+          {"rollout_values", result.rollout_values},
+          {"samples", std::move(samples)}};
 }
 
 }  // namespace
@@ -446,6 +507,22 @@ StatusOr<nlohmann::json> TrainerWorker::Train(int64_t rollout_id, const data::Ro
   }
 #endif
   impl_->weights_version = std::to_string(rollout_id + 1);
+  if (const std::optional<std::string>& dump = impl_->options.config.debug.save_debug_train_data) {
+    const Impl& i = *impl_;
+    std::string path = *dump;
+    ReplaceAll(path, "{rollout_id}", std::to_string(rollout_id));
+    ReplaceAll(path, "{rank}", std::to_string(i.options.rank));
+    const nlohmann::json doc = TrainDataJson(rollout_id, i.options, i.tp_rank, i.dp_rank,
+                                             i.pp_rank, i.tp_size, i.dp_size, i.pp_size, batch,
+                                             result);
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    Status written = WriteFileAtomically(path, doc.dump() + "\n");
+    if (!written.ok()) {
+      return Status(written.code(), fmt::format("debug.save_debug_train_data: {}",
+                                                std::string(written.message())));
+    }
+  }
   nlohmann::json steps = nlohmann::json::array();
   for (const train::TrainStepMetrics& m : result.steps) steps.push_back(StepToJson(m));
   return nlohmann::json{{"steps", std::move(steps)},
