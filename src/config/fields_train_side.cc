@@ -437,7 +437,11 @@ void AddWeightSyncFields(std::vector<FieldSpec<Config>>* table) {
       .Doc("Per-tensor checksum of delta files.");
   b.Add("check_weight_update_equal", &WeightSyncConfig::check_weight_update_equal)
       .Slime("--check-weight-update-equal")
-      .Doc("Debug: verify after the first sync that engine weights equal the trainer's.");
+      .Doc(
+          "Debug: after every weight sync (the first push included) every engine reports a "
+          "checksum per tensor (GET /weights_checksum) and trainer rank 0 compares each with "
+          "its own tensor's in the engine's dtype; a difference fails the job naming the "
+          "engine and the tensor. Engines must serve that route (slime_train's do).");
 }
 
 void AddCheckpointFields(std::vector<FieldSpec<Config>>* table) {

@@ -230,6 +230,12 @@ StatusOr<Json> Driver::SyncWeights(const std::string& version) {
   Json reply = Json::parse(replies.front(), nullptr, false);
   if (!reply.is_object())
     return absl::InternalError("sync_weights on trainer-0: reply is not JSON");
+  if (config_.weight_sync.check_weight_update_equal) {
+    // Every engine's tensors against the trainer's (workers.h, CheckEngineWeights): a
+    // difference fails the job naming the engine and the tensor.
+    SLIME_RETURN_IF_ERROR(
+        head_->Group(trainer_ids_).CallAll("check_engine_weights", "{}", co).status());
+  }
   return reply;
 }
 

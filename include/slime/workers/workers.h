@@ -140,6 +140,13 @@ class TrainerWorker {
   // and sent to stage 0; the peers answer {"source": false, "seconds"}); FailedPrecondition on
   // other DP ranks.
   StatusOr<nlohmann::json> ResyncEngine(const nlohmann::json& request);
+  // weight_sync.check_weight_update_equal, after a sync (call it on every rank at once): the
+  // source asks every connected engine for GET /weights_checksum and compares each tensor's
+  // checksum with its own full tensor's in the engine's dtype (comm/weight_checksum.h); the other
+  // ranks of DP rank 0 take part in the gathers. DataLoss naming the engine and the tensor (the
+  // first five, and how many more) when they differ or the engine lacks one; the engine's error
+  // when it cannot answer. {"source", "engines", "tensors", "seconds"}.
+  StatusOr<nlohmann::json> CheckEngineWeights();
   // Leaves the weight-update group (ConnectEngines again re-forms it; a failed leave — an
   // engine that died — is logged there, not fatal).
   Status DisconnectEngines();
