@@ -44,6 +44,10 @@ StatusOr<rollout::RolloutResult> Driver::GenerateRollout(int64_t rollout_id) {
 Status Driver::ProcessRollout(int64_t rollout_id, const rollout::RolloutResult& result,
                               MetricValues* values) {
   values->insert(result.metrics.begin(), result.metrics.end());
+  if (health_ != nullptr) {  // the engines' health checks so far (engine_health.h)
+    (*values)["engine_health/rounds"] = static_cast<double>(health_->rounds());
+    (*values)["engine_health/failures"] = static_cast<double>(health_->failures());
+  }
   if (config_.debug.save_debug_rollout_data) {
     SLIME_RETURN_IF_ERROR(SaveDebugRollout(
         DebugRolloutPath(*config_.debug.save_debug_rollout_data, rollout_id), result));
