@@ -1,6 +1,7 @@
 // The debug modes' saved rollouts (debug_data.h).
 #include "debug_data.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
