@@ -112,7 +112,11 @@ void AddClusterFields(std::vector<FieldSpec<Config>>* table) {
   b.Add("train_env_vars", &ClusterConfig::train_env_vars)
       .ReadBy("job")
       .Slime("--train-env-vars")
-      .Doc("Extra environment variables for trainer processes (a mapping of name: value).");
+      .Doc(
+          "Environment variables (a mapping of name: value) set in every trainer worker "
+          "process at its start, over what its node agent inherited; engines do not get them. "
+          "CUDA_VISIBLE_DEVICES and the runtime's SLIME_* variables are refused (the runtime "
+          "sets them per process).");
 }
 
 void AddModelFields(std::vector<FieldSpec<Config>>* table) {

@@ -543,7 +543,11 @@ void AddWeightSyncFields(std::vector<FieldSpec<Config>>* table) {
   b.Add("check_weight_update_equal", &WeightSyncConfig::check_weight_update_equal)
       .ReadBy("workers")
       .Slime("--check-weight-update-equal")
-      .Doc("Debug: verify after the first sync that engine weights equal the trainer's.");
+      .Doc(
+          "Debug: after every weight sync (the first push included) every engine reports a "
+          "checksum per tensor (GET /weights_checksum) and trainer rank 0 compares each with "
+          "its own tensor's in the engine's dtype; a difference fails the job naming the "
+          "engine and the tensor. Engines must serve that route (slime_train's do).");
 }
 
 void AddCheckpointFields(std::vector<FieldSpec<Config>>* table) {
@@ -639,15 +643,30 @@ void AddMetricsFields(std::vector<FieldSpec<Config>>* table) {
   b.Add("log_multi_turn", &MetricsConfig::log_multi_turn)
       .ReadBy("rollout")
       .Slime("--log-multi-turn")
-      .Doc("Log multi-turn statistics (rounds, response lengths without observations).");
+      .Doc(
+          "Per rollout, multi_turn/raw_response_length/response_length_{mean,max,min,"
+          "clip_ratio} (all response tokens; clipped = reaching rollout.max_response_len), "
+          "multi_turn/wo_obs_response_length/response_length_{mean,max,min} (model tokens, "
+          "loss mask 1) and multi_turn/multi_turn_metric/round_number_{mean,max,min} "
+          "(metadata.round_number, else the runs of model tokens), to the JSONL log and "
+          "Prometheus.");
   b.Add("log_correct_samples", &MetricsConfig::log_correct_samples)
       .ReadBy("rollout")
       .Slime("--log-correct-samples")
-      .Doc("Log length and entropy statistics of correct samples.");
+      .Doc(
+          "Per rollout, for the correct samples (reward == 1): rollout/correct_length/"
+          "{p25,p50,p75,p100}, the share whose response length falls in each quarter of "
+          "rollout.max_response_len, and rollout/trainer/correct_entropy, the mean over them of "
+          "the loss-masked mean of −log p under the trainer's pre-update policy (the old-actor "
+          "log-prob pass then always runs).");
   b.Add("log_reward_category", &MetricsConfig::log_reward_category)
       .ReadBy("rollout")
       .Slime("--log-reward-category")
-      .Doc("Count samples by this key of a mapping-valued reward.");
+      .Doc(
+          "Group each rollout's samples by this key — of the reward function's mapping result "
+          "(raw_reward), else of the sample's metadata, else 'unknown' — and log "
+          "rollout/error_cat/<category> (share of samples) and rollout/reward_cat/<category>/"
+          "raw_reward (their mean reward).");
 }
 
 void AddFaultToleranceFields(std::vector<FieldSpec<Config>>* table) {
@@ -665,17 +684,27 @@ void AddFaultToleranceFields(std::vector<FieldSpec<Config>>* table) {
       .ReadBy("job")
       .Slime("--rollout-health-check-interval")
       .Above(0)
-      .Doc("Seconds between health checks.");
+      .Doc(
+          "While engines generate (rollouts and evals), the driver sends every engine GET "
+          "/health_generate (a one-token forward) in rounds this many seconds apart; an engine "
+          "of the job that fails one is killed and restarted by the runtime "
+          "(max_engine_restarts) and recovered by the rollout. Rounds due while no generation "
+          "runs wait for the next one.");
   b.Add("health_check_timeout", &FaultToleranceConfig::health_check_timeout)
       .ReadBy("job")
       .Slime("--rollout-health-check-timeout")
       .Above(0)
-      .Doc("Seconds a health check may take before the engine counts as dead.");
+      .Doc(
+          "Seconds one health check may take before the engine fails it; also how long a lost "
+          "engine whose process lives (or an external engine) may stay unreachable before the "
+          "job fails.");
   b.Add("health_check_first_wait", &FaultToleranceConfig::health_check_first_wait)
       .ReadBy("job")
       .Slime("--rollout-health-check-first-wait")
       .Min(0)
-      .Doc("Seconds to wait after engines start before the first health check.");
+      .Doc(
+          "Seconds from the engines' connection (after the first weight push) before the first "
+          "health check round is due (slow-starting engines, e.g. kernel compilation).");
   b.Add("max_engine_restarts", &FaultToleranceConfig::max_engine_restarts)
       .ReadBy("job")
       .Min(0)
@@ -713,7 +742,10 @@ void AddDebugFields(std::vector<FieldSpec<Config>>* table) {
       .Slime("--load-debug-rollout-data-subsample")
       .Above(0)
       .Max(1)
-      .Doc("Use this fraction of each loaded rollout.");
+      .Doc(
+          "Train on this fraction of each loaded rollout's prompt groups: floor(groups × "
+          "fraction) of them (at least one), the first half and the last half, whole groups "
+          "(slime's head-and-tail cut, on groups). Needs load_debug_rollout_data.");
   b.Add("save_debug_train_data", &DebugConfig::save_debug_train_data)
       .ReadBy("workers")
       .Slime("--save-debug-train-data")
@@ -740,30 +772,46 @@ void AddDebugFields(std::vector<FieldSpec<Config>>* table) {
       .ReadBy("train")
       .Slime("--ci-test")
       .Doc(
-          "Assert slime's CI invariants while training (first-step KL, log-prob ranges, "
-          "train/rollout log-prob gap).");
+          "Fail the job (naming the metric, value and bound) when a training call breaks "
+          "slime's CI invariants: every step's train_rollout_logprob_abs_diff <= "
+          "ci_train_rollout_logprob_abs_diff_threshold; unless ci_disable_kl_checker, |ppo_kl| "
+          "< ci_kl_threshold on each rollout's first step, |kl_loss| < ci_kl_threshold on the "
+          "run's first step and |rollout/log_probs − rollout/ref_log_probs| < ci_kl_threshold "
+          "at rollout 0. (slime's log-prob and entropy range checks, which only trained models "
+          "meet, are not made.)");
   b.Add("ci_disable_kl_checker", &DebugConfig::ci_disable_kl_checker)
       .ReadBy("train")
       .Slime("--ci-disable-kl-checker")
-      .Doc("With ci_test, skip the first-step KL assertions.");
+      .Doc("With ci_test, skip the three KL checks (ppo_kl, kl_loss, log_probs vs ref).");
   b.Add("ci_kl_threshold", &DebugConfig::ci_kl_threshold)
       .ReadBy("train")
       .Min(0)
-      .Doc("With ci_test, bound on the first step's ppo_kl and kl_loss (slime fixes 1e-8).");
+      .Doc(
+          "With ci_test, the strict bound of the KL checks: first-step |ppo_kl|, the run's "
+          "first |kl_loss| and rollout 0's |log_probs − ref_log_probs| (slime fixes 1e-8).");
   b.Add("ci_train_rollout_logprob_abs_diff_threshold",
         &DebugConfig::ci_train_rollout_logprob_abs_diff_threshold)
       .ReadBy("train")
       .Slime("--ci-train-rollout-logprob-abs-diff-threshold")
       .Min(0)
-      .Doc("With ci_test, bound on the mean |train - rollout| log-prob difference.");
+      .Doc(
+          "With ci_test, every step's train_rollout_logprob_abs_diff (mean |trainer − engine| "
+          "log-prob over loss tokens, when the batch has the engines' log-probs) must be <= "
+          "this.");
   b.Add("ci_save_grad_norm", &DebugConfig::ci_save_grad_norm)
       .ReadBy("train")
       .Slime("--ci-save-grad-norm")
-      .Doc("Save grad norms to this template ({role}, {rollout_id}, {step_id}).");
+      .Doc(
+          "Write each step's grad norm (role actor: grad_norm, critic: critic_grad_norm) as "
+          "text to this template ({role}, {rollout_id}, {step_id} = step within the rollout), "
+          "atomically; with or without ci_test.");
   b.Add("ci_load_grad_norm", &DebugConfig::ci_load_grad_norm)
       .ReadBy("train")
       .Slime("--ci-load-grad-norm")
-      .Doc("Compare grad norms with those saved at this template (1% tolerance).");
+      .Doc(
+          "Compare each step's grad norm with the one ci_save_grad_norm wrote at this "
+          "template: a missing file or a difference above 1% of the saved value fails the "
+          "job.");
 }
 
 }  // namespace slime::config::internal

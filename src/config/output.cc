@@ -152,10 +152,11 @@ of our own marked *ours*). Warnings do not stop the job.
 - `use_opd` requires `opd_type`; `megatron` requires `opd_teacher_load`; `sglang` forbids it
   and needs `reward.rm_url`; `opd_teacher_load` without `use_opd` is an error.
 - `debug.dump_details: DIR` sets `save_debug_rollout_data` to
-  `DIR/rollout_data/{rollout_id}.bin` and `save_debug_train_data` to
-  `DIR/train_data/{rollout_id}.bin`; the two must differ; rollout-data templates must contain
-  `{rollout_id}` (*ours*). `load_debug_rollout_data` implies `train_only`, and `train_only`
-  needs it (*ours*); `rollout_only` and `train_only` exclude each other.
+  `DIR/rollout_data/{rollout_id}.json` and `save_debug_train_data` to
+  `DIR/train_data/{rollout_id}_{rank}.json`; the two must differ; the templates must contain
+  `{rollout_id}`, and `save_debug_train_data` also `{rank}` with more than one trainer (*ours*).
+  `load_debug_rollout_data` implies `train_only`, and `train_only` needs it (*ours*);
+  `rollout_only` and `train_only` exclude each other.
 - `cluster.offload: true` sets both offloads. `debug.rollout_only` turns `colocate` and both
   offloads off (a colocated rollout-only run keeps the actor's GPU count for engines).
   `colocate` defaults both offloads to true and `rollout_num_gpus` to the actor's GPU count;

@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <set>
 
 #include "slime/common/strings.h"
@@ -153,8 +154,8 @@ class Resolver {
   void ResolveDebug() {
     DebugConfig& d = c_.debug;
     if (d.dump_details.has_value()) {
-      d.save_debug_rollout_data = *d.dump_details + "/rollout_data/{rollout_id}.bin";
-      d.save_debug_train_data = *d.dump_details + "/train_data/{rollout_id}.bin";
+      d.save_debug_rollout_data = *d.dump_details + "/rollout_data/{rollout_id}.json";
+      d.save_debug_train_data = *d.dump_details + "/train_data/{rollout_id}_{rank}.json";
     }
     if (d.save_debug_train_data.has_value() &&
         d.save_debug_train_data == d.save_debug_rollout_data) {
@@ -165,10 +166,18 @@ class Resolver {
     }
     for (const auto& [key, value] : {std::pair<const char*, const std::optional<std::string>*>{
                                          "save_debug_rollout_data", &d.save_debug_rollout_data},
-                                     {"load_debug_rollout_data", &d.load_debug_rollout_data}}) {
+                                     {"load_debug_rollout_data", &d.load_debug_rollout_data},
+                                     {"save_debug_train_data", &d.save_debug_train_data}}) {
       if (value->has_value() && (*value)->find("{rollout_id}") == std::string::npos) {
         Error("debug.{} = '{}' must contain '{{rollout_id}}' (one file per rollout)", key, **value);
       }
+    }
+    const int trainers = c_.cluster.actor_num_nodes * c_.cluster.actor_num_gpus_per_node;
+    if (d.save_debug_train_data.has_value() && trainers > 1 &&
+        d.save_debug_train_data->find("{rank}") == std::string::npos) {
+      Error("debug.save_debug_train_data = '{}' must contain '{{rank}}': {} trainer processes "
+            "each write the data they trained on",
+            *d.save_debug_train_data, trainers);
     }
     if (d.load_debug_rollout_data.has_value()) d.train_only = true;
     if (d.train_only && !d.load_debug_rollout_data.has_value()) {
@@ -177,9 +186,9 @@ class Resolver {
           "it sets train_only itself)");
     }
     if (d.load_debug_rollout_data_subsample.has_value() && !d.load_debug_rollout_data) {
-      Warn(
-          "debug.load_debug_rollout_data_subsample has no effect without "
-          "debug.load_debug_rollout_data");
+      Error(
+          "debug.load_debug_rollout_data_subsample needs debug.load_debug_rollout_data (it "
+          "subsamples the loaded rollouts)");
     }
     if (d.rollout_only && d.train_only) {
       Error("debug.rollout_only and debug.train_only cannot both be true{}",
@@ -198,6 +207,26 @@ class Resolver {
     }
     if (!k.head_address.empty() && !IsHostPort(k.head_address)) {
       Error("cluster.head_address = '{}' is not host:port", k.head_address);
+    }
+    for (const auto& [name, value] : k.train_env_vars) {
+      static const char* const kRuntimeOwned[] = {"CUDA_VISIBLE_DEVICES", "SLIME_JOB_TOKEN",
+                                                   "SLIME_ACTOR_INCARNATION", "SLIME_BIND_HOST"};
+      bool valid = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
+      for (char ch : name) {
+        valid = valid && (std::isalnum(static_cast<unsigned char>(ch)) || ch == '_');
+      }
+      if (!valid) {
+        Error("cluster.train_env_vars: '{}' is not an environment variable name (letters, digits "
+              "and '_', not starting with a digit)",
+              name);
+      }
+      for (const char* owned : kRuntimeOwned) {
+        if (name == owned) {
+          Error("cluster.train_env_vars: {} is set by the runtime for each trainer process (its "
+                "devices and job identity) and cannot be overridden",
+                name);
+        }
+      }
     }
     int actor_gpus = k.actor_num_nodes * k.actor_num_gpus_per_node;
     if (k.offload) {

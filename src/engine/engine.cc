@@ -299,6 +299,13 @@ class Engine::Impl {
     return absl::OkStatus();
   }
 
+  StatusOr<Engine::WeightChecksumList> WeightChecksums() {
+    Engine::WeightChecksumList list;
+    list.dtype = comm::DtypeName(runner_->dtype());
+    SLIME_ASSIGN_OR_RETURN(list.checksums, runner_->WeightChecksums());
+    return list;
+  }
+
   Status HealthCheck() {
     if (kv_released_ || runner_->weights_offloaded()) return absl::OkStatus();
     if (!live_.empty() && Seconds(Clock::now() - last_step_end_) < 30.0) return absl::OkStatus();
@@ -964,6 +971,13 @@ std::future<Status> Engine::ResumeMemory(std::vector<std::string> tags) {
   auto promise = std::make_shared<std::promise<Status>>();
   auto f = promise->get_future();
   Post([promise, t = std::move(tags)](Impl& impl) { promise->set_value(impl.Resume(t)); });
+  return f;
+}
+
+std::future<StatusOr<Engine::WeightChecksumList>> Engine::WeightChecksums() {
+  auto promise = std::make_shared<std::promise<StatusOr<WeightChecksumList>>>();
+  auto f = promise->get_future();
+  Post([promise](Impl& impl) { promise->set_value(impl.WeightChecksums()); });
   return f;
 }
 

@@ -24,6 +24,7 @@
 
 #include "slime/comm/process_group.h"
 #include "slime/comm/tensor_parallel_group.h"
+#include "slime/comm/weight_checksum.h"
 #include "slime/model/checkpoint.h"
 #include "slime/model/weights.h"
 
@@ -587,6 +588,33 @@ Status ModelRunner::UpdateWeights(const std::vector<model::NamedTensor>& tensors
     }
 #endif
     return absl::OkStatus();
+  });
+}
+
+StatusOr<std::vector<std::pair<std::string, std::string>>> ModelRunner::WeightChecksums() {
+  if (weights_offloaded_) {
+    return absl::FailedPreconditionError(
+        "the weights are released (/release_memory_occupation); resume them first");
+  }
+  std::vector<std::pair<std::string, std::string>> out;
+  const std::vector<model::ParamSpec> specs = model::ParameterSpecs(config());
+  return Guard("weight checksums", [&]() -> StatusOr<std::vector<std::pair<std::string, std::string>>> {
+    for (const model::ParamSpec& spec : specs) {
+      std::vector<torch::Tensor> shards;
+      for (const auto& rank : ranks_) {
+        const torch::Tensor& t = model::ParamSlot(rank->model->weights(), spec);
+        if (!t.defined()) {
+          return absl::InternalError(fmt::format("weight {} is not loaded", spec.hf_name));
+        }
+        shards.push_back(t.to(torch::kCPU));
+        if (spec.shard == model::ShardDim::kReplicated) break;  // every rank holds it whole
+      }
+      const torch::Tensor full =
+          shards.size() == 1 ? shards[0] : torch::cat(shards, static_cast<int64_t>(spec.shard));
+      SLIME_ASSIGN_OR_RETURN(std::string checksum, comm::TensorChecksum(full, dtype()));
+      out.emplace_back(spec.hf_name, std::move(checksum));
+    }
+    return out;
   });
 }
 

@@ -219,6 +219,26 @@ void AddWeightsRoutes(http::Router& r, Engine* engine, WeightsRoutesOptions opti
                  [](Engine* e, TensorWeightsUpdate u) {
                    return e->UpdateWeightsFromTensor(std::move(u));
                  });
+  // GET /weights_checksum: {"success": true, "weight_version", "dtype", "tensors": [{"name",
+  // "checksum"}, ...]} in HF parameter order, computed on the engine thread between steps (the
+  // hashing itself takes the engine thread for about a second per GB of weights); 400 with
+  // "message" when the weights are released.
+  r.Add("GET", "/weights_checksum", [engine, on_worker](const http::Request&, Writer w) {
+    auto f = std::make_shared<std::future<StatusOr<Engine::WeightChecksumList>>>(
+        engine->WeightChecksums());
+    on_worker([f, w, engine] {
+      StatusOr<Engine::WeightChecksumList> list = f->get();
+      if (!list.ok()) return Reply(w, list.status(), "");
+      json tensors = json::array();
+      for (const auto& [name, checksum] : list->checksums) {
+        tensors.push_back({{"name", name}, {"checksum", checksum}});
+      }
+      w->SendJson(200, {{"success", true},
+                        {"weight_version", engine->weight_version()},
+                        {"dtype", list->dtype},
+                        {"tensors", std::move(tensors)}});
+    });
+  });
   r.Add("POST", "/destroy_weights_update_group",
         [engine, on_worker](const http::Request& req, Writer w) {
           StatusOr<json> body = Body(req, "/destroy_weights_update_group");

@@ -1,6 +1,8 @@
 // The weight-plane routes of the engine's HTTP API (SGLang's distributed weight update):
 // /init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group,
-// and /update_weights_from_tensor (a colocated trainer's CUDA IPC buffer; comm/cuda_ipc.h).
+// and /update_weights_from_tensor (a colocated trainer's CUDA IPC buffer; comm/cuda_ipc.h); and
+// ours, GET /weights_checksum (per-tensor checksums, comm/weight_checksum.h), which the trainer
+// compares after a sync with weight_sync.check_weight_update_equal.
 // Request and response JSON follow SGLang (docs/http-api.md, "Weight sync"): every answer is
 // {"success": bool, "message": str}, 200 on success and 400 on failure.
 //

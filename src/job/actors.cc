@@ -89,6 +89,8 @@ class TrainerActor : public runtime::Actor {
       return w->SyncWeights(r.at("weight_version").get<std::string>());
     });
     AddJsonMethod(this, "resync_engine", [w](const Json& r) { return w->ResyncEngine(r); });
+    AddJsonMethod(this, "check_engine_weights",
+                  [w](const Json&) { return w->CheckEngineWeights(); });
     AddJsonMethod(this, "disconnect_engines", [w](const Json&) -> StatusOr<Json> {
       SLIME_RETURN_IF_ERROR(w->DisconnectEngines());
       return Json::object();

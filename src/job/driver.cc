@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <iostream>
 
+#include "ci_checks.h"
 #include "driver_internal.h"
 #include "fmt/format.h"
 #include "slime/http/client.h"
@@ -102,6 +103,7 @@ int Driver::RunToEnd() {
 
 void Driver::Stop() {
   std::lock_guard<std::mutex> lock(stop_mu_);
+  if (health_ != nullptr) health_->Stop();  // no engine is killed while the job stops
   coordinator_.Cancel();
   if (head_ != nullptr) head_->Shutdown();
 }
@@ -175,21 +177,29 @@ Status Driver::TrainRollout(int64_t rollout_id, const rollout::RolloutResult& re
                          head_->Group(trainer_ids_).CallAll("train", payload, long_call));
   Json reply = Json::parse(replies.front(), nullptr, false);
   if (reply.is_discarded()) return absl::InternalError("train on trainer-0: reply is not JSON");
+  std::vector<TrainStepReport> reports;  // for the CI checks
   for (const Json& step : reply.at("steps")) {
+    TrainStepReport report;
+    report.step = step.at("step").get<int64_t>();
+    report.step_in_rollout = step.value("step_in_rollout", int64_t{0});
     MetricValues step_values;
     for (const auto& [k, v] : step.at("values").items()) {
       step_values["train/" + k] = v.get<double>();
+      report.values[k] = v.get<double>();
     }
     if (step.value("skipped", false)) step_values["train/skipped"] = 1.0;
-    SLIME_RETURN_IF_ERROR(
-        report_->Record(rollout_id, step.at("step").get<int64_t>(), step_values));
+    SLIME_RETURN_IF_ERROR(report_->Record(rollout_id, report.step, step_values));
     for (const auto& [k, v] : step_values) (*values)[k] = v;  // the summary shows the last step
+    reports.push_back(std::move(report));
   }
+  std::map<std::string, double> rollout_values;
   for (const auto& [k, v] : reply.at("rollout_values").items()) {
+    rollout_values[k] = v.get<double>();
     (*values)["rollout/trainer/" + k] = v.get<double>();
   }
   (*values)["perf/train_time"] = Since(t);
-  return absl::OkStatus();
+  // debug.ci_test and the grad-norm records (ci_checks.h); the step metrics are logged first.
+  return RunCiChecks(config_.debug, rollout_id, reports, rollout_values);
 }
 
 bool Driver::SyncDue(int64_t rollout_id) {
@@ -220,6 +230,12 @@ StatusOr<Json> Driver::SyncWeights(const std::string& version) {
   Json reply = Json::parse(replies.front(), nullptr, false);
   if (!reply.is_object())
     return absl::InternalError("sync_weights on trainer-0: reply is not JSON");
+  if (config_.weight_sync.check_weight_update_equal) {
+    // Every engine's tensors against the trainer's (workers.h, CheckEngineWeights): a
+    // difference fails the job naming the engine and the tensor.
+    SLIME_RETURN_IF_ERROR(
+        head_->Group(trainer_ids_).CallAll("check_engine_weights", "{}", co).status());
+  }
   return reply;
 }
 
@@ -230,7 +246,11 @@ bool Driver::EvalDue(int64_t rollout_id) {
 Status Driver::Evaluate(int64_t rollout_id, MetricValues* perf) {
   if (eval_datasets_.empty() || !has_engines_) return absl::OkStatus();
   const auto start = Clock::now();
-  SLIME_ASSIGN_OR_RETURN(rollout::EvalResult eval, coordinator_.Eval(rollout_id));
+  StatusOr<rollout::EvalResult> evaluated = [&] {
+    EngineHealthMonitor::ActiveScope checks(health_.get());
+    return coordinator_.Eval(rollout_id);
+  }();
+  SLIME_ASSIGN_OR_RETURN(rollout::EvalResult eval, std::move(evaluated));
   const double seconds = Since(start);
   MetricValues values(eval.metrics.begin(), eval.metrics.end());
   for (const auto& [key, value] : values) {

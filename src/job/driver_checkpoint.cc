@@ -7,101 +7,47 @@
 //           loaded rollout (a missing data-source state restarts the prompt order, with a
 //           warning) and continues at the loaded rollout + 1;
 //   debug   debug.save_debug_rollout_data writes each generated rollout to a JSON file;
-//           debug.load_debug_rollout_data reads them back instead of generating (train only).
+//           debug.load_debug_rollout_data reads them back instead of generating (train only),
+//           keeping debug.load_debug_rollout_data_subsample of the groups (debug_data.h).
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
+#include "debug_data.h"
 #include "driver_internal.h"
 #include "fmt/format.h"
 #include "slime/common/atomic_file.h"
 #include "spdlog/spdlog.h"
 
 namespace slime::job {
-namespace {
-
-// debug.save_debug_rollout_data / load_debug_rollout_data: "{rollout_id}" in the path is the
-// rollout id. One JSON document: {"rollout_id", "samples": [[sample, ...] per group],
-// "raw_rewards", "rewards", "metrics"}.
-std::string DebugRolloutPath(const std::string& pattern, int64_t rollout_id) {
-  std::string out = pattern;
-  const std::string key = "{rollout_id}";
-  for (size_t pos = out.find(key); pos != std::string::npos; pos = out.find(key)) {
-    out.replace(pos, key.size(), std::to_string(rollout_id));
-  }
-  return out;
-}
-
-Status SaveDebugRollout(const std::string& path, const rollout::RolloutResult& result) {
-  Json groups = Json::array();
-  for (const data::SampleGroup& g : result.groups) {
-    Json group = Json::array();
-    for (const data::Sample& s : g) group.push_back(rollout::SampleToJson(s));
-    groups.push_back(std::move(group));
-  }
-  Json doc = {{"format", "slime-cpp rollout data"},
-              {"version", 1},
-              {"rollout_id", result.rollout_id},
-              {"samples", std::move(groups)},
-              {"raw_rewards", result.raw_rewards},
-              {"rewards", result.rewards},
-              {"metrics", result.metrics}};
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  return WriteFileAtomically(path, doc.dump() + "\n");
-}
-
-StatusOr<rollout::RolloutResult> LoadDebugRollout(const std::string& path, int64_t rollout_id) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(fmt::format("{}: cannot open the saved rollout data", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  Json doc = Json::parse(text.str(), nullptr, false);
-  if (doc.is_discarded() || !doc.is_object() || !doc.contains("samples")) {
-    return absl::InvalidArgumentError(
-        fmt::format("{}: not rollout data written by debug.save_debug_rollout_data", path));
-  }
-  rollout::RolloutResult result;
-  result.rollout_id = rollout_id;
-  try {
-    size_t gi = 0;
-    for (const Json& group : doc.at("samples")) {
-      data::SampleGroup g;
-      for (const Json& s : group) {
-        StatusOr<data::Sample> sample = rollout::SampleFromJson(s);
-        if (!sample.ok()) {
-          return absl::InvalidArgumentError(fmt::format("{}: group {}: {}", path, gi,
-                                                        std::string(sample.status().message())));
-        }
-        g.push_back(*std::move(sample));
-      }
-      result.groups.push_back(std::move(g));
-      ++gi;
-    }
-    result.raw_rewards = doc.at("raw_rewards").get<std::vector<double>>();
-    result.rewards = doc.at("rewards").get<std::vector<double>>();
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(fmt::format("{}: {}", path, e.what()));
-  }
-  return result;
-}
-
-}  // namespace
 
 // ---- Saved rollouts (debug): where a rollout comes from and what is kept of it.
 
 StatusOr<rollout::RolloutResult> Driver::GenerateRollout(int64_t rollout_id) {
   if (train_only_) {
-    return LoadDebugRollout(DebugRolloutPath(*config_.debug.load_debug_rollout_data, rollout_id),
-                            rollout_id);
+    const std::string path = DebugRolloutPath(*config_.debug.load_debug_rollout_data, rollout_id);
+    SLIME_ASSIGN_OR_RETURN(rollout::RolloutResult loaded, LoadDebugRollout(path, rollout_id));
+    const std::optional<double>& fraction = config_.debug.load_debug_rollout_data_subsample;
+    if (!fraction) return loaded;
+    const size_t before = loaded.groups.size();
+    SLIME_ASSIGN_OR_RETURN(rollout::RolloutResult kept, SubsampleRollout(std::move(loaded), *fraction));
+    spdlog::info("rollout {}: {} of the {} prompt groups of {} kept "
+                 "(debug.load_debug_rollout_data_subsample {})",
+                 rollout_id, kept.groups.size(), before, path, *fraction);
+    return kept;
   }
+  EngineHealthMonitor::ActiveScope checks(health_.get());
   return coordinator_.Generate(rollout_id);
 }
 
 Status Driver::ProcessRollout(int64_t rollout_id, const rollout::RolloutResult& result,
                               MetricValues* values) {
   values->insert(result.metrics.begin(), result.metrics.end());
+  if (health_ != nullptr) {  // the engines' health checks so far (engine_health.h)
+    (*values)["engine_health/rounds"] = static_cast<double>(health_->rounds());
+    (*values)["engine_health/failures"] = static_cast<double>(health_->failures());
+  }
   if (config_.debug.save_debug_rollout_data) {
     SLIME_RETURN_IF_ERROR(SaveDebugRollout(
         DebugRolloutPath(*config_.debug.save_debug_rollout_data, rollout_id), result));

@@ -30,6 +30,7 @@
 
 #include "driver_async.h"
 #include "driver_report.h"
+#include "engine_health.h"
 #include "engine_recovery.h"
 #include "nlohmann/json.hpp"
 #include "slime/common/signal_watcher.h"
@@ -116,6 +117,10 @@ class Driver : public RolloutSteps {
   Status ConnectEngines();
   EngineRecoveryOptions EngineTrackingOptions();
   Status ConfigureCoordinator();
+  // fault_tolerance.health_check_*: the engines' health checks (engine_health.h), active while
+  // the engines generate (GenerateRollout, Evaluate); an engine of ours that fails one is killed
+  // and restarted by the runtime, then recovered by the coordinator.
+  void StartHealthChecks();
 
   // Saved rollouts and the rollout side of a checkpoint (driver_checkpoint.cc).
   // trainer init's reply {"loaded", "rollout_id", "dir"}: start_rollout_id_, and the data source
@@ -192,6 +197,8 @@ class Driver : public RolloutSteps {
   bool offload_engines_ = false;
   bool offload_trainers_ = false;
   std::map<std::string, double> first_eval_, last_eval_;  // eval/<name> of this run
+  // Destroyed first (declared last): its thread calls into engines_ and head_.
+  std::unique_ptr<EngineHealthMonitor> health_;
 };
 
 }  // namespace slime::job

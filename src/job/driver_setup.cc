@@ -243,6 +243,9 @@ StatusOr<std::vector<runtime::ActorOptions>> Driver::PlanActors(
     } else {
       // In rank order (the plan lists trainers by rank): trainer_ids_[r] is rank r.
       trainer_ids_.push_back(a.actor_id);
+      // cluster.train_env_vars: set in the trainer process's environment by its node agent
+      // (over what the agent inherited; the runtime's own variables still win).
+      for (const auto& [name, value] : config_.cluster.train_env_vars) a.env[name] = value;
       init["world_size"] = num_trainers;
       // CPU trainers of one node share its cores (ranks wait on each other in collectives).
       if (!*gpus)
@@ -380,6 +383,7 @@ Status Driver::ConnectEngines() {
   // (new address, the trainer's weights) by the coordinator through engines_.
   SLIME_ASSIGN_OR_RETURN(engines_, EngineRecoveryImpl::Create(EngineTrackingOptions()));
   coordinator_.SetEngineRecovery(engines_.get());
+  StartHealthChecks();
   SLIME_RETURN_IF_ERROR(ConfigureCoordinator());
   // Trainer rank 0 joins the engines' weight-update group and pushes its weights.
   SLIME_RETURN_IF_ERROR(engines_->ConnectTrainer());
@@ -412,6 +416,45 @@ EngineRecoveryOptions Driver::EngineTrackingOptions() {
   eo.health_check_timeout_s = config_.fault_tolerance.health_check_timeout;
   eo.metrics = &registry_;
   return eo;
+}
+
+void Driver::StartHealthChecks() {
+  const config::FaultToleranceConfig& ft = config_.fault_tolerance;
+  EngineHealthOptions ho;
+  ho.first_wait_s = ft.health_check_first_wait;
+  ho.interval_s = ft.health_check_interval;
+  ho.timeout_s = ft.health_check_timeout;
+  EngineRecoveryImpl* engines = engines_.get();
+  runtime::Head* head = head_.get();
+  ho.targets = [engines] { return engines->HealthTargets(); };
+  ho.on_unhealthy = [head](const EngineHealthTarget& engine, const std::string& why) {
+    if (engine.incarnation == 0) {  // external: not ours to restart
+      spdlog::warn("external engine {} failed its health check; slime_train does not restart "
+                   "external engines (a generation that cannot reach it waits "
+                   "fault_tolerance.health_check_timeout for it)",
+                   engine.address);
+      return;
+    }
+    Status killed = head->KillActor(engine.name, engine.incarnation,
+                                    "it failed its health check (" + why + ")");
+    if (killed.ok()) {
+      spdlog::warn("engine {} at {} killed after a failed health check; the runtime restarts it "
+                   "(fault_tolerance.max_engine_restarts) and the rollout recovers it",
+                   engine.name, engine.address);
+    } else {
+      spdlog::info("engine {}: not killed after its failed health check: {}", engine.name,
+                   std::string(killed.message()));
+    }
+  };
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);  // Stop() reads health_ on the signal thread
+    health_ = std::make_unique<EngineHealthMonitor>(std::move(ho));
+    health_->Start();
+  }
+  spdlog::info(
+      "engine health checks: GET /health_generate every {} s while generating, the first after "
+      "{} s, {} s timeout (fault_tolerance.health_check_interval / first_wait / timeout)",
+      ft.health_check_interval, ft.health_check_first_wait, ft.health_check_timeout);
 }
 
 Status Driver::ConfigureCoordinator() {

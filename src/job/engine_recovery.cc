@@ -99,6 +99,22 @@ std::vector<std::string> EngineRecoveryImpl::Addresses() const {
   return addresses_;
 }
 
+std::vector<EngineHealthTarget> EngineRecoveryImpl::HealthTargets() const {
+  std::vector<EngineHealthTarget> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < options_.engine_ids.size(); ++i) {
+    const std::string& id = options_.engine_ids[i];
+    if (id.empty()) {
+      out.push_back({addresses_[i], addresses_[i], 0});
+      continue;
+    }
+    StatusOr<runtime::ActorEndpoint> e = options_.head->Resolve(id);
+    if (!e.ok() || e->incarnation != incarnations_[i]) continue;
+    out.push_back({id, addresses_[i], incarnations_[i]});
+  }
+  return out;
+}
+
 Status EngineRecoveryImpl::ConnectTrainer() {
   SLIME_ASSIGN_OR_RETURN(runtime::ActorEndpoint trainer0,
                          options_.head->Resolve(options_.trainer_ids.front()));

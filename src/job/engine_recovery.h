@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "engine_health.h"
 #include "slime/common/status.h"
 #include "slime/metrics/registry.h"
 #include "slime/rollout/coordinator.h"
@@ -74,6 +75,11 @@ class EngineRecoveryImpl : public rollout::EngineRecovery {
   // ConnectTrainer when an engine was recovered since the last one.
   Status ReconnectIfChanged();
   std::vector<std::string> Addresses() const;
+  // The engines for the health checks (engine_health.h): each engine of ours whose alive process
+  // is the one tracked here (one the head is restarting, or restarted but not yet recovered, is
+  // left out: its address is stale), named by its actor id with that incarnation; external
+  // engines by their address.
+  std::vector<EngineHealthTarget> HealthTargets() const;
 
   std::vector<int> ReplacedEngines() override;
   StatusOr<rollout::RecoveredEngine> Recover(int engine, const Status& cause) override;

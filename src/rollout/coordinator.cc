@@ -599,6 +599,9 @@ void RolloutCoordinator::AddRolloutMetrics(const Run& run, const GenerateTally& 
   metrics = RolloutSampleMetrics(result->groups, result->rewards,
                                  /*zero_std=*/estimator == nullptr || !estimator->critic,
                                  options_.log_passrate);
+  for (const auto& [k, v] : LoggedSampleMetrics(result->groups, options_.logged_metrics)) {
+    metrics[k] = v;
+  }
   for (const auto& [k, v] : t.drops) metrics[k] = v;
   if (t.fallback_kept > 0) metrics["rollout/dynamic_filter/kept_by_fallback"] = t.fallback_kept;
   metrics["rollout/partial_rollout/recycled_groups"] = static_cast<double>(t.recycled);

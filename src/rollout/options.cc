@@ -49,6 +49,10 @@ StatusOr<RolloutOptions> RolloutOptionsFromConfig(const config::Config& config,
   o.reward_postprocess.n_samples_per_prompt = o.n_samples_per_prompt;
   o.reward_postprocess.rollout_batch_size = o.rollout_batch_size;
   o.log_passrate = config.metrics.log_passrate;
+  o.logged_metrics.multi_turn = config.metrics.log_multi_turn;
+  o.logged_metrics.correct_samples = config.metrics.log_correct_samples;
+  o.logged_metrics.reward_category = config.metrics.log_reward_category.value_or("");
+  o.logged_metrics.max_response_len = config.rollout.max_response_len.value_or(0);
   o.custom_generate_concurrency = config.rollout.custom_generate_concurrency;
   return o;
 }

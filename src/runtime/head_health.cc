@@ -114,6 +114,28 @@ std::vector<Head::Action> Head::CheckDeadlinesLocked(Clock::time_point now) {
   return actions;
 }
 
+Status Head::KillActor(const std::string& actor_id, int64_t incarnation,
+                       const std::string& reason) {
+  std::vector<Action> actions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = actors_.find(actor_id);
+    if (it == actors_.end()) {
+      return absl::NotFoundError(fmt::format("no actor '{}' in this job", actor_id));
+    }
+    ActorRecord* a = it->second.get();
+    if (a->state != ActorState::kAlive || a->incarnation != incarnation) {
+      return absl::FailedPreconditionError(fmt::format(
+          "actor {}: incarnation {} is not the alive process (state {}, incarnation {})",
+          actor_id, incarnation, ActorStateName(a->state), a->incarnation));
+    }
+    actions.push_back(Action{Action::kKill, actor_id, incarnation, true});
+    HandleActorLossLocked(a, fmt::format("pid {} killed: {}", a->pid, reason), &actions);
+  }
+  RunActions(actions);
+  return absl::OkStatus();
+}
+
 void Head::HealthLoop() {
   const auto tick = std::min(Ms(options_.heartbeat_interval_s / 2), std::chrono::milliseconds(100));
   while (true) {

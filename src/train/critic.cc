@@ -191,11 +191,13 @@ StatusOr<torch::Tensor> Critic::ForwardValues(const data::RolloutBatch& batch,
                                               const std::vector<int64_t>& samples) {
   internal::PackedInputs in;
   SLIME_RETURN_IF_ERROR(GuardTorch("critic: pack a micro-batch", [&]() -> Status {
-    in = internal::Pack(batch, samples, model_->device());
+    // The critic is one rank (no TP): its micro-batches pad to data_pad_size_multiplier.
+    in = internal::Pack(batch, samples, model_->device(),
+                        options_.config.train.data_pad_size_multiplier);
     return absl::OkStatus();
   }));
   SLIME_ASSIGN_OR_RETURN(std::vector<int64_t> rows, ResponsePredictorRows(in.packed));
-  SLIME_ASSIGN_OR_RETURN(torch::Tensor hidden, model_->ForwardPacked(in.ids, in.packed.cu_seqlens));
+  SLIME_ASSIGN_OR_RETURN(torch::Tensor hidden, model_->ForwardPacked(in.ids, in.forward_cu_seqlens));
   return GuardTorch("critic: value head", [&]() -> StatusOr<torch::Tensor> {
     const torch::Tensor index = torch::tensor(rows, torch::kLong).to(model_->device());
     // [R, hidden] · [hidden, 1] → [R] in the model dtype, then float32 (like the LM head).

@@ -66,7 +66,7 @@ bool Trainer::SkipsOldLogProbs(int64_t num_steps) const {
   return num_steps == 1 && algorithm.needs.advantages && a.kl_coef == 0 &&
          !a.use_rollout_logprobs && !a.get_mismatch_metrics &&
          !algorithm.estimator->always_old_log_probs && !a.keep_old_actor && !a.use_opd &&
-         !a.use_routing_replay;
+         !a.use_routing_replay && !options_.config.metrics.log_correct_samples;
 }
 
 // ---- Batch checks ------------------------------------------------------------------------------
@@ -192,7 +192,7 @@ StatusOr<SampleLogProbs> Trainer::ComputeLogProbs(const data::RolloutBatch& batc
   SLIME_RETURN_IF_ERROR(WithPolicyWeights(which, [&]() -> Status {
     return ForwardOnly(*model_, *options_.pp_group, batch, mbs,
                        options_.config.train.log_probs_chunk_size,
-                       with_entropy, out);
+                       with_entropy, impl_->pad_multiple, out);
   }));
   return out;
 }
@@ -323,6 +323,29 @@ void StoreAdvantages(const AdvantageOutputs& adv, const std::vector<int64_t>& lo
   }
 }
 
+// metrics.log_correct_samples' correct_entropy (slime): over the samples of `local` whose raw
+// reward is 1, the mean of each one's loss-masked mean of −log π_old (the old-actor pass, or the
+// engine's log-probs when they are π_old); 0 without correct samples.
+Status RecordCorrectEntropy(const data::RolloutBatch& batch, const PolicyPasses& p,
+                            const SampleTensors& tensors, const std::vector<int64_t>& local,
+                            std::map<std::string, double>& values) {
+  const std::vector<torch::Tensor>& log_probs =
+      p.skip_old ? tensors.rollout_log_probs : p.old.log_probs;
+  std::vector<int64_t> correct;
+  for (int64_t i : local) {
+    if (batch.samples[i].raw_reward == 1.0) correct.push_back(i);
+  }
+  if (correct.empty()) {
+    values["correct_entropy"] = 0.0;
+    return absl::OkStatus();
+  }
+  return GuardTorch("trainer: correct_entropy", [&]() -> Status {
+    std::optional<double> mean = MeanOfSampleMeans(log_probs, tensors.loss_masks, correct);
+    if (mean.has_value()) values["correct_entropy"] = -*mean;
+    return absl::OkStatus();
+  });
+}
+
 // The rollout-side means of what the passes and the estimator produced (rank-local).
 Status RecordPassMeans(const PolicyPasses& p, const SampleTensors& tensors,
                        const std::vector<int64_t>& local, const TrainerNeeds& needs,
@@ -373,6 +396,41 @@ void RecordSampleMeans(const data::RolloutBatch& batch, const std::vector<int64_
   values["truncated"] = truncated / count;
 }
 
+// debug.save_debug_train_data: this rank's samples of `schedule` with their tensors, ascending.
+Status RecordTrainedSamples(const RolloutSchedule& schedule, int dp_rank,
+                            const SampleTensors& tensors, std::vector<TrainedSample>& out) {
+  return GuardTorch("trainer: record the trained samples", [&]() -> Status {
+    auto floats = [](const torch::Tensor& t) {
+      std::vector<float> v;
+      if (!t.defined()) return v;
+      torch::Tensor c = t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+      v.assign(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+      return v;
+    };
+    for (size_t s = 0; s < schedule.steps.size(); ++s) {
+      const std::vector<MicroBatch>& mbs = schedule.steps[s].ranks[dp_rank];
+      for (size_t k = 0; k < mbs.size(); ++k) {
+        for (int64_t i : mbs[k].samples) {
+          TrainedSample t;
+          t.index = i;
+          t.step_in_rollout = static_cast<int64_t>(s);
+          t.micro_batch = static_cast<int64_t>(k);
+          t.advantages = floats(tensors.advantages[i]);
+          t.returns = floats(tensors.returns[i]);
+          t.values = floats(tensors.values[i]);
+          t.log_probs = floats(tensors.old_log_probs[i]);
+          t.ref_log_probs = floats(tensors.ref_log_probs[i]);
+          t.opd_reverse_kl = floats(tensors.opd_reverse_kl[i]);
+          out.push_back(std::move(t));
+        }
+      }
+    }
+    std::sort(out.begin(), out.end(),
+              [](const TrainedSample& a, const TrainedSample& b) { return a.index < b.index; });
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace
 
 StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
@@ -406,6 +464,9 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
         PrepareAdvantages(batch, micro_batches, local, num_steps, tensors, result.rollout_values));
   }
   RecordSampleMeans(batch, local, result.rollout_values);
+  if (options_.config.debug.save_debug_train_data.has_value()) {
+    SLIME_RETURN_IF_ERROR(RecordTrainedSamples(schedule, options_.dp_rank, tensors, result.trained));
+  }
 
   // 5. The optimizer steps.
   for (int64_t s = 0; s < num_steps; ++s) {
@@ -434,7 +495,7 @@ Status Trainer::PrepareAdvantages(const data::RolloutBatch& batch,
     if (with_entropy) out.entropy.resize(n);
     return WithPolicyWeights(which, [&]() -> Status {
       return ForwardOnly(*model_, *options_.pp_group, batch, micro_batches, chunk, with_entropy,
-                         out);
+                         impl_->pad_multiple, out);
     });
   };
   // 1–3. Reference, teacher and old-actor log-probs.
@@ -462,6 +523,9 @@ Status Trainer::PrepareAdvantages(const data::RolloutBatch& batch,
   SLIME_ASSIGN_OR_RETURN(AdvantageOutputs adv,
                          ComputeAdvantagesAndReturns(algorithm, in, all_reduce));
   StoreAdvantages(adv, local, p, needs, algorithm.use_rollout_logprobs, critic != nullptr, tensors);
+  if (options_.config.metrics.log_correct_samples) {
+    SLIME_RETURN_IF_ERROR(RecordCorrectEntropy(batch, p, tensors, local, rollout_values));
+  }
   return RecordPassMeans(p, tensors, local, needs, critic != nullptr, !in.teacher_log_probs.empty(),
                          rollout_values);
 }

@@ -501,6 +501,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   impl->algorithm = algorithm;
   impl->policy = policy;
   impl->batching = batching;
+  impl->pad_multiple =
+      static_cast<int64_t>(options.tp_group->size()) * config.train.data_pad_size_multiplier;
   const ActorParameters actor{impl->names, impl->params, dtype, options.tp_group->rank(),
                               options.tp_group->size()};
   SLIME_ASSIGN_OR_RETURN(impl->copies, MakeWeightCopies(options, algorithm.needs, actor));

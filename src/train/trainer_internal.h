@@ -101,12 +101,21 @@ StatusOr<std::optional<LrScheduler>> ReadLrState(const std::string& path,
                                                  LrStateMismatch mismatch);
 
 // One packed micro-batch: the token ids on the model's device and the layout.
+// train.data_pad_size_multiplier: the ids are padded with token 0 up to a multiple of
+// `pad_multiple` (TP size × data_pad_size_multiplier, slime's padding of packed micro-batches;
+// 1 = none). The padding is a sequence of its own in `forward_cu_seqlens` (what the model's
+// forward takes), so no real token attends to it; `packed` describes the real sequences only, so
+// the log-probs, values and losses read real rows and the padding changes none of them.
 struct PackedInputs {
-  torch::Tensor ids;  // [T] int64
-  PackedSequences packed;
+  torch::Tensor ids;  // [T_pad] int64: the samples' T tokens, then T_pad − T zeros
+  PackedSequences packed;                   // the real sequences (cu_seqlens end at T)
+  std::vector<int64_t> forward_cu_seqlens;  // packed.cu_seqlens, then T_pad when T_pad > T
 };
 PackedInputs Pack(const data::RolloutBatch& batch, const std::vector<int64_t>& samples,
-                  torch::Device device);
+                  torch::Device device, int64_t pad_multiple);
+// The padded token count of `samples` (Pack's T_pad).
+int64_t PackedTokenCount(const data::RolloutBatch& batch, const std::vector<int64_t>& samples,
+                         int64_t pad_multiple);
 
 // Sums the named 0-dim metric tensors into `sums` (float64).
 void Accumulate(const std::map<std::string, torch::Tensor>& metrics,
@@ -154,14 +163,15 @@ int64_t CountRollouts(const std::vector<int64_t>& ids, size_t num_samples);
 StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model,
                                              const data::RolloutBatch& batch,
                                              const std::vector<int64_t>& samples,
-                                             int64_t chunk_size, bool with_entropy);
+                                             int64_t chunk_size, bool with_entropy,
+                                             int64_t pad_multiple);
 
 // Forward-only log-probs of every sample of `micro_batches` into out[sample] (`out` sized to the
 // batch beforehand); through the pipeline (ForwardOnlyPipelined) when pp has several stages.
 Status ForwardOnly(model::DecoderModel& model, model::PipelineParallelGroup& pp,
                    const data::RolloutBatch& batch,
                    const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
-                   bool with_entropy, SampleLogProbs& out);
+                   bool with_entropy, int64_t pad_multiple, SampleLogProbs& out);
 
 // ---- Pipeline parallelism (trainer_pipeline.cc)
 
@@ -179,7 +189,7 @@ using StageLossFn = std::function<StatusOr<torch::Tensor>(size_t k, const torch:
 Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGroup& pp,
                            const data::RolloutBatch& batch,
                            const std::vector<const std::vector<int64_t>*>& micro_batches,
-                           const StageLossFn& loss,
+                           int64_t pad_multiple, const StageLossFn& loss,
                            const std::function<void()>& before_last_backward = nullptr);
 
 // ForwardOnly through the pipeline (stage size > 1): activations flow stage to stage, the last
@@ -188,7 +198,7 @@ Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGr
 Status ForwardOnlyPipelined(model::DecoderModel& model, model::PipelineParallelGroup& pp,
                             const data::RolloutBatch& batch,
                             const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
-                            bool with_entropy, SampleLogProbs& out);
+                            bool with_entropy, int64_t pad_multiple, SampleLogProbs& out);
 
 // The last stage's step metrics (`values` there) copied into `values` on every stage (names and
 // numbers broadcast from the last stage). No-op with one stage.
@@ -204,6 +214,8 @@ struct Trainer::Impl {
   TrainerAlgorithm algorithm;  // the loss and estimator rows and what they need
   PolicyLossOptions policy;
   BatchingOptions batching;
+  // Pack's padding multiple: TP size × train.data_pad_size_multiplier.
+  int64_t pad_multiple = 1;
 
   // The live parameters (model::NamedParameters order) and the CPU copies of other policies,
   // tensor k of a copy belonging to parameter k.

@@ -34,12 +34,6 @@
 namespace slime::train::internal {
 namespace {
 
-int64_t TokenCount(const data::RolloutBatch& batch, const std::vector<int64_t>& samples) {
-  int64_t n = 0;
-  for (int64_t i : samples) n += static_cast<int64_t>(batch.samples[i].tokens.size());
-  return n;
-}
-
 // Adds the stage and step to a failure of the schedule.
 Status InStage(const Status& s, const model::PipelineStage& stage, const char* what, size_t k) {
   if (s.ok()) return s;
@@ -52,7 +46,7 @@ Status InStage(const Status& s, const model::PipelineStage& stage, const char* w
 Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGroup& pp,
                            const data::RolloutBatch& batch,
                            const std::vector<const std::vector<int64_t>*>& micro_batches,
-                           const StageLossFn& loss,
+                           int64_t pad_multiple, const StageLossFn& loss,
                            const std::function<void()>& before_last_backward) {
   const model::PipelineStage& stage = model.stage();
   const int s = stage.rank;
@@ -74,7 +68,8 @@ Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGr
   std::deque<InFlight> in_flight;
 
   auto activation = [&](size_t k) {  // an uninitialised [T_k, hidden] buffer
-    return torch::empty({TokenCount(batch, *micro_batches[k]), hidden_size}, act_options);
+    return torch::empty({PackedTokenCount(batch, *micro_batches[k], pad_multiple), hidden_size},
+                        act_options);
   };
   auto recv_forward = [&](size_t k, torch::Tensor& x) -> Status {
     if (stage.is_first()) return absl::OkStatus();
@@ -82,13 +77,13 @@ Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGr
     return InStage(pp.Recv(x, s - 1), stage, "receiving the activation", k);
   };
   auto forward = [&](size_t k, torch::Tensor x) -> StatusOr<torch::Tensor> {
-    PackedInputs in = Pack(batch, *micro_batches[k], model.device());
+    PackedInputs in = Pack(batch, *micro_batches[k], model.device(), pad_multiple);
     torch::Tensor input = in.ids;
     if (!stage.is_first()) {
       x.requires_grad_(true);  // a leaf: backward leaves the input gradient in x.grad()
       input = x;
     }
-    SLIME_ASSIGN_OR_RETURN(torch::Tensor hidden, model.ForwardPacked(input, in.packed.cu_seqlens));
+    SLIME_ASSIGN_OR_RETURN(torch::Tensor hidden, model.ForwardPacked(input, in.forward_cu_seqlens));
     torch::Tensor out = hidden;
     if (stage.is_last()) {
       SLIME_ASSIGN_OR_RETURN(out, loss(k, hidden, in));
@@ -162,7 +157,7 @@ Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGr
 Status ForwardOnlyPipelined(model::DecoderModel& model, model::PipelineParallelGroup& pp,
                             const data::RolloutBatch& batch,
                             const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
-                            bool with_entropy, SampleLogProbs& out) {
+                            bool with_entropy, int64_t pad_multiple, SampleLogProbs& out) {
   const model::PipelineStage& stage = model.stage();
   const int s = stage.rank;
   torch::NoGradGuard no_grad;
@@ -177,7 +172,7 @@ Status ForwardOnlyPipelined(model::DecoderModel& model, model::PipelineParallelG
     std::vector<torch::Tensor> lp_parts, ent_parts;
     for (size_t k = 0; k < micro_batches.size(); ++k) {
       const MicroBatch& mb = *micro_batches[k];
-      PackedInputs in = Pack(batch, mb.samples, model.device());
+      PackedInputs in = Pack(batch, mb.samples, model.device(), pad_multiple);
       torch::Tensor input = in.ids;
       if (!stage.is_first()) {
         input = torch::empty({in.ids.size(0), model.config().hidden_size},
@@ -185,7 +180,7 @@ Status ForwardOnlyPipelined(model::DecoderModel& model, model::PipelineParallelG
         SLIME_RETURN_IF_ERROR(InStage(pp.Recv(input, s - 1), stage, "receiving the activation", k));
       }
       SLIME_ASSIGN_OR_RETURN(torch::Tensor hidden,
-                             model.ForwardPacked(input, in.packed.cu_seqlens));
+                             model.ForwardPacked(input, in.forward_cu_seqlens));
       if (!stage.is_last()) {
         SLIME_RETURN_IF_ERROR(InStage(pp.Send(hidden, s + 1), stage, "sending the activation", k));
         continue;

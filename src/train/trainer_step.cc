@@ -62,7 +62,7 @@ StepDenominators MakeDenominators(const data::RolloutBatch& batch, const std::ve
 namespace internal {
 
 PackedInputs Pack(const data::RolloutBatch& batch, const std::vector<int64_t>& samples,
-                  torch::Device device) {
+                  torch::Device device, int64_t pad_multiple) {
   PackedInputs in;
   in.packed.cu_seqlens.reserve(samples.size() + 1);
   in.packed.cu_seqlens.push_back(0);
@@ -74,8 +74,21 @@ PackedInputs Pack(const data::RolloutBatch& batch, const std::vector<int64_t>& s
     in.packed.prompt_lengths.push_back(s.prompt_length);
     in.packed.response_lengths.push_back(s.response_length);
   }
+  in.forward_cu_seqlens = in.packed.cu_seqlens;
+  const int64_t padded = PaddedTokens(static_cast<int64_t>(ids.size()), 1, pad_multiple);
+  if (padded > static_cast<int64_t>(ids.size())) {
+    ids.resize(static_cast<size_t>(padded), 0);  // token 0, a sequence of its own
+    in.forward_cu_seqlens.push_back(padded);
+  }
   in.ids = torch::tensor(ids, torch::kLong).to(device);
   return in;
+}
+
+int64_t PackedTokenCount(const data::RolloutBatch& batch, const std::vector<int64_t>& samples,
+                         int64_t pad_multiple) {
+  int64_t n = 0;
+  for (int64_t i : samples) n += static_cast<int64_t>(batch.samples[i].tokens.size());
+  return PaddedTokens(n, 1, pad_multiple);
 }
 
 // Sums the named 0-dim metric tensors into `sums` (float64).
@@ -214,14 +227,15 @@ int64_t CountRollouts(const std::vector<int64_t>& ids, size_t num_samples) {
 StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model,
                                              const data::RolloutBatch& batch,
                                              const std::vector<int64_t>& samples,
-                                             int64_t chunk_size, bool with_entropy) {
+                                             int64_t chunk_size, bool with_entropy,
+                                             int64_t pad_multiple) {
   PackedInputs in;
   Status packed = GuardTorch("trainer: pack a micro-batch", [&]() -> Status {
-    in = Pack(batch, samples, model.device());
+    in = Pack(batch, samples, model.device(), pad_multiple);
     return absl::OkStatus();
   });
   SLIME_RETURN_IF_ERROR(packed);
-  SLIME_ASSIGN_OR_RETURN(torch::Tensor hidden, model.ForwardPacked(in.ids, in.packed.cu_seqlens));
+  SLIME_ASSIGN_OR_RETURN(torch::Tensor hidden, model.ForwardPacked(in.ids, in.forward_cu_seqlens));
   LogProbOptions o;
   o.temperature = batch.temperature;
   o.chunk_size = chunk_size;
@@ -234,14 +248,16 @@ StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model,
 Status ForwardOnly(model::DecoderModel& model, model::PipelineParallelGroup& pp,
                    const data::RolloutBatch& batch,
                    const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
-                   bool with_entropy, SampleLogProbs& out) {
+                   bool with_entropy, int64_t pad_multiple, SampleLogProbs& out) {
   if (pp.size() > 1) {
-    return ForwardOnlyPipelined(model, pp, batch, micro_batches, chunk_size, with_entropy, out);
+    return ForwardOnlyPipelined(model, pp, batch, micro_batches, chunk_size, with_entropy,
+                                pad_multiple, out);
   }
   torch::NoGradGuard no_grad;
   for (const MicroBatch* mb : micro_batches) {
     SLIME_ASSIGN_OR_RETURN(ResponseLogProbs r,
-                           ForwardMicroBatch(model, batch, mb->samples, chunk_size, with_entropy));
+                           ForwardMicroBatch(model, batch, mb->samples, chunk_size, with_entropy,
+                                             pad_multiple));
     Status split = GuardTorch("trainer: split log-probs", [&]() -> Status {
       for (size_t k = 0; k < mb->samples.size(); ++k) {
         const int64_t i = mb->samples[k];
@@ -426,7 +442,8 @@ StatusOr<bool> Trainer::ForwardBackward(const LossTypeSpec& loss, const data::Ro
   GradReducer* overlap = impl_->grad_reducer.get();
   bool armed = false;
   Status scheduled = internal::RunPipelineSchedule(*model_, *options_.pp_group, batch, mb_samples,
-                                                   micro_loss, [overlap, &armed] {
+                                                   impl_->pad_multiple, micro_loss,
+                                                   [overlap, &armed] {
                                                      if (overlap == nullptr) return;
                                                      overlap->Arm();
                                                      armed = true;

@@ -8,11 +8,17 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <utility>
 
+#include "fmt/ranges.h"
+
 #include "fmt/format.h"
+#include "slime/common/atomic_file.h"
 #include "slime/comm/process_group.h"
+#include "slime/comm/weight_checksum.h"
 #include "slime/comm/tensor_parallel_group.h"
 #include "slime/comm/weight_sender.h"
 #include "slime/http/client.h"
@@ -47,6 +53,65 @@ bool FileExists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+void ReplaceAll(std::string& s, const std::string& key, const std::string& value) {
+  for (size_t pos = s.find(key); pos != std::string::npos; pos = s.find(key, pos + value.size())) {
+    s.replace(pos, key.size(), value);
+  }
+}
+
+// debug.save_debug_train_data's document (workers.h, "Train data dumps").
+nlohmann::json TrainDataJson(int64_t rollout_id, const WorkerOptions& o, int tp_rank, int dp_rank,
+                             int pp_rank, int tp_size, int dp_size, int pp_size,
+                             const data::RolloutBatch& batch,
+                             const train::TrainRolloutResult& result) {
+  nlohmann::json samples = nlohmann::json::array();
+  for (const train::TrainedSample& t : result.trained) {
+    const data::TrainSample& s = batch.samples[static_cast<size_t>(t.index)];
+    nlohmann::json j = {{"index", t.index},
+                        {"step_in_rollout", t.step_in_rollout},
+                        {"micro_batch", t.micro_batch},
+                        {"tokens", s.tokens},
+                        {"prompt_length", s.prompt_length},
+                        {"response_length", s.response_length},
+                        {"loss_mask", s.loss_mask},
+                        {"reward", s.reward},
+                        {"raw_reward", s.raw_reward},
+                        {"rollout_id", s.rollout_id},
+                        {"truncated", s.truncated}};
+    auto put = [&j](const char* key, const std::vector<float>& v) {
+      if (!v.empty()) j[key] = v;
+    };
+    put("rollout_log_probs", s.rollout_log_probs);
+    put("teacher_log_probs", s.teacher_log_probs);
+    put("advantages", t.advantages);
+    put("returns", t.returns);
+    put("values", t.values);
+    put("log_probs", t.log_probs);
+    put("ref_log_probs", t.ref_log_probs);
+    put("opd_reverse_kl", t.opd_reverse_kl);
+    samples.push_back(std::move(j));
+  }
+  nlohmann::json steps = nlohmann::json::array();
+  for (const train::TrainStepMetrics& m : result.steps) steps.push_back(StepToJson(m));
+  return {{"format", "slime-cpp train data"},
+          {"version", 1},
+          {"rollout_id", rollout_id},
+          {"rank", o.rank},
+          {"world_size", o.world_size},
+          {"tp_rank", tp_rank},
+          {"dp_rank", dp_rank},
+          {"pp_rank", pp_rank},
+          {"tp_size", tp_size},
+          {"dp_size", dp_size},
+          {"pp_size", pp_size},
+          {"temperature", batch.temperature},
+          {"batch_samples", batch.samples.size()},
+          {"dropped_samples", result.dropped_samples},
+          {"steps", std::move(steps)},
+          {"rollout_values", result.rollout_values},
+          {"samples", std::move(samples)}};
+}
+
 }  // namespace
 
 struct TrainerWorker::Impl {
@@ -54,6 +119,7 @@ struct TrainerWorker::Impl {
   std::unique_ptr<train::Trainer> trainer;
   std::unique_ptr<comm::WeightSender> sender;       // distributed transport
   std::vector<comm::EngineEndpoint> disk_engines;   // disk transport
+  std::vector<comm::EngineEndpoint> engines;        // every connected engine (either transport)
   std::string last_disk_dir;
   // The weight_version the trainer's weights are: the last one synced, or rollout_id + 1 after
   // training rollout_id (what the next sync will call them). "" before the first sync.
@@ -446,6 +512,22 @@ StatusOr<nlohmann::json> TrainerWorker::Train(int64_t rollout_id, const data::Ro
   }
 #endif
   impl_->weights_version = std::to_string(rollout_id + 1);
+  if (const std::optional<std::string>& dump = impl_->options.config.debug.save_debug_train_data) {
+    const Impl& i = *impl_;
+    std::string path = *dump;
+    ReplaceAll(path, "{rollout_id}", std::to_string(rollout_id));
+    ReplaceAll(path, "{rank}", std::to_string(i.options.rank));
+    const nlohmann::json doc = TrainDataJson(rollout_id, i.options, i.tp_rank, i.dp_rank,
+                                             i.pp_rank, i.tp_size, i.dp_size, i.pp_size, batch,
+                                             result);
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    Status written = WriteFileAtomically(path, doc.dump() + "\n");
+    if (!written.ok()) {
+      return Status(written.code(), fmt::format("debug.save_debug_train_data: {}",
+                                                std::string(written.message())));
+    }
+  }
   nlohmann::json steps = nlohmann::json::array();
   for (const train::TrainStepMetrics& m : result.steps) steps.push_back(StepToJson(m));
   return nlohmann::json{{"steps", std::move(steps)},
@@ -508,6 +590,7 @@ Status TrainerWorker::ConnectEngines(const nlohmann::json& request) {
     return absl::InvalidArgumentError(fmt::format("connect_engines: bad request: {}", e.what()));
   }
   if (so.engines.empty()) return absl::InvalidArgumentError("connect_engines: no engines");
+  impl_->engines = so.engines;
   if (impl_->UseDisk()) {
     impl_->disk_engines = so.engines;
     spdlog::info("weight sync: disk transport ({} engine(s){})", so.engines.size(),
@@ -736,6 +819,122 @@ StatusOr<nlohmann::json> TrainerWorker::ResyncEngine(const nlohmann::json& reque
                         {"seconds", SecondsSince(start)}};
 }
 
+namespace {
+
+// One engine's GET /weights_checksum: its dtype and name → checksum.
+struct EngineChecksums {
+  torch::ScalarType dtype = torch::kFloat32;
+  std::map<std::string, std::string> by_name;
+};
+
+StatusOr<EngineChecksums> FetchEngineChecksums(const comm::EngineEndpoint& e, int timeout_s) {
+  http::ClientOptions co;
+  co.timeout = std::chrono::seconds(timeout_s);
+  http::Client client(e.host, e.port, co);
+  const std::string where = fmt::format("engine {}:{} GET /weights_checksum", e.host, e.port);
+  SLIME_ASSIGN_OR_RETURN(http::Response r, client.Get("/weights_checksum"));
+  if (r.status != 200) return http::StatusFromHttp(r.status, where, r.body);
+  nlohmann::json j = nlohmann::json::parse(r.body, nullptr, false);
+  EngineChecksums out;
+  try {
+    SLIME_ASSIGN_OR_RETURN(out.dtype, comm::ParseDtypeName(j.at("dtype").get<std::string>()));
+    for (const nlohmann::json& t : j.at("tensors")) {
+      out.by_name[t.at("name").get<std::string>()] = t.at("checksum").get<std::string>();
+    }
+  } catch (const nlohmann::json::exception& ex) {
+    return absl::InternalError(fmt::format("{}: bad reply: {}", where, ex.what()));
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<nlohmann::json> TrainerWorker::CheckEngineWeights() {
+  SLIME_RETURN_IF_ERROR(impl_->CheckInit());
+  Impl& impl = *impl_;
+  const auto start = std::chrono::steady_clock::now();
+  if (impl.dp_rank != 0) return nlohmann::json{{"source", false}, {"seconds", 0.0}};
+  if (!impl.WeightSource()) {
+    // A TP peer or a later stage of the source: the source's gathers, tensors dropped.
+    SLIME_RETURN_IF_ERROR(impl.EnsureResident());
+    SLIME_RETURN_IF_ERROR(impl.FinishGathers(0));
+    return nlohmann::json{{"source", false}, {"seconds", SecondsSince(start)}};
+  }
+  // The engines' checksums first; an unreachable engine is reported after the gathers, so the
+  // peers are not left waiting in them.
+  const int timeout_s = 60 * impl.options.config.cluster.distributed_timeout_minutes;
+  std::vector<EngineChecksums> engine_sums;
+  Status fetched = impl.engines.empty()
+                       ? absl::FailedPreconditionError(
+                             "check_engine_weights: connect_engines has not run")
+                       : absl::OkStatus();
+  for (const comm::EngineEndpoint& e : impl.engines) {
+    if (!fetched.ok()) break;
+    StatusOr<EngineChecksums> sums = FetchEngineChecksums(e, timeout_s);
+    if (sums.ok()) {
+      engine_sums.push_back(*std::move(sums));
+    } else {
+      fetched = sums.status();
+    }
+  }
+  Status resident = impl.EnsureResident();
+  if (!resident.ok() || !fetched.ok()) {
+    if (resident.ok()) SLIME_RETURN_IF_ERROR(impl.FinishGathers(0));
+    return resident.ok() ? fetched : resident;
+  }
+  const std::vector<model::NamedTensor> shapes = std::as_const(*impl.trainer).FullParameterShapes();
+  std::vector<std::string> mismatches;  // the first few, for the message
+  int64_t num_mismatches = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    StatusOr<torch::Tensor> full = impl.trainer->FullParameter(i);
+    if (!full.ok()) {
+      SLIME_RETURN_IF_ERROR(impl.FinishGathers(i + 1));
+      return full.status();
+    }
+    const std::string& name = shapes[i].name;
+    std::map<torch::ScalarType, std::string> ours;  // by engine dtype
+    for (size_t k = 0; k < engine_sums.size(); ++k) {
+      const comm::EngineEndpoint& e = impl.engines[k];
+      auto it = engine_sums[k].by_name.find(name);
+      std::string theirs = it == engine_sums[k].by_name.end() ? "" : it->second;
+      auto& mine = ours[engine_sums[k].dtype];
+      if (mine.empty()) {
+        StatusOr<std::string> sum = comm::TensorChecksum(*full, engine_sums[k].dtype);
+        if (!sum.ok()) {
+          SLIME_RETURN_IF_ERROR(impl.FinishGathers(i + 1));
+          return sum.status();
+        }
+        mine = *sum;
+      }
+      if (theirs == mine) continue;
+      ++num_mismatches;
+      if (mismatches.size() < 5) {
+        mismatches.push_back(
+            theirs.empty()
+                ? fmt::format("engine {}:{} has no tensor '{}'", e.host, e.port, name)
+                : fmt::format("engine {}:{} tensor '{}' differs from the trainer's (engine {}, "
+                              "trainer {})",
+                              e.host, e.port, name, theirs, mine));
+      }
+    }
+  }
+  if (num_mismatches > 0) {
+    return absl::DataLossError(fmt::format(
+        "weight_sync.check_weight_update_equal: after the sync of weight_version {}, {}{}",
+        impl.synced_version, fmt::join(mismatches, "; "),
+        num_mismatches > static_cast<int64_t>(mismatches.size())
+            ? fmt::format("; and {} more", num_mismatches - static_cast<int64_t>(mismatches.size()))
+            : ""));
+  }
+  spdlog::info("weight sync: the {} engine(s) hold the trainer's {} tensors (checksums equal, "
+               "weight_version {}, {:.2f} s)",
+               impl.engines.size(), shapes.size(), impl.synced_version, SecondsSince(start));
+  return nlohmann::json{{"source", true},
+                        {"engines", impl.engines.size()},
+                        {"tensors", shapes.size()},
+                        {"seconds", SecondsSince(start)}};
+}
+
 StatusOr<nlohmann::json> TrainerWorker::ReleaseMemory() {
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
   const auto start = std::chrono::steady_clock::now();
@@ -758,6 +957,7 @@ StatusOr<nlohmann::json> TrainerWorker::ResumeMemory() {
 
 Status TrainerWorker::DisconnectEngines() {
   impl_->disk_engines.clear();
+  impl_->engines.clear();
   if (impl_->sender == nullptr) return absl::OkStatus();
   Status s = impl_->sender->Disconnect();
   impl_->sender.reset();

@@ -165,8 +165,8 @@ TEST(ConfigAlgorithmNames, UnknownNamesAreRefusedWithTheValidOnes) {
 TEST(ConfigResolveDebug, DumpDetailsSetsBothTemplates) {
   auto c = LoadMinimal({"debug.dump_details=/dump"});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->debug.save_debug_rollout_data, "/dump/rollout_data/{rollout_id}.bin");
-  EXPECT_EQ(c->debug.save_debug_train_data, "/dump/train_data/{rollout_id}.bin");
+  EXPECT_EQ(c->debug.save_debug_rollout_data, "/dump/rollout_data/{rollout_id}.json");
+  EXPECT_EQ(c->debug.save_debug_train_data, "/dump/train_data/{rollout_id}_{rank}.json");
 }
 
 TEST(ConfigResolveDebug, DumpTemplatesMustDifferAndNameTheRollout) {
@@ -177,6 +177,20 @@ TEST(ConfigResolveDebug, DumpTemplatesMustDifferAndNameTheRollout) {
   EXPECT_TRUE(
       FailsWith(LoadMinimal({"debug.save_debug_rollout_data=/d/x.bin"}),
                 {"debug.save_debug_rollout_data = '/d/x.bin' must contain '{rollout_id}'"}));
+}
+
+TEST(ConfigResolveDebug, TrainDataTemplateNamesTheRankWithSeveralTrainers) {
+  // One trainer: {rollout_id} is enough.
+  EXPECT_TRUE(LoadMinimal({"debug.save_debug_train_data=/d/{rollout_id}.json"}).ok());
+  EXPECT_TRUE(FailsWith(LoadMinimal({"debug.save_debug_train_data=/d/x.json"}),
+                        {"debug.save_debug_train_data = '/d/x.json' must contain '{rollout_id}'"}));
+  EXPECT_TRUE(FailsWith(LoadMinimal({"debug.save_debug_train_data=/d/{rollout_id}.json",
+                                     "cluster.actor_num_gpus_per_node=2"}),
+                        {"debug.save_debug_train_data = '/d/{rollout_id}.json' must contain "
+                         "'{rank}': 2 trainer processes"}));
+  EXPECT_TRUE(LoadMinimal({"debug.save_debug_train_data=/d/{rollout_id}_{rank}.json",
+                           "cluster.actor_num_gpus_per_node=2"})
+                  .ok());
 }
 
 TEST(ConfigResolveDebug, LoadingRolloutDataImpliesTrainOnly) {
@@ -192,6 +206,16 @@ TEST(ConfigResolveDebug, LoadingRolloutDataImpliesTrainOnly) {
   // train_only alone would start no engines and have nothing to train on.
   EXPECT_TRUE(FailsWith(LoadMinimal({"debug.train_only=true"}),
                         {"debug.train_only needs debug.load_debug_rollout_data"}));
+}
+
+TEST(ConfigResolveDebug, SubsampleNeedsLoadedRollouts) {
+  EXPECT_TRUE(FailsWith(LoadMinimal({"debug.load_debug_rollout_data_subsample=0.5"}),
+                        {"debug.load_debug_rollout_data_subsample needs "
+                         "debug.load_debug_rollout_data"}));
+  EXPECT_TRUE(LoadMinimal({"debug.load_debug_rollout_data=/d/{rollout_id}.json",
+                           "debug.load_debug_rollout_data_subsample=0.5", "data.prompt_data=",
+                           "cluster.rollout_num_gpus=~"})
+                  .ok());
 }
 
 TEST(ConfigResolveDebug, RolloutOnlyTurnsColocateAndOffloadOff) {
@@ -301,6 +325,14 @@ TEST(ConfigResolveCluster, CapacityCheckedForExplicitDevices) {
 }
 
 // ---- batching ----------------------------------------------------------------------------
+
+TEST(ConfigResolveCluster, TrainEnvVarsAreNamesTheRuntimeDoesNotOwn) {
+  EXPECT_TRUE(LoadMinimal({"cluster.train_env_vars={NCCL_DEBUG: INFO, MY_VAR_2: x}"}).ok());
+  EXPECT_TRUE(FailsWith(LoadMinimal({"cluster.train_env_vars={\"A=B\": x}"}),
+                        {"cluster.train_env_vars: 'A=B' is not an environment variable name"}));
+  EXPECT_TRUE(FailsWith(LoadMinimal({"cluster.train_env_vars={CUDA_VISIBLE_DEVICES: \"0\"}"}),
+                        {"cluster.train_env_vars: CUDA_VISIBLE_DEVICES is set by the runtime"}));
+}
 
 TEST(ConfigResolveBatching, NumStepsPerRolloutSetsGlobalBatchSize) {
   auto c = LoadMinimal({"data.rollout_batch_size=8", "data.n_samples_per_prompt=4",

@@ -65,6 +65,83 @@ TEST(RolloutMetricsTest, SlimeNamesAndValues) {
   EXPECT_EQ(PyFloatString(0.25), "0.25");
 }
 
+TEST(RolloutMetricsTest, LoggedFamiliesAreOffByDefault) {
+  using S = data::SampleStatus;
+  std::vector<data::SampleGroup> groups = {{Done(0, 1, 4, S::kCompleted)}};
+  EXPECT_TRUE(LoggedSampleMetrics(groups, {}).empty());
+  LoggedMetricOptions all{true, true, "kind", 8};
+  EXPECT_TRUE(LoggedSampleMetrics({}, all).empty());
+}
+
+TEST(RolloutMetricsTest, MultiTurnLengthsAndRounds) {
+  using S = data::SampleStatus;
+  // Sample 0: 8 tokens, model / tool / model turns (mask 1 1 0 0 0 1 1 1): 5 model tokens,
+  // 2 rounds. Sample 1: 3 model tokens, metadata.round_number 4. Sample 2: 1 model token.
+  std::vector<data::SampleGroup> groups = {
+      {Done(0, 1, 8, S::kTruncated), Done(1, 0, 3, S::kCompleted)}, {Done(2, 0, 1, S::kCompleted)}};
+  groups[0][0].loss_mask = {1, 1, 0, 0, 0, 1, 1, 1};
+  groups[0][1].metadata["round_number"] = 4;
+  LoggedMetricOptions o;
+  o.multi_turn = true;
+  o.max_response_len = 8;
+  MetricMap m = LoggedSampleMetrics(groups, o);
+  EXPECT_DOUBLE_EQ(m["multi_turn/raw_response_length/response_length_mean"], 4.0);
+  EXPECT_DOUBLE_EQ(m["multi_turn/raw_response_length/response_length_max"], 8);
+  EXPECT_DOUBLE_EQ(m["multi_turn/raw_response_length/response_length_min"], 1);
+  EXPECT_DOUBLE_EQ(m["multi_turn/raw_response_length/response_length_clip_ratio"], 1.0 / 3);
+  EXPECT_DOUBLE_EQ(m["multi_turn/wo_obs_response_length/response_length_mean"], 3.0);
+  EXPECT_DOUBLE_EQ(m["multi_turn/wo_obs_response_length/response_length_max"], 5);
+  EXPECT_DOUBLE_EQ(m["multi_turn/wo_obs_response_length/response_length_min"], 1);
+  EXPECT_DOUBLE_EQ(m["multi_turn/multi_turn_metric/round_number_mean"], (2 + 4 + 1) / 3.0);
+  EXPECT_DOUBLE_EQ(m["multi_turn/multi_turn_metric/round_number_max"], 4);
+  EXPECT_DOUBLE_EQ(m["multi_turn/multi_turn_metric/round_number_min"], 1);
+  EXPECT_EQ(m.count("rollout/correct_length/p25"), 0u);
+}
+
+TEST(RolloutMetricsTest, CorrectSampleLengthQuarters) {
+  using S = data::SampleStatus;
+  // max_response_len 8: quarters (0,2], (2,4], (4,6], (6,8]. Correct lengths 2, 3, 8, 8; the
+  // wrong sample (length 1) does not count.
+  std::vector<data::SampleGroup> groups = {
+      {Done(0, 1, 2, S::kCompleted), Done(1, 1, 3, S::kCompleted)},
+      {Done(2, 1, 8, S::kTruncated), Done(3, 1, 8, S::kTruncated), Done(4, 0, 1, S::kCompleted)}};
+  LoggedMetricOptions o;
+  o.correct_samples = true;
+  o.max_response_len = 8;
+  MetricMap m = LoggedSampleMetrics(groups, o);
+  EXPECT_DOUBLE_EQ(m["rollout/correct_length/p25"], 0.25);
+  EXPECT_DOUBLE_EQ(m["rollout/correct_length/p50"], 0.25);
+  EXPECT_DOUBLE_EQ(m["rollout/correct_length/p75"], 0.0);
+  EXPECT_DOUBLE_EQ(m["rollout/correct_length/p100"], 0.5);
+  // No correct sample: zeros.
+  MetricMap none = LoggedSampleMetrics({{Done(0, 0, 2, S::kCompleted)}}, o);
+  EXPECT_DOUBLE_EQ(none["rollout/correct_length/p25"], 0.0);
+  EXPECT_DOUBLE_EQ(none["rollout/correct_length/p100"], 0.0);
+}
+
+TEST(RolloutMetricsTest, RewardCategoriesFromTheRewardMappingOrMetadata) {
+  using S = data::SampleStatus;
+  std::vector<data::SampleGroup> groups = {
+      {Done(0, 1, 2, S::kCompleted), Done(1, 0, 2, S::kCompleted)},
+      {Done(2, 0, 2, S::kCompleted), Done(3, 0.5, 2, S::kCompleted)}};
+  groups[0][0].raw_reward = {{"score", 1}, {"kind", "ok"}};
+  groups[0][1].raw_reward = {{"score", 0}, {"kind", "format_error"}};
+  groups[1][0].raw_reward = 0.0;  // a scalar reward: the sample's metadata decides
+  groups[1][0].metadata["kind"] = "format_error";
+  groups[1][1].raw_reward = {{"score", 0.5}};  // neither: "unknown"
+  LoggedMetricOptions o;
+  o.reward_category = "kind";
+  MetricMap m = LoggedSampleMetrics(groups, o);
+  EXPECT_DOUBLE_EQ(m["rollout/error_cat/ok"], 0.25);
+  EXPECT_DOUBLE_EQ(m["rollout/error_cat/format_error"], 0.5);
+  EXPECT_DOUBLE_EQ(m["rollout/error_cat/unknown"], 0.25);
+  EXPECT_DOUBLE_EQ(m["rollout/reward_cat/ok/raw_reward"], 1.0);
+  EXPECT_DOUBLE_EQ(m["rollout/reward_cat/format_error/raw_reward"], 0.0);
+  EXPECT_DOUBLE_EQ(m["rollout/reward_cat/unknown/raw_reward"], 0.5);
+  groups[0][0].raw_reward = {{"kind", 3}};  // a non-string category is dumped
+  EXPECT_DOUBLE_EQ(LoggedSampleMetrics(groups, o)["rollout/error_cat/3"], 0.25);
+}
+
 TEST(EngineAddressTest, ParsesUrlsAndNamesBadOnes) {
   auto a = ParseEngineAddress("http://10.0.0.2:30000/");
   ASSERT_TRUE(a.ok());

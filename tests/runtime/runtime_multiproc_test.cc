@@ -434,6 +434,29 @@ TEST(RuntimeMultiprocTest, HungWorkerIsDetectedAndReplaced) {
   EXPECT_TRUE(c.head->Handle("engine-0").Call("echo", "x").ok());
 }
 
+// Head::KillActor: a caller (the driver's engine health checks) kills a live but unusable
+// process; the head restarts it like any lost engine, and a stale incarnation is refused.
+TEST(RuntimeMultiprocTest, KillActorRestartsARestartableActorAndRefusesStaleIncarnations) {
+  HeadOptions options;
+  options.restart_backoff_s = 0.1;
+  Cluster c("kill_actor", 1, options);
+  c.StartTest(1, "engine", true);
+  const auto before = c.StatusOf("engine-0");
+  ASSERT_TRUE(c.head->KillActor("engine-0", before.incarnation(), "failed its health check").ok());
+  ASSERT_TRUE(WaitUntil([&] {
+    auto a = c.StatusOf("engine-0");
+    return a.state() == "alive" && a.restarts() == 1;
+  }, 30s)) << FormatStatus(c.head->Snapshot());
+  EXPECT_THAT(c.StatusOf("engine-0").last_exit(), HasSubstr("failed its health check"));
+  EXPECT_TRUE(WaitUntil([&] { return Gone(before.pid()); }, 5s));
+  EXPECT_FALSE(c.head->job_failed());
+  Status stale = c.head->KillActor("engine-0", before.incarnation(), "again");
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition) << stale;
+  EXPECT_EQ(c.StatusOf("engine-0").restarts(), 1);
+  EXPECT_EQ(c.head->KillActor("engine-9", 1, "x").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(c.head->Handle("engine-0").Call("echo", "x").ok());
+}
+
 TEST(RuntimeMultiprocTest, KilledHeadTakesEveryWorkerDown) {
   const std::string dir = TempDir("killhead");
   Child head({"runtime-check", "--run-dir", dir, "--workers", "6", "--nodes", "2",

@@ -2,7 +2,9 @@
 // (ppo_kl == 0, pg_clipfrac == 0, kl_loss == 0, actor == ref log-probs), GRPO improving its
 // objective on an overfit batch, micro-batch split invariance, the reference/teacher/old-actor
 // weight swaps restoring the actor bit for bit, save → load → next rollout bitwise equal to an
-// uninterrupted run, SFT steps, and bad input reported with the field named.
+// uninterrupted run, SFT steps, the micro-batch padding (train.data_pad_size_multiplier)
+// changing no loss or gradient, the debug outputs (correct_entropy, the trained samples), and
+// bad input reported with the field named.
 #include "slime/train/trainer.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +16,7 @@
 
 #include "multi_rank_harness.h"
 #include "slime/train/optimizer.h"
+#include "trainer_internal.h"  // src/train: Pack (the padding)
 #include "trainer_test_util.h"
 
 namespace slime::train {
@@ -395,6 +398,130 @@ TEST(TrainerTest, ResetOptimizerStatesEveryRollout) {
   Train(*trainer, 1, batch);
   EXPECT_EQ(trainer->optimizer().step(), 1);  // reset before rollout 1's step
   EXPECT_EQ(trainer->step(), 2);
+}
+
+// ---- train.data_pad_size_multiplier -----------------------------------------------------------
+
+// Pack pads the ids with token 0 to the multiple, as a sequence of its own for the forward, and
+// keeps the real layout for the log-probs.
+TEST(TrainerTest, PackPadsTheMicroBatchToTheMultipleAsItsOwnSequence) {
+  const data::RolloutBatch batch = MakeBatch(3, 21);
+  const int64_t real = static_cast<int64_t>(batch.samples[0].tokens.size() +
+                                            batch.samples[2].tokens.size());
+  internal::PackedInputs in = internal::Pack(batch, {0, 2}, torch::kCPU, 16);
+  EXPECT_EQ(in.ids.size(0), 16 * ((real + 15) / 16));
+  ASSERT_EQ(in.packed.cu_seqlens.size(), 3u);
+  EXPECT_EQ(in.packed.cu_seqlens.back(), real);
+  ASSERT_EQ(in.forward_cu_seqlens.size(), 4u);
+  EXPECT_EQ(in.forward_cu_seqlens[2], real);
+  EXPECT_EQ(in.forward_cu_seqlens.back(), in.ids.size(0));
+  EXPECT_EQ(in.ids.slice(0, real).abs().sum().item<int64_t>(), 0);  // token 0
+  EXPECT_EQ(internal::PackedTokenCount(batch, {0, 2}, 16), in.ids.size(0));
+  // Multiple 1 (or an exact fit): no padding sequence.
+  internal::PackedInputs unpadded = internal::Pack(batch, {0, 2}, torch::kCPU, 1);
+  EXPECT_EQ(unpadded.ids.size(0), real);
+  EXPECT_EQ(unpadded.forward_cu_seqlens, unpadded.packed.cu_seqlens);
+}
+
+// The padding changes no loss, metric or gradient: two trainers, unpadded and padded to 64
+// tokens, train the same batch (KL loss, entropy bonus, two steps with the old-actor and
+// reference passes) to the same values and weights, in float32 on the CPU.
+TEST(TrainerTest, PaddingChangesNoLossOrGradient) {
+  TempDir dir;
+  const std::string model_dir = MakeModelDir(dir, "m", 15);
+  config::Config c = BaseConfig();
+  c.algorithm.use_kl_loss = true;
+  c.algorithm.kl_loss_coef = 0.05;
+  c.algorithm.entropy_coef = 0.01;
+  c.train.global_batch_size = 2;
+  config::Config unpadded = c, padded = c;
+  unpadded.train.data_pad_size_multiplier = 1;
+  padded.train.data_pad_size_multiplier = 64;
+  auto a = MakeTrainer(model_dir, unpadded);
+  auto b = MakeTrainer(model_dir, padded);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const data::RolloutBatch batch = MakeBatch(4, 17);
+  for (int rollout = 0; rollout < 2; ++rollout) {
+    TrainRolloutResult ra = Train(*a, rollout, batch);
+    TrainRolloutResult rb = Train(*b, rollout, batch);
+    ASSERT_EQ(ra.steps.size(), 2u);
+    ASSERT_EQ(rb.steps.size(), 2u);
+    for (size_t s = 0; s < 2; ++s) {
+      ASSERT_EQ(ra.steps[s].values.size(), rb.steps[s].values.size());
+      for (const auto& [name, value] : ra.steps[s].values) {
+        EXPECT_NEAR(Value(rb.steps[s], name), value, 1e-6 * (1.0 + std::abs(value)))
+            << name << " at rollout " << rollout << " step " << s;
+      }
+    }
+    for (const auto& [name, value] : ra.rollout_values) {
+      EXPECT_NEAR(rb.rollout_values.at(name), value, 1e-6 * (1.0 + std::abs(value))) << name;
+    }
+  }
+  const std::vector<torch::Tensor> wa = Weights(*a), wb = Weights(*b);
+  for (size_t i = 0; i < wa.size(); ++i) {
+    EXPECT_LT((wa[i] - wb[i]).abs().max().item<double>(), 1e-6) << "tensor " << i;
+  }
+}
+
+// ---- Debug outputs: metrics.log_correct_samples, debug.save_debug_train_data --------------------
+
+// correct_entropy = the mean over samples with raw reward 1 of −(loss-masked mean log-prob) under
+// the pre-update policy; log_correct_samples makes the old-actor pass run.
+TEST(TrainerTest, CorrectEntropyOfTheCorrectSamples) {
+  TempDir dir;
+  config::Config c = BaseConfig();
+  c.metrics.log_correct_samples = true;
+  auto trainer = MakeTrainer(MakeModelDir(dir, "m", 16), c);
+  ASSERT_NE(trainer, nullptr);
+  EXPECT_FALSE(trainer->SkipsOldLogProbs(1));
+  const data::RolloutBatch batch = MakeBatch(4, 19);  // raw_reward 1 for samples 0 and 2
+  const SampleLogProbs before = LogProbs(*trainer, batch);
+  double want = 0;
+  for (int i : {0, 2}) {
+    const torch::Tensor m = torch::tensor(batch.samples[i].loss_mask, torch::kFloat32);
+    want += -((before.log_probs[i] * m).sum() / m.sum()).item<double>() / 2;
+  }
+  TrainRolloutResult r = Train(*trainer, 0, batch);
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_NEAR(r.rollout_values.at("correct_entropy"), want, 1e-6);
+  EXPECT_GT(want, 0.0);
+  EXPECT_EQ(Value(r.steps[0], "ppo_kl"), 0.0);  // π_old from the pass equals the training forward
+}
+
+// With debug.save_debug_train_data the result lists this rank's samples, where they trained and
+// the per-token tensors computed for them.
+TEST(TrainerTest, RecordsTheTrainedSamplesForTheDebugDump) {
+  TempDir dir;
+  config::Config c = BaseConfig();
+  c.algorithm.use_kl_loss = true;
+  c.algorithm.kl_loss_coef = 0.05;
+  c.train.global_batch_size = 2;
+  c.train.micro_batch_size = 1;
+  auto trainer = MakeTrainer(MakeModelDir(dir, "m", 17), c);
+  ASSERT_NE(trainer, nullptr);
+  const data::RolloutBatch batch = MakeBatch(4, 23);
+  EXPECT_TRUE(Train(*trainer, 0, batch).trained.empty());  // off by default
+
+  c.debug.save_debug_train_data = "unused/{rollout_id}.json";
+  auto recording = MakeTrainer(MakeModelDir(dir, "m2", 17), c);
+  ASSERT_NE(recording, nullptr);
+  TrainRolloutResult r = Train(*recording, 0, batch);
+  ASSERT_EQ(r.trained.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const TrainedSample& t = r.trained[i];
+    const size_t response = static_cast<size_t>(batch.samples[i].response_length);
+    EXPECT_EQ(t.index, static_cast<int64_t>(i));
+    EXPECT_EQ(t.step_in_rollout, static_cast<int64_t>(i / 2));  // 2 samples per step
+    EXPECT_EQ(t.micro_batch, static_cast<int64_t>(i % 2));      // 1 sample per micro-batch
+    EXPECT_EQ(t.advantages.size(), response);
+    EXPECT_EQ(t.log_probs.size(), response);      // two steps: the old-actor pass ran
+    EXPECT_EQ(t.ref_log_probs.size(), response);  // the KL loss's reference
+    EXPECT_TRUE(t.returns.empty());               // no critic
+    // GRPO: every token of a sample carries its (group-normalized) reward as advantage.
+    EXPECT_FLOAT_EQ(t.advantages.front(), static_cast<float>(batch.samples[i].reward));
+    EXPECT_EQ(t.log_probs, t.ref_log_probs);  // before training, reference = actor
+  }
 }
 
 // ---- Errors ------------------------------------------------------------------------------------

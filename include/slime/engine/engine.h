@@ -42,6 +42,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "slime/common/status.h"
@@ -163,6 +164,14 @@ class Engine {
   // tags: "kv_cache", "weights" (empty = both). Release needs no request in flight.
   std::future<Status> ReleaseMemory(std::vector<std::string> tags);
   std::future<Status> ResumeMemory(std::vector<std::string> tags);
+  // ModelRunner::WeightChecksums on the engine thread, between steps (so never halfway through
+  // a weight update): (HF name, checksum) per parameter, and the dtype the engine holds them in
+  // (comm's name, e.g. "bfloat16").
+  struct WeightChecksumList {
+    std::string dtype;
+    std::vector<std::pair<std::string, std::string>> checksums;
+  };
+  std::future<StatusOr<WeightChecksumList>> WeightChecksums();
   // Resolves when the engine thread is responsive and a one-token forward succeeds (or the
   // engine is demonstrably generating); never waits behind queued requests.
   std::future<Status> HealthCheck();

@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "slime/common/status.h"
@@ -122,6 +123,11 @@ class ModelRunner {
   // new values. At tp_size > 1 on CUDA it returns once every device finished its copies
   // (the sources may be another device's memory, e.g. a mapped IPC buffer).
   Status UpdateWeights(const std::vector<model::NamedTensor>& tensors);
+  // (HF name, comm::TensorChecksum of the full tensor in the engine's dtype) for every
+  // parameter, in model::ParameterSpecs order; at tp_size > 1 each full tensor is the ranks'
+  // shards joined along their split dimension (in host memory, one tensor at a time).
+  // FailedPrecondition while the weights are offloaded. For weight_sync.check_weight_update_equal.
+  StatusOr<std::vector<std::pair<std::string, std::string>>> WeightChecksums();
   // The same for rank `rank` alone (full tensors in, its shard kept); for a caller that
   // received the full tensors on every rank (a weight broadcast inside OnEveryRank). Safe to
   // call for different ranks concurrently.

@@ -144,6 +144,14 @@ class Head : public ActorDirectory {
   // True when the job failed within `timeout` (then failure() says why).
   bool WaitForJobFailure(std::chrono::milliseconds timeout);
 
+  // Kills the alive process `incarnation` of `actor_id` (SIGKILL through its node's agent) and
+  // handles it as a lost actor: restarted when restartable and under max_restarts, else the job
+  // fails with `reason` in its message. For a caller that judged the process unusable while its
+  // heartbeats go on (e.g. an engine that fails its health checks). NotFound for an unknown
+  // actor; FailedPrecondition when that incarnation is no longer the alive one (already lost,
+  // restarting or replaced: nothing is done).
+  Status KillActor(const std::string& actor_id, int64_t incarnation, const std::string& reason);
+
   // The status view: nodes, actors (where, state, restarts), job state.
   slime::v1::StatusReply Snapshot() const;
 

@@ -12,8 +12,9 @@
 //     3. old-actor log-probs   actor (or old_actor with keep_old_actor) weights — SKIPPED when
 //        slime skips them: one optimizer step per rollout, policy_loss, kl_coef == 0, no
 //        use_rollout_logprobs / get_mismatch_metrics / keep_old_actor / use_opd, not gspo or
-//        ppo. The loss then takes the detached current log-probs as π_old (ratio ≡ 1, ppo_kl ≡
-//        0). With use_rollout_logprobs the engine's log-probs are π_old and the pass is skipped
+//        ppo, no metrics.log_correct_samples (its correct_entropy reads these log-probs). The
+//        loss then takes the detached current log-probs as π_old (ratio ≡ 1, ppo_kl ≡ 0).
+//        With use_rollout_logprobs the engine's log-probs are π_old and the pass is skipped
 //        too (slime recomputes it only for custom TIS functions, which we do not have).
 //     ppo: the values of the pre-update critic (critic.h), forward-only on the same
 //        micro-batches
@@ -125,9 +126,14 @@
 // with a hidden → 1 value head, its own optimizer and LR schedule. Save writes it under
 // <save>/critic/ (same iteration) before the actor; Load reads it back from there.
 //
+// Padding (train.data_pad_size_multiplier, slime's packing). Every packed micro-batch — of the
+// training steps, the forward-only passes and the critic — is padded with token 0 up to a
+// multiple of TP size × data_pad_size_multiplier; the padding is a sequence of its own in the
+// forward's cu_seqlens, so no real token attends to it, and the log-probs, values and losses
+// read real rows only: the padding changes no loss or gradient (tests/train/trainer_test.cc).
+//
 // What is not here yet: custom loss / advantage / TIS functions, routing replay (no MoE model),
-// padding micro-batches to TP × data_pad_size_multiplier (micro-batches are packed unpadded;
-// nothing here needs the padding), sequence parallelism, and context parallelism.
+// and context parallelism.
 //
 // Thread-safety: a Trainer belongs to one thread (the replica's training thread); no method may
 // run concurrently with another. Errors (bad batch, bad config, LibTorch failures) come back as
@@ -193,6 +199,21 @@ struct TrainStepMetrics {
   std::map<std::string, double> values;
 };
 
+// What this rank trained one sample on (debug.save_debug_train_data): where it was scheduled
+// and the per-token tensors the trainer computed for it before the optimizer steps. Vectors
+// hold one float per response token, in response order; empty where not computed.
+struct TrainedSample {
+  int64_t index = 0;            // in the batch
+  int64_t step_in_rollout = 0;  // the optimizer step of the rollout it was in
+  int64_t micro_batch = 0;      // its micro-batch among this rank's of that step
+  std::vector<float> advantages;
+  std::vector<float> returns;        // ppo
+  std::vector<float> values;         // ppo: the pre-update critic's
+  std::vector<float> log_probs;      // π_old of the loss (the old-actor pass or the engine's)
+  std::vector<float> ref_log_probs;  // with a reference
+  std::vector<float> opd_reverse_kl; // use_opd
+};
+
 struct TrainRolloutResult {
   std::vector<TrainStepMetrics> steps;
   // Samples in no step (trailing rollouts that do not fill global_batch_size): batch indices,
@@ -202,9 +223,11 @@ struct TrainRolloutResult {
   // raw_reward, response_length, truncated; and, as the mean over samples of each sample's
   // loss-masked token mean, advantages, log_probs (when the old-actor pass ran), entropy
   // (use_rollout_entropy), ref_log_probs, rollout_log_probs, teacher_log_probs when they were
-  // computed or given; with ppo also values (the pre-update critic's) and returns. Not reduced
-  // over DP ranks.
+  // computed or given; with ppo also values (the pre-update critic's) and returns; with
+  // metrics.log_correct_samples correct_entropy. Not reduced over DP ranks.
   std::map<std::string, double> rollout_values;
+  // With debug.save_debug_train_data: this rank's samples, ascending by index (TrainedSample).
+  std::vector<TrainedSample> trained;
 };
 
 // Per-sample results of a forward-only pass, in the batch's sample order.

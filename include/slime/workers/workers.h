@@ -27,7 +27,8 @@
 //                     checkpoint.load holds a trainer checkpoint, loads it (model, optimizer,
 //                     RNG, LR state). An empty or missing load directory is a fresh start, as
 //                     slime's "set --load to your --save dir" idiom expects.
-//   Train(id, batch)  TrainRollout; the step and rollout metrics as JSON.
+//   Train(id, batch)  TrainRollout; the step and rollout metrics as JSON. With
+//                     debug.save_debug_train_data every rank writes what it trained on (below).
 //   Save(id, extra)   a checkpoint under checkpoint.save at iteration `id`.
 //   ConnectEngines / SyncWeights / DisconnectEngines   SGLang's distributed update: pause the
 //                     engines, flush, broadcast every parameter in buckets, continue.
@@ -44,6 +45,18 @@
 // ranks send nothing. If the transfer stops early the source still runs the remaining gathers,
 // so no peer is left waiting.
 //   ExportHf(dir)     the current weights as an HF directory (checkpoint.save_hf).
+// Train data dumps (debug.save_debug_train_data; "{rollout_id}" and "{rank}" in the template
+// replaced): after each Train, one JSON document per rank, written atomically (temp file,
+// rename): {"format": "slime-cpp train data", "version": 1, "rollout_id", "rank",
+// "world_size", "tp_rank", "dp_rank", "pp_rank", "tp_size", "dp_size", "pp_size",
+// "temperature", "batch_samples" (the rollout's sample count), "dropped_samples" (batch indices
+// in no step), "steps" (Train's step entries), "rollout_values", "samples": [one per sample
+// this rank trained, ascending "index" (in the batch): "step_in_rollout", "micro_batch" (among
+// the rank's of that step), the batch's "tokens", "prompt_length", "response_length",
+// "loss_mask", "reward" (post-processed), "raw_reward", "rollout_id", "truncated",
+// "rollout_log_probs" / "teacher_log_probs" when given, and what the trainer computed before the
+// optimizer steps, one value per response token, where computed: "advantages", "returns" and
+// "values" (ppo), "log_probs" (π_old), "ref_log_probs", "opd_reverse_kl"]}.
 // EngineWorker: an inference engine (engine::Engine) and its SGLang-compatible HTTP server on
 // a free port of `host`.
 //
@@ -127,6 +140,13 @@ class TrainerWorker {
   // and sent to stage 0; the peers answer {"source": false, "seconds"}); FailedPrecondition on
   // other DP ranks.
   StatusOr<nlohmann::json> ResyncEngine(const nlohmann::json& request);
+  // weight_sync.check_weight_update_equal, after a sync (call it on every rank at once): the
+  // source asks every connected engine for GET /weights_checksum and compares each tensor's
+  // checksum with its own full tensor's in the engine's dtype (comm/weight_checksum.h); the other
+  // ranks of DP rank 0 take part in the gathers. DataLoss naming the engine and the tensor (the
+  // first five, and how many more) when they differ or the engine lacks one; the engine's error
+  // when it cannot answer. {"source", "engines", "tensors", "seconds"}.
+  StatusOr<nlohmann::json> CheckEngineWeights();
   // Leaves the weight-update group (ConnectEngines again re-forms it; a failed leave — an
   // engine that died — is logged there, not fatal).
   Status DisconnectEngines();
