@@ -9,6 +9,7 @@ packages=(
   libabsl-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   libpcre2-dev libboost-dev libboost-system-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus-cpp-dev  # metrics registry and text exposition (we link its core library only)
   nodejs npm python3 curl ca-certificates
   python3-matplotlib  # scripts/plot_metrics
   # An optimized BLAS behind Debian's LibTorch (the reference BLAS is ~6x slower on the tiny
@@ -16,6 +17,9 @@ packages=(
   libopenblas0-pthread
   # tests/slurm: a one-node SLURM cluster started by the test (munge comes as a dependency)
   slurmctld slurmd slurm-client
+  # tests/scripts/prometheus_e2e_test.sh scrapes a job with a real Prometheus server (its own
+  # config and storage; the package's service is not started, see policy-rc.d below)
+  prometheus
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -36,9 +40,9 @@ sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -q || { echo "setup: FAILED: apt-get update (is Debian's package registry reachable?)" >&2; exit 1; }
-# The SLURM and munge packages enable services; installing them must not start daemons (the
-# tests start their own with a private config): a policy-rc.d that denies starts, unless one
-# is already there, for the duration of the install.
+# The SLURM, munge and Prometheus packages enable services; installing them must not start
+# daemons (the tests start their own with a private config): a policy-rc.d that denies starts,
+# unless one is already there, for the duration of the install.
 policy=/usr/sbin/policy-rc.d
 added_policy=0
 if [ ! -e "$policy" ]; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Downloads, on a Debian 12 machine with apt, the .deb files the GPU machine lacks (gRPC, Abseil,
-# RE2, c-ares, PCRE2, Gloo headers) into third_party_debs/ (git-ignored). scripts/device/run.sh
-# unpacks them into a prefix there. Idempotent: already-downloaded files are kept.
+# RE2, c-ares, PCRE2, Gloo headers, prometheus-cpp) into third_party_debs/ (git-ignored).
+# scripts/device/run.sh unpacks them into a prefix there. Idempotent: already-downloaded files
+# are kept.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 dest="$repo/third_party_debs"
@@ -11,6 +12,10 @@ packages=(
   libabsl20220623 libabsl-dev libre2-9 libre2-dev libc-ares2 libc-ares-dev
   libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
   libgloo-dev libbenchmark-dev libbenchmark1debian
+  # prometheus-cpp: we link its core library; the pull/push libraries and civetweb are carried so
+  # that its CMake package (which checks for them) loads where CURL and ZLIB are installed.
+  prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0
+  libprometheus-cpp-push1.0 libcivetweb-dev libcivetweb1 civetweb
 )
 missing=()
 for p in "${packages[@]}"; do

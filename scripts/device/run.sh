@@ -48,7 +48,8 @@ trap pack_logs EXIT
 exec > >(tee "$final_out/summary.txt") 2>&1
 export NCCL_NVLS_ENABLE=0
 
-# 1. Prefix with gRPC/Abseil/RE2/c-ares/PCRE2 from the carried Debian packages.
+# 1. Prefix with gRPC/Abseil/RE2/c-ares/PCRE2/prometheus-cpp from the carried Debian packages
+# (CMAKE_PREFIX_PATH below; cmake/SlimeDeps.cmake says how prometheus-cpp is found).
 prefix=/tmp/slime-prefix
 if true; then  # always: dpkg -x of ~12 MB takes a second
   shopt -s nullglob

@@ -97,6 +97,9 @@ class Driver : public RolloutSteps {
   Status LoadEvalDatasets();
   Status StartRuntime();
   Status WriteDriverFile();
+  // Rewrites <run_dir>/prometheus_targets.json: the driver's /metrics and each engine actor's
+  // (current addresses, after a restart too). Thread-safe.
+  Status UpdatePrometheusTargets();
   Status StartActors();
   // The placement's worker actors with their init payloads; fills trainer_ids_ (in rank
   // order) and engine_ids_. `gpus`: whether the plan placed them on GPUs.
@@ -174,6 +177,8 @@ class Driver : public RolloutSteps {
 
   metrics::Registry registry_;
   std::unique_ptr<http::Server> metrics_server_;
+  std::string metrics_target_;  // host:port of metrics_server_ as Prometheus should scrape it
+  std::mutex targets_mu_;       // serializes UpdatePrometheusTargets
   std::unique_ptr<DriverReport> report_;
   std::unique_ptr<runtime::Head> head_;
   std::unique_ptr<runtime::Agent> agent_;

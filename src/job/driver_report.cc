@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "fmt/format.h"
+#include "slime/common/atomic_file.h"
 
 namespace slime::job {
 namespace {
@@ -61,6 +62,17 @@ PrometheusMetric PrometheusName(const std::string& metric) {
   }
   flush();
   return out;
+}
+
+Status WritePrometheusTargets(const std::string& path,
+                              const std::vector<PrometheusTarget>& targets) {
+  nlohmann::json groups = nlohmann::json::array();
+  for (const PrometheusTarget& t : targets) {
+    nlohmann::json labels = {{"slime_component", t.component}};
+    if (!t.engine.empty()) labels["slime_engine"] = t.engine;
+    groups.push_back({{"targets", {t.address}}, {"labels", labels}});
+  }
+  return WriteFileAtomically(path, groups.dump(2) + "\n");
 }
 
 StatusOr<std::unique_ptr<DriverReport>> DriverReport::Create(const std::string& jsonl_path,

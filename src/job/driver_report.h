@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "nlohmann/json.hpp"
 #include "slime/common/status.h"
@@ -27,6 +28,18 @@ struct PrometheusMetric {
   double scale = 1.0;
 };
 PrometheusMetric PrometheusName(const std::string& metric);
+
+// One /metrics endpoint of the job, for <run_dir>/prometheus_targets.json.
+struct PrometheusTarget {
+  std::string address;    // host:port
+  std::string component;  // "driver" or "engine"
+  std::string engine;     // the engine's actor id (stable across restarts); "" for the driver
+};
+
+// Writes `targets` (atomically) as a Prometheus file_sd_configs file: a JSON list of target
+// groups, one per target, labelled slime_component and, for engines, slime_engine. Prometheus
+// re-reads the file when it changes, so a restarted engine's new port is picked up.
+Status WritePrometheusTargets(const std::string& path, const std::vector<PrometheusTarget>& targets);
 
 class DriverReport {
  public:

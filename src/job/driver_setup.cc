@@ -30,6 +30,19 @@ void MakeAbsolute(std::optional<std::string>& path) {
   if (path) path = Absolute(*path);
 }
 
+// The host Prometheus reaches the driver's /metrics at: 127.0.0.1 when it listens there only;
+// else the host of cluster.head_address, or this machine's name.
+std::string MetricsHost(const config::Config& config, const std::string& bind_host) {
+  if (bind_host != "0.0.0.0") return bind_host;
+  if (!config.cluster.head_address.empty()) {
+    StatusOr<std::pair<std::string, int>> hp = runtime::SplitHostPort(config.cluster.head_address);
+    if (hp.ok() && hp->first != "0.0.0.0") return hp->first;
+  }
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') return name;
+  return "127.0.0.1";
+}
+
 }  // namespace
 
 Status Driver::Setup() {
@@ -145,6 +158,7 @@ Status Driver::StartRuntime() {
   so.port = config_.metrics.prometheus_port.value_or(0);
   so.num_threads = 1;
   SLIME_ASSIGN_OR_RETURN(metrics_server_, http::Server::Start(so, std::move(router)));
+  metrics_target_ = fmt::format("{}:{}", MetricsHost(config_, so.host), metrics_server_->port());
   SLIME_ASSIGN_OR_RETURN(report_, DriverReport::Create(config_.metrics.jsonl_path.value_or(""),
                                                        &registry_, num_rollout_));
 
@@ -175,6 +189,7 @@ Status Driver::StartRuntime() {
   ao.num_cpu_slots = config_.cluster.cpu_slots_per_node;
   SLIME_ASSIGN_OR_RETURN(agent_, runtime::Agent::Start(ao));
   SLIME_RETURN_IF_ERROR(WriteDriverFile());
+  SLIME_RETURN_IF_ERROR(UpdatePrometheusTargets());
   spdlog::info("driver: head {} ; metrics http://{}:{}/metrics", head_->address(), so.host,
                metrics_server_->port());
   return absl::OkStatus();
@@ -185,8 +200,20 @@ Status Driver::WriteDriverFile() {
             {"head_address", head_->address()},
             {"metrics_url", fmt::format("http://127.0.0.1:{}/metrics", metrics_server_->port())},
             {"metrics_port", metrics_server_->port()},
+            {"prometheus_targets", config_.cluster.run_dir + "/prometheus_targets.json"},
             {"jsonl_path", config_.metrics.jsonl_path.value_or("")}};
   return WriteFileAtomically(config_.cluster.run_dir + "/driver.json", j.dump(2) + "\n");
+}
+
+Status Driver::UpdatePrometheusTargets() {
+  std::lock_guard<std::mutex> lock(targets_mu_);
+  std::vector<PrometheusTarget> targets = {{metrics_target_, "driver", ""}};
+  const std::vector<std::string> addresses = engines_ ? engines_->Addresses() : engine_addresses_;
+  for (size_t i = 0; i < engine_ids_.size() && i < addresses.size(); ++i) {
+    // External engines (no actor id) are not ours: their /metrics may not exist.
+    if (!engine_ids_[i].empty()) targets.push_back({addresses[i], "engine", engine_ids_[i]});
+  }
+  return WritePrometheusTargets(config_.cluster.run_dir + "/prometheus_targets.json", targets);
 }
 
 // ---- The worker actors: placed, started, their engines' addresses resolved.
@@ -207,6 +234,7 @@ Status Driver::StartActors() {
   ids.insert(ids.end(), engine_ids_.begin(), engine_ids_.end());
   SLIME_RETURN_IF_ERROR(head_->WaitForActors(ids, timeout));
   SLIME_RETURN_IF_ERROR(ResolveEngineAddresses(timeout));
+  SLIME_RETURN_IF_ERROR(UpdatePrometheusTargets());
   spdlog::info("actors up in {:.1f} s; engines: {}", Since(start),
                fmt::join(engine_addresses_, ", "));
   return absl::OkStatus();
@@ -415,6 +443,10 @@ EngineRecoveryOptions Driver::EngineTrackingOptions() {
   eo.restart_backoff_s = config_.fault_tolerance.restart_backoff;
   eo.health_check_timeout_s = config_.fault_tolerance.health_check_timeout;
   eo.metrics = &registry_;
+  eo.on_address_change = [this] {
+    Status s = UpdatePrometheusTargets();
+    if (!s.ok()) spdlog::warn("prometheus targets: {}", std::string(s.message()));
+  };
   return eo;
 }
 

@@ -309,6 +309,7 @@ StatusOr<rollout::RecoveredEngine> EngineRecoveryImpl::Recover(int engine, const
     changed_ = true;
   }
   if (restart_counters_[engine] != nullptr) restart_counters_[engine]->Increment();
+  if (options_.on_address_change) options_.on_address_change();
   spdlog::warn(
       "engine {} restarted (restart {}/{}) at {} with weight_version {}: {:.1f} s lost "
       "({:.1f} s waiting for the new process, {:.1f} s loading the weights)",

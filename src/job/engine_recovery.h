@@ -37,6 +37,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <functional>
 #include <vector>
 
 #include "engine_health.h"
@@ -63,6 +64,8 @@ struct EngineRecoveryOptions {
   double start_timeout_s = 60.0;               // the head's start timeout per attempt
   double health_check_timeout_s = 30.0;        // fault_tolerance.health_check_timeout
   metrics::Registry* metrics = nullptr;        // borrowed; may be null
+  // Called (no lock held) after a restarted engine got its new address; may be empty.
+  std::function<void()> on_address_change;
 };
 
 class EngineRecoveryImpl : public rollout::EngineRecovery {

@@ -4,9 +4,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <limits>
 
 #include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "prometheus/check_names.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
 #include "spdlog/spdlog.h"
 
 namespace slime::metrics {
@@ -25,158 +28,53 @@ void CheckOk(const Status& status) {
   if (!status.ok()) Fatal(std::string(status.message()));
 }
 
-bool IsAlpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
-bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-
-std::string FormatLabels(const Labels& labels, const char* extra_name = nullptr,
-                         const std::string& extra_value = "") {
-  if (labels.empty() && extra_name == nullptr) return "";
-  std::string out = "{";
-  bool first = true;
-  for (const auto& [name, value] : labels) {
-    if (!first) out += ',';
-    first = false;
-    out += name;
-    out += "=\"";
-    out += EscapeLabelValue(value);
-    out += '"';
+// prometheus-cpp 1.0 writes HELP text as given; the text format wants backslash and newline
+// escaped, so the registry hands it escaped text.
+std::string EscapeHelp(std::string_view help) {
+  std::string out;
+  out.reserve(help.size());
+  for (char c : help) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
   }
-  if (extra_name != nullptr) {
-    if (!first) out += ',';
-    out += extra_name;
-    out += "=\"";
-    out += EscapeLabelValue(extra_value);
-    out += '"';
-  }
-  out += '}';
   return out;
 }
 
-void AtomicAdd(std::atomic<double>& target, double amount) {
-  target.fetch_add(amount, std::memory_order_relaxed);
+std::string LabelsText(const Labels& labels) {
+  if (labels.empty()) return "";
+  std::vector<std::string> parts;
+  for (const auto& [name, value] : labels) parts.push_back(fmt::format("{}=\"{}\"", name, value));
+  return fmt::format("{{{}}}", fmt::join(parts, ","));
+}
+
+const char* TypeName(int type) {
+  static const char* kNames[] = {"counter", "gauge", "histogram"};
+  return kNames[type];
+}
+
+bool LabelsLess(const prometheus::ClientMetric& a, const prometheus::ClientMetric& b) {
+  return a.label < b.label;
 }
 
 }  // namespace
 
 Status ValidateMetricName(std::string_view name) {
-  bool ok = !name.empty();
-  for (size_t i = 0; ok && i < name.size(); ++i) {
-    char c = name[i];
-    ok = IsAlpha(c) || c == '_' || c == ':' || (i > 0 && IsDigit(c));
-  }
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      fmt::format("invalid metric name \"{}\": must match [a-zA-Z_:][a-zA-Z0-9_:]*", name));
+  if (prometheus::CheckMetricName(std::string(name))) return absl::OkStatus();
+  return absl::InvalidArgumentError(fmt::format(
+      "invalid metric name \"{}\": must match [a-zA-Z_:][a-zA-Z0-9_:]* and not start with \"__\"",
+      name));
 }
 
 Status ValidateLabelName(std::string_view name) {
-  bool ok = !name.empty();
-  for (size_t i = 0; ok && i < name.size(); ++i) {
-    char c = name[i];
-    ok = IsAlpha(c) || c == '_' || (i > 0 && IsDigit(c));
-  }
-  if (ok && name.size() >= 2 && name[0] == '_' && name[1] == '_') {
-    return absl::InvalidArgumentError(
-        fmt::format("invalid label name \"{}\": names starting with \"__\" are reserved", name));
-  }
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      fmt::format("invalid label name \"{}\": must match [a-zA-Z_][a-zA-Z0-9_]*", name));
-}
-
-std::string FormatValue(double value) {
-  if (std::isnan(value)) return "NaN";
-  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  constexpr double kExact = 9007199254740992.0;  // 2^53
-  if (value == std::trunc(value) && std::fabs(value) < kExact) {
-    return fmt::format("{}", static_cast<int64_t>(value));
-  }
-  return fmt::format("{}", value);  // shortest round-trip form
-}
-
-std::string EscapeLabelValue(std::string_view value) {
-  std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    switch (c) {
-      case '\\':
-        out += "\\\\";
-        break;
-      case '"':
-        out += "\\\"";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
-std::string EscapeHelp(std::string_view help) {
-  std::string out;
-  out.reserve(help.size());
-  for (char c : help) {
-    switch (c) {
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
-// ---- Counter, Gauge, Histogram ----
-
-void Counter::Increment(double amount) {
-  if (!(amount >= 0)) Fatal(fmt::format("counter increment must be >= 0, got {}", amount));
-  AtomicAdd(value_, amount);
-}
-
-void Gauge::Set(double value) {
-  if (callback_) Fatal("Set on a callback gauge");
-  value_.store(value, std::memory_order_relaxed);
-}
-
-void Gauge::Increment(double amount) {
-  if (callback_) Fatal("Increment on a callback gauge");
-  AtomicAdd(value_, amount);
-}
-
-double Gauge::Value() const {
-  return callback_ ? callback_() : value_.load(std::memory_order_relaxed);
-}
-
-Histogram::Histogram(std::vector<double> bounds)
-    : bounds_(std::move(bounds)),
-      buckets_(std::make_unique<std::atomic<uint64_t>[]>(bounds_.size() + 1)) {}
-
-void Histogram::Observe(double value) {
-  // First bound >= value: bucket "le" semantics. NaN lands in +Inf.
-  size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
-  buckets_[i].fetch_add(1, std::memory_order_relaxed);
-  AtomicAdd(sum_, value);
-}
-
-Histogram::Snapshot Histogram::Collect() const {
-  Snapshot s;
-  s.bounds = bounds_;
-  s.cumulative.resize(bounds_.size() + 1);
-  uint64_t total = 0;
-  for (size_t i = 0; i <= bounds_.size(); ++i) {
-    total += buckets_[i].load(std::memory_order_relaxed);
-    s.cumulative[i] = total;
-  }
-  s.count = total;
-  s.sum = sum_.load(std::memory_order_relaxed);
-  return s;
+  if (prometheus::CheckLabelName(std::string(name))) return absl::OkStatus();
+  return absl::InvalidArgumentError(fmt::format(
+      "invalid label name \"{}\": must match [a-zA-Z_][a-zA-Z0-9_]* and not start with \"__\"",
+      name));
 }
 
 std::vector<double> ExponentialBuckets(double start, double factor, int count) {
@@ -201,29 +99,11 @@ std::vector<double> LinearBuckets(double start, double width, int count) {
 
 // ---- Registry ----
 
-struct Registry::Family {
-  std::string name;
-  std::string help;
-  Type type;
-  std::vector<double> bounds;  // histograms only
-  // Exactly one of these maps is used, by type. unique_ptr: children never move.
-  std::map<Labels, std::unique_ptr<Counter>> counters;
-  std::map<Labels, std::unique_ptr<Gauge>> gauges;
-  std::map<Labels, std::unique_ptr<Histogram>> histograms;
-};
-
-Registry::Registry() = default;
+Registry::Registry() : registry_(std::make_unique<prometheus::Registry>()) {}
 Registry::~Registry() = default;
 
-namespace {
-const char* TypeName(int type) {
-  static const char* kNames[] = {"counter", "gauge", "histogram"};
-  return kNames[type];
-}
-}  // namespace
-
-Registry::Family& Registry::GetFamily(const std::string& name, const std::string& help, Type type,
-                                      const Labels& labels) {
+Registry::FamilyEntry& Registry::GetFamily(const std::string& name, const std::string& help,
+                                           Type type, const Labels& labels) {
   CheckOk(ValidateMetricName(name));
   for (const auto& [label, value] : labels) {
     CheckOk(ValidateLabelName(label));
@@ -233,13 +113,22 @@ Registry::Family& Registry::GetFamily(const std::string& name, const std::string
   }
   auto it = families_.find(name);
   if (it == families_.end()) {
-    auto family = std::make_unique<Family>();
-    family->name = name;
-    family->help = help;
-    family->type = type;
-    it = families_.emplace(name, std::move(family)).first;
+    FamilyEntry entry{type, help, {}, {}};
+    const std::string escaped = EscapeHelp(help);
+    switch (type) {
+      case Type::kCounter:
+        entry.family = &prometheus::BuildCounter().Name(name).Help(escaped).Register(*registry_);
+        break;
+      case Type::kGauge:
+        entry.family = &prometheus::BuildGauge().Name(name).Help(escaped).Register(*registry_);
+        break;
+      case Type::kHistogram:
+        entry.family = &prometheus::BuildHistogram().Name(name).Help(escaped).Register(*registry_);
+        break;
+    }
+    it = families_.emplace(name, std::move(entry)).first;
   }
-  Family& family = *it->second;
+  FamilyEntry& family = it->second;
   if (family.type != type) {
     Fatal(fmt::format("metric {} registered as {} and as {}", name,
                       TypeName(static_cast<int>(family.type)), TypeName(static_cast<int>(type))));
@@ -254,34 +143,30 @@ Registry::Family& Registry::GetFamily(const std::string& name, const std::string
 Counter& Registry::GetCounter(const std::string& name, const std::string& help,
                               const Labels& labels) {
   std::lock_guard<std::mutex> lock(mu_);
-  Family& family = GetFamily(name, help, Type::kCounter, labels);
-  auto& child = family.counters[labels];
-  if (!child) child = std::make_unique<Counter>();
-  return *child;
+  FamilyEntry& family = GetFamily(name, help, Type::kCounter, labels);
+  return std::get<prometheus::Family<Counter>*>(family.family)->Add(labels);
 }
 
 Gauge& Registry::GetGauge(const std::string& name, const std::string& help, const Labels& labels) {
   std::lock_guard<std::mutex> lock(mu_);
-  Family& family = GetFamily(name, help, Type::kGauge, labels);
-  auto& child = family.gauges[labels];
-  if (!child) child = std::make_unique<Gauge>();
-  if (child->is_callback()) {
+  FamilyEntry& family = GetFamily(name, help, Type::kGauge, labels);
+  if (callbacks_.count({name, labels}) != 0) {
     Fatal(fmt::format("gauge {}{} is a callback gauge; it has no settable value", name,
-                      FormatLabels(labels)));
+                      LabelsText(labels)));
   }
-  return *child;
+  return std::get<prometheus::Family<Gauge>*>(family.family)->Add(labels);
 }
 
 void Registry::AddCallbackGauge(const std::string& name, const std::string& help,
                                 const Labels& labels, std::function<double()> callback) {
   if (!callback) Fatal(fmt::format("callback gauge {} needs a callback", name));
   std::lock_guard<std::mutex> lock(mu_);
-  Family& family = GetFamily(name, help, Type::kGauge, labels);
-  auto& child = family.gauges[labels];
-  if (child) {
-    Fatal(fmt::format("gauge {}{} is already registered", name, FormatLabels(labels)));
+  FamilyEntry& entry = GetFamily(name, help, Type::kGauge, labels);
+  prometheus::Family<Gauge>* family = std::get<prometheus::Family<Gauge>*>(entry.family);
+  if (family->Has(labels)) {
+    Fatal(fmt::format("gauge {}{} is already registered", name, LabelsText(labels)));
   }
-  child = std::make_unique<Gauge>(std::move(callback));
+  callbacks_[{name, labels}] = CallbackGauge{&family->Add(labels), std::move(callback)};
 }
 
 Histogram& Registry::GetHistogram(const std::string& name, const std::string& help,
@@ -296,50 +181,31 @@ Histogram& Registry::GetHistogram(const std::string& name, const std::string& he
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  Family& family = GetFamily(name, help, Type::kHistogram, labels);
-  if (family.histograms.empty()) family.bounds = bounds;
+  FamilyEntry& family = GetFamily(name, help, Type::kHistogram, labels);
+  if (family.bounds.empty()) family.bounds = bounds;
   if (family.bounds != bounds) {
     Fatal(fmt::format("histogram {} registered with two bucket layouts: [{}] and [{}]", name,
                       fmt::join(family.bounds, ", "), fmt::join(bounds, ", ")));
   }
-  auto& child = family.histograms[labels];
-  if (!child) child = std::make_unique<Histogram>(bounds);
-  return *child;
+  return std::get<prometheus::Family<Histogram>*>(family.family)->Add(labels, bounds);
+}
+
+std::vector<prometheus::MetricFamily> Registry::Collect() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [key, cb] : callbacks_) cb.gauge->Set(cb.callback());
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  std::sort(families.begin(), families.end(),
+            [](const prometheus::MetricFamily& a, const prometheus::MetricFamily& b) {
+              return a.name < b.name;
+            });
+  for (prometheus::MetricFamily& f : families) {
+    std::sort(f.metric.begin(), f.metric.end(), LabelsLess);
+  }
+  return families;
 }
 
 std::string Registry::Exposition() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::string out;
-  for (const auto& [name, family] : families_) {
-    out += fmt::format("# HELP {} {}\n", name, EscapeHelp(family->help));
-    out += fmt::format("# TYPE {} {}\n", name, TypeName(static_cast<int>(family->type)));
-    switch (family->type) {
-      case Type::kCounter:
-        for (const auto& [labels, counter] : family->counters) {
-          out +=
-              fmt::format("{}{} {}\n", name, FormatLabels(labels), FormatValue(counter->Value()));
-        }
-        break;
-      case Type::kGauge:
-        for (const auto& [labels, gauge] : family->gauges) {
-          out += fmt::format("{}{} {}\n", name, FormatLabels(labels), FormatValue(gauge->Value()));
-        }
-        break;
-      case Type::kHistogram:
-        for (const auto& [labels, histogram] : family->histograms) {
-          Histogram::Snapshot s = histogram->Collect();
-          for (size_t i = 0; i <= s.bounds.size(); ++i) {
-            std::string le = i < s.bounds.size() ? FormatValue(s.bounds[i]) : "+Inf";
-            out += fmt::format("{}_bucket{} {}\n", name, FormatLabels(labels, "le", le),
-                               s.cumulative[i]);
-          }
-          out += fmt::format("{}_sum{} {}\n", name, FormatLabels(labels), FormatValue(s.sum));
-          out += fmt::format("{}_count{} {}\n", name, FormatLabels(labels), s.count);
-        }
-        break;
-    }
-  }
-  return out;
+  return prometheus::TextSerializer().Serialize(Collect());
 }
 
 }  // namespace slime::metrics

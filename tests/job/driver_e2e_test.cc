@@ -588,6 +588,16 @@ TEST_F(DriverE2eTest, AnEngineKilledMidRolloutIsRestartedResyncedAndItsGroupsRet
   EXPECT_EQ(engines_used[0].size(), 2u);
   EXPECT_EQ(engines_used[2].size(), 2u);
   EXPECT_NE(engines_used[0], engines_used[2]) << "engine-1 should serve rollout 2 from a new port";
+  // The Prometheus targets file followed engine-1 to its new port.
+  const Json targets = Json::parse(ReadFile(dir_ / "run" / "prometheus_targets.json"));
+  std::string engine1;
+  for (const Json& group : targets) {
+    if (group.at("labels").value("slime_engine", "") == "engine-1") {
+      engine1 = group.at("targets").at(0).get<std::string>();
+    }
+  }
+  EXPECT_TRUE(engines_used[2].count(engine1) == 1 && engines_used[0].count(engine1) == 0)
+      << "engine-1 listed at '" << engine1 << "' in " << targets.dump();
 }
 
 TEST_F(DriverE2eTest, AnEngineThatMayNotRestartFailsTheJobNamingIt) {

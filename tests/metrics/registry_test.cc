@@ -1,5 +1,6 @@
 #include "slime/metrics/registry.h"
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <thread>
@@ -11,24 +12,12 @@
 namespace slime::metrics {
 namespace {
 
-TEST(FormatValueTest, PrometheusParsableForms) {
-  EXPECT_EQ(FormatValue(0), "0");
-  EXPECT_EQ(FormatValue(3), "3");
-  EXPECT_EQ(FormatValue(-12), "-12");
-  EXPECT_EQ(FormatValue(1e15), "1000000000000000");
-  EXPECT_EQ(FormatValue(0.25), "0.25");
-  EXPECT_EQ(FormatValue(0.1), "0.1");
-  EXPECT_EQ(FormatValue(1e300), "1e+300");
-  EXPECT_EQ(FormatValue(std::numeric_limits<double>::infinity()), "+Inf");
-  EXPECT_EQ(FormatValue(-std::numeric_limits<double>::infinity()), "-Inf");
-  EXPECT_EQ(FormatValue(std::nan("")), "NaN");
-}
-
 TEST(NameValidationTest, PrometheusCharset) {
   EXPECT_TRUE(ValidateMetricName("slime_requests_total").ok());
   EXPECT_TRUE(ValidateMetricName("ns:sub_metric").ok());
   EXPECT_TRUE(ValidateMetricName("_x1").ok());
   EXPECT_FALSE(ValidateMetricName("").ok());
+  EXPECT_FALSE(ValidateMetricName("__reserved").ok());
   EXPECT_FALSE(ValidateMetricName("1abc").ok());
   EXPECT_FALSE(ValidateMetricName("a-b").ok());
   Status s = ValidateMetricName("bad name");
@@ -99,18 +88,21 @@ TEST(RegistryTest, HistogramBucketsAreCumulative) {
   Histogram& h =
       registry.GetHistogram("latency_seconds", "Latency.", {0.1, 0.5, 1}, {{"op", "gen"}});
   for (double v : {0.05, 0.1, 0.2, 0.7, 3.0, 0.5}) h.Observe(v);
+  // prometheus-cpp's TextSerializer writes _count and _sum before the buckets.
   EXPECT_EQ(registry.Exposition(),
             "# HELP latency_seconds Latency.\n"
             "# TYPE latency_seconds histogram\n"
+            "latency_seconds_count{op=\"gen\"} 6\n"
+            "latency_seconds_sum{op=\"gen\"} 4.55\n"
             "latency_seconds_bucket{op=\"gen\",le=\"0.1\"} 2\n"
             "latency_seconds_bucket{op=\"gen\",le=\"0.5\"} 4\n"
             "latency_seconds_bucket{op=\"gen\",le=\"1\"} 5\n"
-            "latency_seconds_bucket{op=\"gen\",le=\"+Inf\"} 6\n"
-            "latency_seconds_sum{op=\"gen\"} 4.55\n"
-            "latency_seconds_count{op=\"gen\"} 6\n");
-  Histogram::Snapshot s = h.Collect();
-  EXPECT_EQ(s.count, 6u);
-  EXPECT_EQ(s.cumulative, (std::vector<uint64_t>{2, 4, 5, 6}));
+            "latency_seconds_bucket{op=\"gen\",le=\"+Inf\"} 6\n");
+  const prometheus::ClientMetric m = h.Collect();
+  EXPECT_EQ(m.histogram.sample_count, 6u);
+  std::vector<uint64_t> cumulative;
+  for (const auto& b : m.histogram.bucket) cumulative.push_back(b.cumulative_count);
+  EXPECT_EQ(cumulative, (std::vector<uint64_t>{2, 4, 5, 6}));
 }
 
 TEST(RegistryTest, HistogramWithoutLabels) {
@@ -118,7 +110,37 @@ TEST(RegistryTest, HistogramWithoutLabels) {
   registry.GetHistogram("h", "H.", {1}).Observe(2);
   EXPECT_EQ(registry.Exposition(),
             "# HELP h H.\n# TYPE h histogram\n"
-            "h_bucket{le=\"1\"} 0\nh_bucket{le=\"+Inf\"} 1\nh_sum 2\nh_count 1\n");
+            "h_count 1\nh_sum 2\nh_bucket{le=\"1\"} 0\nh_bucket{le=\"+Inf\"} 1\n");
+}
+
+// The registry is a prometheus::Collectable: families sorted by name, children by labels,
+// each with its prometheus-cpp type.
+TEST(RegistryTest, CollectIsSortedAndTyped) {
+  Registry registry;
+  registry.GetGauge("b_gauge", "B.", {{"k", "z"}}).Set(1);
+  registry.GetGauge("b_gauge", "B.", {{"k", "a"}}).Set(2);
+  registry.GetCounter("a_total", "A.").Increment(5);
+  registry.GetHistogram("c_seconds", "C.", {1}).Observe(0.5);
+  const std::vector<prometheus::MetricFamily> families = registry.Collect();
+  ASSERT_EQ(families.size(), 3u);
+  EXPECT_EQ(families[0].name, "a_total");
+  EXPECT_EQ(families[0].type, prometheus::MetricType::Counter);
+  EXPECT_EQ(families[0].metric.at(0).counter.value, 5);
+  EXPECT_EQ(families[1].name, "b_gauge");
+  EXPECT_EQ(families[1].type, prometheus::MetricType::Gauge);
+  ASSERT_EQ(families[1].metric.size(), 2u);
+  EXPECT_EQ(families[1].metric[0].label.at(0).value, "a");
+  EXPECT_EQ(families[1].metric[0].gauge.value, 2);
+  EXPECT_EQ(families[2].name, "c_seconds");
+  EXPECT_EQ(families[2].type, prometheus::MetricType::Histogram);
+}
+
+TEST(RegistryTest, NegativeCounterIncrementsAreIgnored) {
+  Registry registry;
+  Counter& c = registry.GetCounter("c_total", "C.");
+  c.Increment(2);
+  c.Increment(-1);
+  EXPECT_EQ(c.Value(), 2);
 }
 
 TEST(RegistryTest, BucketHelpers) {
@@ -194,11 +216,12 @@ TEST(RegistryTest, ConcurrentIncrementsAreNotLost) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(registry.GetCounter("ops_total", "Ops.").Value(), kThreads * kPerThread);
   EXPECT_EQ(registry.GetGauge("level", "Level.").Value(), kThreads * kPerThread * 0.5);
-  Histogram::Snapshot s = registry.GetHistogram("sizes", "Sizes.", {1, 10}).Collect();
-  EXPECT_EQ(s.count, static_cast<uint64_t>(kThreads * kPerThread));
+  const prometheus::ClientMetric::Histogram s =
+      registry.GetHistogram("sizes", "Sizes.", {1, 10}).Collect().histogram;
+  EXPECT_EQ(s.sample_count, static_cast<uint64_t>(kThreads * kPerThread));
   // Per thread: values 0..19 repeated; 0,1 <= 1 (2 of 20); 2..10 <= 10 (9 of 20).
-  EXPECT_EQ(s.cumulative[0], s.count * 2 / 20);
-  EXPECT_EQ(s.cumulative[1], s.count * 11 / 20);
+  EXPECT_EQ(s.bucket.at(0).cumulative_count, s.sample_count * 2 / 20);
+  EXPECT_EQ(s.bucket.at(1).cumulative_count, s.sample_count * 11 / 20);
 }
 
 using RegistryDeathTest = ::testing::Test;
@@ -214,9 +237,12 @@ TEST(RegistryDeathTest, InvalidNamesAndConflictsAbortWithAClearMessage) {
   registry.GetCounter("x", "h");
   EXPECT_DEATH(registry.GetGauge("x", "h"), "metric x registered as counter and as gauge");
   EXPECT_DEATH(registry.GetCounter("x", "other help"), "two help strings");
-  EXPECT_DEATH(registry.GetCounter("x", "h").Increment(-1), "must be >= 0");
   registry.AddCallbackGauge("cbg", "h", {}, [] { return 1.0; });
   EXPECT_DEATH(registry.GetGauge("cbg", "h"), "is a callback gauge");
+  EXPECT_DEATH(registry.AddCallbackGauge("cbg", "h", {}, [] { return 2.0; }),
+               "gauge cbg is already registered");
+  registry.GetHistogram("hb", "h", {1, 2});
+  EXPECT_DEATH(registry.GetHistogram("hb", "h", {1, 3}), "two bucket layouts");
 }
 
 }  // namespace
