@@ -133,7 +133,10 @@ of our own marked *ours*). Warnings do not stop the job.
 - `use_rollout_logprobs` and `use_tis` exclude each other; `tis_clip_low <= tis_clip` (*ours*).
 - `eps_clip_high` defaults to `eps_clip`; `cispo` with `eps_clip < 1` warns.
 - `use_opd` requires `opd_type`; `megatron` requires `opd_teacher_load`; `sglang` forbids it
-  and needs `reward.rm_url`; `opd_teacher_load` without `use_opd` is an error.
+  and needs `reward.rm_url` (the teacher, an `http://` URL), which then cannot also serve
+  `rm_type: remote_rm` (nor an eval dataset's); `sglang` without `reward.rm_type` or
+  `custom_rm_path` (pure distillation, every reward 0) refuses `rollout.dynamic_sampling_filter`;
+  `opd_teacher_load` without `use_opd` is an error.
 - `use_rollout_routing_replay` implies `use_routing_replay`; `enable_mtp_training` requires
   `mtp_num_layers`.
 - `debug.dump_details: DIR` sets `save_debug_rollout_data` to
