@@ -563,8 +563,9 @@ void AddRewardFields(std::vector<FieldSpec<Config>>* table) {
       .ReadBy("reward")
       .Slime("--rm-url")
       .Doc(
-          "HTTP endpoint of the remote reward model (required for remote_rm) or of the "
-          "on-policy-distillation teacher.");
+          "HTTP endpoint of the remote reward model (required for remote_rm), or, with "
+          "algorithm.opd_type sglang, of the distillation teacher: http://host:port (POSTs to "
+          "/generate) or the full URL of an SGLang-API /generate endpoint.");
   b.Add("reward_key", &RewardConfig::reward_key)
       .ReadBy("reward")
       .Slime("--reward-key")
@@ -582,13 +583,13 @@ void AddRewardFields(std::vector<FieldSpec<Config>>* table) {
   b.Add("rm_timeout_s", &RewardConfig::rm_timeout_s)
       .ReadBy("reward")
       .Above(0)
-      .Doc("Timeout of one remote_rm request (slime: 120 s).");
+      .Doc("Timeout of one remote_rm (or OPD teacher) request (slime: 120 s).");
   b.Add("rm_max_attempts", &RewardConfig::rm_max_attempts)
       .ReadBy("reward")
       .Min(1)
       .Doc(
-          "remote_rm attempts per sample; failures wait min(2^k, 30) s plus jitter before the "
-          "next (slime: 10).");
+          "remote_rm (or OPD teacher) attempts per sample; failures wait min(2^k, 30) s plus "
+          "jitter before the next (slime: 10).");
   b.Add("plugin_timeout_s", &RewardConfig::plugin_timeout_s)
       .ReadBy("reward")
       .Above(0)

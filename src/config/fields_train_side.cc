@@ -180,14 +180,19 @@ void AddAlgorithmFields(std::vector<FieldSpec<Config>>* table) {
   b.Add("use_opd", &AlgorithmConfig::use_opd)
       .ReadBy("train")
       .Slime("--use-opd")
-      .Doc("On-policy distillation: penalize advantages by the reverse KL to a teacher.");
+      .Doc(
+          "On-policy distillation: subtract opd_kl_coef × (student − teacher log-prob) of each "
+          "sampled token from its advantage (a reverse-KL penalty toward the teacher).");
   b.Add("opd_type", &AlgorithmConfig::opd_type)
       .ReadBy("train")
       .Slime("--opd-type")
       .Enum({"sglang", "megatron"})
       .Doc(
-          "Teacher source: `sglang` = a server at reward.rm_url scores the tokens during "
-          "rollout; `megatron` = teacher weights (opd_teacher_load) loaded into the trainer.");
+          "Teacher source: `sglang` = any server speaking SGLang's /generate at reward.rm_url "
+          "scores each sampled response during rollout (prefill only, at the rollout "
+          "temperature; without reward.rm_type or custom_rm_path every reward is 0: pure "
+          "distillation); `megatron` = teacher weights (opd_teacher_load) loaded into the "
+          "trainer.");
   b.Add("opd_kl_coef", &AlgorithmConfig::opd_kl_coef)
       .ReadBy("train")
       .Slime("--opd-kl-coef")

@@ -150,7 +150,10 @@ of our own marked *ours*). Warnings do not stop the job.
 - `use_rollout_logprobs` and `use_tis` exclude each other; `tis_clip_low <= tis_clip` (*ours*).
 - `eps_clip_high` defaults to `eps_clip`; `cispo` with `eps_clip < 1` warns.
 - `use_opd` requires `opd_type`; `megatron` requires `opd_teacher_load`; `sglang` forbids it
-  and needs `reward.rm_url`; `opd_teacher_load` without `use_opd` is an error.
+  and needs `reward.rm_url` (the teacher, an `http://` URL), which then cannot also serve
+  `rm_type: remote_rm` (nor an eval dataset's); `sglang` without `reward.rm_type` or
+  `custom_rm_path` (pure distillation, every reward 0) refuses `rollout.dynamic_sampling_filter`;
+  `opd_teacher_load` without `use_opd` is an error.
 - `debug.dump_details: DIR` sets `save_debug_rollout_data` to
   `DIR/rollout_data/{rollout_id}.json` and `save_debug_train_data` to
   `DIR/train_data/{rollout_id}_{rank}.json`; the two must differ; the templates must contain

@@ -142,9 +142,7 @@ class Resolver {
               "algorithm.opd_teacher_load must not be set with algorithm.opd_type 'sglang' "
               "(the teacher's log-probs come from the server at reward.rm_url)");
         }
-        if (!c_.reward.rm_url.has_value()) {
-          Error("algorithm.opd_type 'sglang' requires reward.rm_url (the teacher server)");
-        }
+        ResolveSglangTeacher();
       }
     } else if (a.opd_teacher_load.has_value()) {
       Error("algorithm.opd_teacher_load is set but algorithm.use_opd is false");
@@ -560,6 +558,46 @@ class Resolver {
       if (!ds.custom_generate) ds.custom_generate = r.custom_generate.value_or("none");
       if (!ds.env_url) ds.env_url = r.env_url;
       check(fmt::format("eval.datasets[{}].custom_generate", i), ds.custom_generate, ds.env_url);
+    }
+  }
+
+  // use_opd with opd_type sglang: reward.rm_url is the teacher (rollout/teacher.h).
+  void ResolveSglangTeacher() {
+    const RewardConfig& rw = c_.reward;
+    if (!rw.rm_url.has_value()) {
+      Error("algorithm.opd_type 'sglang' requires reward.rm_url (the teacher server)");
+      return;
+    }
+    if (!IsHttpUrl(*rw.rm_url)) {
+      Error(
+          "reward.rm_url '{}' (the OPD teacher of algorithm.opd_type 'sglang') must be "
+          "http://host:port or http://host:port/path",
+          *rw.rm_url);
+    }
+    auto remote = [](const std::optional<std::string>& t) {
+      return t == "remote_rm" || t == "boxed_remote_rm";
+    };
+    if (remote(rw.rm_type)) {
+      Error(
+          "reward.rm_type '{}' cannot be used with algorithm.opd_type 'sglang': reward.rm_url "
+          "is the teacher server; score with a rule reward or reward.custom_rm_path",
+          *rw.rm_type);
+    }
+    for (size_t i = 0; i < c_.eval.datasets.size(); ++i) {
+      if (remote(c_.eval.datasets[i].rm_type)) {
+        Error(
+            "eval.datasets[{}].rm_type '{}' cannot be used with algorithm.opd_type 'sglang': "
+            "reward.rm_url is the teacher server",
+            i, *c_.eval.datasets[i].rm_type);
+      }
+    }
+    if (!rw.rm_type.has_value() && !rw.custom_rm_path.has_value() &&
+        c_.rollout.dynamic_sampling_filter.has_value()) {
+      Error(
+          "rollout.dynamic_sampling_filter '{}' would drop every group: with algorithm.opd_type "
+          "'sglang' and no reward.rm_type or reward.custom_rm_path every reward is 0 (pure "
+          "distillation)",
+          *c_.rollout.dynamic_sampling_filter);
     }
   }
 

@@ -59,6 +59,7 @@ Status Sample::AppendResponse(std::span<const int32_t> ids, std::span<const floa
   } else if (had_log_probs) {
     rollout_log_probs.insert(rollout_log_probs.end(), ids.size(), 0.0f);
   }
+  teacher_log_probs.clear();
   response.append(text);
   if (!weight_version.empty()) weight_versions.emplace_back(weight_version);
   return absl::OkStatus();
@@ -95,6 +96,11 @@ Status Sample::Validate() const {
       static_cast<int64_t>(rollout_log_probs.size()) != response_length) {
     return bad(fmt::format("rollout_log_probs has {} entries, response_length is {}",
                            rollout_log_probs.size(), response_length));
+  }
+  if (!teacher_log_probs.empty() &&
+      static_cast<int64_t>(teacher_log_probs.size()) != response_length) {
+    return bad(fmt::format("teacher_log_probs has {} entries, response_length is {}",
+                           teacher_log_probs.size(), response_length));
   }
   if (!metadata.is_object()) {
     return bad(fmt::format("metadata is {}, expected an object", metadata.type_name()));

@@ -54,6 +54,9 @@ data::RolloutBatch ToTrainBatch(const rollout::RolloutResult& result, double tem
       if (static_cast<int64_t>(s.rollout_log_probs.size()) == s.response_length) {
         t.rollout_log_probs = s.rollout_log_probs;
       }
+      if (static_cast<int64_t>(s.teacher_log_probs.size()) == s.response_length) {
+        t.teacher_log_probs = s.teacher_log_probs;  // OPD with opd_type sglang
+      }
       t.truncated = s.status == data::SampleStatus::kTruncated;
       batch.samples.push_back(std::move(t));
       ++i;

@@ -59,6 +59,7 @@ bool NeedsGeneration(const data::Sample& s) {
 // Runs on the worker thread of the group's last call.
 Status ScoreGroup(reward::RewardModel* model, const std::string& rm_type,
                   const std::string& reward_key, data::SampleGroup* group) {
+  if (model == nullptr) return absl::OkStatus();
   std::vector<data::Sample*> scored;
   for (auto& s : *group) {
     if (s.status == data::SampleStatus::kCompleted || s.status == data::SampleStatus::kTruncated) {
@@ -104,10 +105,16 @@ Status ScoreGroup(reward::RewardModel* model, const std::string& rm_type,
   return absl::OkStatus();
 }
 
+Status FinishGroup(reward::RewardModel* model, TeacherClient* teacher, const std::string& rm_type,
+                   const std::string& reward_key, data::SampleGroup* group) {
+  if (teacher != nullptr) SLIME_RETURN_IF_ERROR(teacher->ScoreGroup(group));
+  return ScoreGroup(model, rm_type, reward_key, group);
+}
+
 }  // namespace internal
 
+using internal::FinishGroup;
 using internal::NeedsGeneration;
-using internal::ScoreGroup;
 
 RolloutCoordinator::RolloutCoordinator() = default;
 RolloutCoordinator::~RolloutCoordinator() {
@@ -165,6 +172,10 @@ Status RolloutCoordinator::Configure(RolloutOptions options, GroupSource* source
       StartRecovery(engine, cause);
     };
   }
+  std::unique_ptr<TeacherClient> teacher;
+  if (options.teacher.has_value()) {
+    SLIME_ASSIGN_OR_RETURN(teacher, TeacherClient::Create(*options.teacher));
+  }
   SLIME_ASSIGN_OR_RETURN(std::unique_ptr<EnginePool> pool, EnginePool::Create(options.engines));
   {
     std::lock_guard<std::mutex> lock(cancel_mu_);
@@ -176,6 +187,7 @@ Status RolloutCoordinator::Configure(RolloutOptions options, GroupSource* source
     custom_pool_.reset();  // joins the old threads (no Generate or Eval is running)
     custom_pool_ = std::make_unique<TaskPool>(options.custom_generate_concurrency);
   }
+  teacher_ = std::move(teacher);
   options_ = std::move(options);
   source_ = source;
   reward_ = reward;
@@ -218,7 +230,7 @@ void RolloutCoordinator::SubmitJob(const std::shared_ptr<Run>& run, Job* job, in
     if (body) calls.emplace_back(j, std::move(*body));
   }
   if (calls.empty()) {  // nothing left to generate (resumed finished group): score it now
-    Status st = ScoreGroup(run->reward, job->rm_type, job->reward_key, &job->group);
+    Status st = FinishGroup(run->reward, run->teacher, job->rm_type, job->reward_key, &job->group);
     absl::MutexLock lock(&run->mu);
     job->error = st;
     run->done.push_back(job);
@@ -241,6 +253,15 @@ void RolloutCoordinator::SubmitJob(const std::shared_ptr<Run>& run, Job* job, in
       if (r.ok()) {
         const int64_t before = s.response_length;
         st = internal::ApplyGenerateResponse(*r, &s);
+        if (st.ok() && run->teacher != nullptr && !NeedsGeneration(s) && !run->Aborting()) {
+          // The teacher scores the sample now, in parallel with the group's other samples.
+          StatusOr<std::vector<float>> lps = run->teacher->ResponseLogProbs(s);
+          if (lps.ok()) {
+            s.teacher_log_probs = *std::move(lps);
+          } else {
+            st = lps.status();
+          }
+        }
         run->response_tokens += s.response_length - before;
         run->samples_done += 1;
         job->attempt_tokens += s.response_length - before;
@@ -256,7 +277,7 @@ void RolloutCoordinator::SubmitJob(const std::shared_ptr<Run>& run, Job* job, in
       st = end.error;
       if (end.last) {
         if (st.ok() && !end.aborting && !end.retry) {
-          st = ScoreGroup(run->reward, job->rm_type, job->reward_key, &job->group);
+          st = FinishGroup(run->reward, run->teacher, job->rm_type, job->reward_key, &job->group);
         }
         absl::MutexLock lock(&run->mu);
         if (!st.ok()) job->error = st;
@@ -423,7 +444,8 @@ StatusOr<RolloutResult> RolloutCoordinator::Generate(int64_t rollout_id) {
   auto run = std::make_shared<Run>();
   run->rollout_id = rollout_id;
   run->samples_target = tally.target * options_.n_samples_per_prompt;
-  run->reward = reward_;
+  run->reward = options_.score_rewards ? reward_ : nullptr;
+  run->teacher = teacher_.get();
   pool_->ResetMaxInFlight();
   RecoverReplacedEngines();
 

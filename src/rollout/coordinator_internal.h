@@ -55,7 +55,8 @@ struct RolloutCoordinator::Run {
   int64_t rollout_id = 0;
   bool eval = false;
   int64_t samples_target = 0;
-  reward::RewardModel* reward = nullptr;
+  reward::RewardModel* reward = nullptr;  // null: no rewards (pure distillation, training only)
+  TeacherClient* teacher = nullptr;       // the OPD teacher (training runs only), or null
   Clock::time_point start = Clock::now();
   Clock::time_point last_progress = Clock::now();
   std::vector<std::unique_ptr<Job>> jobs;  // main thread only; Jobs never move
@@ -77,6 +78,10 @@ struct RolloutCoordinator::Run {
     bool retry = false;
     Status error;
   };
+  bool Aborting() {
+    absl::MutexLock lock(&mu);
+    return aborting;
+  }
   CallEnd EndCall(Job* job, const Status& status, bool lost) {
     absl::MutexLock lock(&mu);
     if (!status.ok() && job->error.ok()) job->error = status;
@@ -113,9 +118,15 @@ namespace internal {
 bool NeedsGeneration(const data::Sample& s);
 
 // Scores the generated (completed or truncated) samples of `group` in one reward call (slime:
-// aborted samples get none); reward_key picks a field of a mapping reward.
+// aborted samples get none); reward_key picks a field of a mapping reward. A null `model`
+// scores nothing (rewards stay as they are).
 Status ScoreGroup(reward::RewardModel* model, const std::string& rm_type,
                   const std::string& reward_key, data::SampleGroup* group);
+
+// A generated group's last step, on the thread of its last call: the teacher's log-probs for
+// the generated samples still without them (`teacher` set), then ScoreGroup.
+Status FinishGroup(reward::RewardModel* model, TeacherClient* teacher, const std::string& rm_type,
+                   const std::string& reward_key, data::SampleGroup* group);
 
 // Slime's reward post-processing (reward::NormalizeGroupRewards) over the kept groups, whose
 // rewards are `raw_rewards` flattened in group order. When every group has

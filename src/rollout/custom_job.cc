@@ -238,7 +238,8 @@ void RolloutCoordinator::SubmitCustomJob(const std::shared_ptr<Run>& run, Job* j
   }
   job->custom_results.assign(job->group.size(), CustomGenerateResult{});
   if (todo.empty()) {  // nothing to generate (a finished group): score it now
-    Status st = internal::ScoreGroup(run->reward, job->rm_type, job->reward_key, &job->group);
+    Status st = internal::FinishGroup(run->reward, run->teacher, job->rm_type, job->reward_key,
+                                      &job->group);
     absl::MutexLock lock(&run->mu);
     job->error = st;
     run->done.push_back(job);
@@ -306,6 +307,9 @@ void RolloutCoordinator::SubmitCustomJob(const std::shared_ptr<Run>& run, Job* j
         if (st.ok() && !end.retry) {
           st = FinishCustomGroup(run->reward, job->rm_type, job->reward_key,
                                  &job->custom_results, &job->group);
+          if (st.ok() && !end.aborting && run->teacher != nullptr) {
+            st = run->teacher->ScoreGroup(&job->group);  // custom groups cut short are dropped
+          }
         }
         absl::MutexLock lock(&run->mu);
         if (!st.ok()) job->error = st;

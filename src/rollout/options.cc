@@ -54,6 +54,23 @@ StatusOr<RolloutOptions> RolloutOptionsFromConfig(const config::Config& config,
   o.logged_metrics.reward_category = config.metrics.log_reward_category.value_or("");
   o.logged_metrics.max_response_len = config.rollout.max_response_len.value_or(0);
   o.custom_generate_concurrency = config.rollout.custom_generate_concurrency;
+  const config::AlgorithmConfig& a = config.algorithm;
+  if (a.use_opd && a.opd_type == "sglang") {
+    if (!config.reward.rm_url.has_value()) {
+      return absl::InvalidArgumentError(
+          "algorithm.opd_type 'sglang' requires reward.rm_url (the teacher server)");
+    }
+    TeacherOptions t;
+    t.url = *config.reward.rm_url;
+    t.temperature = config.rollout.temperature;
+    t.timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(config.reward.rm_timeout_s * 1000));
+    t.max_attempts = config.reward.rm_max_attempts;
+    o.teacher = std::move(t);
+    // Without a task reward the teacher alone drives training (slime's OPD reward is 0).
+    o.score_rewards =
+        config.reward.rm_type.has_value() || config.reward.custom_rm_path.has_value();
+  }
   return o;
 }
 

@@ -20,6 +20,7 @@ nlohmann::json SampleToJson(const data::Sample& s) {
       {"raw_reward", s.raw_reward},
       {"loss_mask", s.loss_mask},
       {"rollout_log_probs", s.rollout_log_probs},
+      {"teacher_log_probs", s.teacher_log_probs},
       {"status", std::string(data::SampleStatusName(s.status))},
       {"metadata", nlohmann::json::parse(s.metadata.dump())},
       {"weight_versions", s.weight_versions},
@@ -58,6 +59,8 @@ StatusOr<data::Sample> SampleFromJson(const nlohmann::json& j) {
     s.loss_mask = j.at(field).get<std::vector<uint8_t>>();
     field = "rollout_log_probs";
     s.rollout_log_probs = j.at(field).get<std::vector<float>>();
+    field = "teacher_log_probs";  // optional: files written before it existed lack it
+    if (j.contains(field)) s.teacher_log_probs = j.at(field).get<std::vector<float>>();
     field = "status";
     SLIME_ASSIGN_OR_RETURN(s.status, data::ParseSampleStatus(j.at(field).get<std::string>()));
     field = "metadata";

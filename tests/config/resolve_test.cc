@@ -12,6 +12,8 @@ namespace {
 using testing::Contains;
 using testing::FailsWith;
 using testing::LoadMinimal;
+using testing::LoadText;
+using testing::kMinimalYaml;
 
 // ---- algorithm ---------------------------------------------------------------------------
 
@@ -106,6 +108,35 @@ TEST(ConfigResolveAlgorithm, OnPolicyDistillationRules) {
                         {"algorithm.opd_type 'sglang' requires reward.rm_url"}));
   EXPECT_TRUE(FailsWith(LoadMinimal({"algorithm.opd_teacher_load=/t"}),
                         {"algorithm.opd_teacher_load is set but algorithm.use_opd is false"}));
+  // sglang: reward.rm_url is the teacher, so it must be an http URL and cannot also be the
+  // remote reward model; without a task reward every reward is 0 and a dynamic filter that
+  // drops equal-reward groups would drop them all.
+  const std::vector<std::string> sglang = {"algorithm.use_opd=true", "algorithm.opd_type=sglang"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), sglang.begin(), sglang.end());
+    return LoadMinimal(more);
+  };
+  EXPECT_TRUE(with({"reward.rm_url=http://teacher:30000"}).ok());
+  EXPECT_TRUE(with({"reward.rm_url=http://teacher:30000/generate", "reward.rm_type=math"}).ok());
+  EXPECT_TRUE(FailsWith(with({"reward.rm_url=teacher:30000"}),
+                        {"reward.rm_url 'teacher:30000' (the OPD teacher of algorithm.opd_type "
+                         "'sglang') must be http://host:port"}));
+  EXPECT_TRUE(FailsWith(with({"reward.rm_url=http://teacher:30000", "reward.rm_type=remote_rm"}),
+                        {"reward.rm_type 'remote_rm' cannot be used with algorithm.opd_type "
+                         "'sglang': reward.rm_url is the teacher server"}));
+  EXPECT_TRUE(FailsWith(with({"reward.rm_url=http://teacher:30000",
+                              "rollout.dynamic_sampling_filter=check_reward_nonzero_std"}),
+                        {"rollout.dynamic_sampling_filter 'check_reward_nonzero_std' would drop "
+                         "every group"}));
+  EXPECT_TRUE(with({"reward.rm_url=http://teacher:30000", "reward.rm_type=math",
+                    "rollout.dynamic_sampling_filter=check_reward_nonzero_std"})
+                  .ok());
+  EXPECT_TRUE(FailsWith(
+      LoadText(std::string(kMinimalYaml) +
+                   "eval: {datasets: [{name: e, path: /data/e.jsonl, rm_type: remote_rm}]}\n",
+               {"algorithm.use_opd=true", "algorithm.opd_type=sglang",
+                "reward.rm_url=http://teacher:30000", "reward.rm_type=math"}),
+      {"eval.datasets[0].rm_type 'remote_rm' cannot be used with algorithm.opd_type 'sglang'"}));
   EXPECT_TRUE(FailsWith(LoadMinimal({"algorithm.opd_type=vllm"}),
                         {"algorithm.opd_type: 'vllm' is not one of 'sglang', 'megatron'"}));
 }

@@ -12,6 +12,8 @@
 // sync, also for a restarted engine's resync), and bad pipeline layouts fail naming the
 // settings. A multi-turn GRPO job runs its
 // episodes against the example calculator environment (real HTTP) and trains on them.
+// On-policy distillation from a teacher served by `slime_train serve` pulls the student to it;
+// an unreachable teacher fails the job naming it.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -19,6 +21,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -36,6 +39,7 @@
 #include "promtool.h"
 #include "remove_tree.h"
 #include "slime/http/client.h"
+#include "slime/http/server.h"
 #include "test_paths.h"
 
 namespace slime {
@@ -1161,6 +1165,162 @@ TEST_F(DriverE2eTest, MultiTurnGrpoAgainstTheCalculatorEnvironment) {
   EXPECT_EQ(ReadFile(dir_ / "ckpt" / "latest_checkpointed_iteration.txt").substr(0, 1), "1");
 }
 #endif
+
+// Multiplies the float32 tensor `name` by `factor` in every *.safetensors file of `dir` that
+// holds it (in place: header length, JSON header, data). False with *error when it is not there.
+bool ScaleSafetensor(const fs::path& dir, const std::string& name, float factor,
+                     std::string* error) {
+  bool found = false;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    std::string bytes = ReadFile(entry.path());
+    uint64_t header_len = 0;
+    std::memcpy(&header_len, bytes.data(), sizeof header_len);  // little-endian hosts
+    const Json header = Json::parse(bytes.substr(8, header_len));
+    if (!header.contains(name)) continue;
+    if (header[name].at("dtype") != "F32") {
+      *error = name + " is not F32 in " + entry.path().string();
+      return false;
+    }
+    const auto offsets = header[name].at("data_offsets").get<std::vector<uint64_t>>();
+    for (uint64_t at = 8 + header_len + offsets[0]; at < 8 + header_len + offsets[1]; at += 4) {
+      float v = 0;
+      std::memcpy(&v, bytes.data() + at, 4);
+      v *= factor;
+      std::memcpy(bytes.data() + at, &v, 4);
+    }
+    const fs::path tmp = entry.path().string() + ".tmp";
+    std::ofstream(tmp, std::ios::binary) << bytes;
+    fs::rename(tmp, entry.path());
+    found = true;
+  }
+  if (!found) *error = name + " not found in " + dir.string();
+  return found;
+}
+
+// The OPD job of the tests below: `student` distilled from the teacher at 127.0.0.1:`port`
+// with no task reward, the same 4 prompts × 8 samples every rollout, one step per rollout.
+fs::path WriteOpdConfig(const fs::path& dir, const fs::path& student, int port,
+                        int num_rollout) {
+  const std::string yaml =
+      "cluster:\n"
+      "  device: cpu\n"
+      "  cpu_slots_per_node: 2\n"
+      "  actor_num_nodes: 1\n"
+      "  actor_num_gpus_per_node: 1\n"
+      "  rollout_num_gpus: 1\n"
+      "  rollout_num_gpus_per_engine: 1\n"
+      "  run_dir: " + (dir / "run").string() + "\n"
+      "model:\n"
+      "  hf_checkpoint: " + student.string() + "\n"
+      "data:\n"
+      "  prompt_data: " + SourceDir() + "/data/demo/train.jsonl@[0:4]\n"
+      "  apply_chat_template: true\n"
+      "  rollout_batch_size: 4\n"
+      "  n_samples_per_prompt: 8\n"
+      "  num_rollout: " + std::to_string(num_rollout) + "\n"
+      "rollout:\n"
+      "  max_response_len: 8\n"
+      "  temperature: 0.05\n"
+      "  seed: 7\n"
+      "reward:\n"
+      "  rm_url: http://127.0.0.1:" + std::to_string(port) + "\n"
+      "  rm_max_attempts: 2\n"
+      "algorithm:\n"
+      "  use_opd: true\n"
+      "  opd_type: sglang\n"
+      "  opd_kl_coef: 1.0\n"
+      "train:\n"
+      "  bf16: false\n"
+      "  lr: 3.0e-5\n"
+      "  seed: 7\n"
+      "  global_batch_size: 32\n"
+      "  micro_batch_size: 32\n"
+      "debug:\n"
+      "  deterministic_mode: true\n";  // sample j of a group samples with seed 7 + j
+  const fs::path config = dir / "job.yaml";
+  std::ofstream(config) << yaml;
+  return config;
+}
+
+// On-policy distillation from a teacher behind SGLang's API (algorithm.opd_type: sglang): the
+// teacher is `slime_train serve` on another model — the student's initial weights with the
+// final RMSNorm scaled ×2, i.e. the same ranking of tokens with logits ×2 (a sharper policy) —
+// and no task reward is set (pure distillation: every reward 0, so the OPD term is the only
+// signal). At rollout temperature 0.05 the random student's near-uniform logits make a peaked
+// policy, as a trained model's is. The same prompts and sampling seeds every rollout: the
+// reverse KL from student to teacher on the sampled tokens (train/opd_reverse_kl, the mean of
+// logp_student − logp_teacher) falls to well under half its start, and the teacher finds the
+// student's samples ever more likely (rollout/trainer/teacher_log_probs).
+TEST_F(DriverE2eTest, OnPolicyDistillationFromAServedTeacherPullsTheStudentToIt) {
+  const fs::path teacher = dir_ / "teacher";
+  fs::copy(*root_ / "model", teacher, fs::copy_options::recursive);
+  std::string error;
+  ASSERT_TRUE(ScaleSafetensor(teacher, "model.norm.weight", 2.0f, &error)) << error;
+  fs::create_directories(dir_ / "server");
+  Child server({"serve", "--model", teacher.string(), "--host", "127.0.0.1", "--port", "0",
+                "--device", "cpu"},
+               dir_ / "server");
+  const int port = ServePort(server, std::chrono::seconds(120));
+  ASSERT_GT(port, 0) << "the teacher server did not start\n" << server.err();
+
+  const int num_rollout = 8;
+  const fs::path config = WriteOpdConfig(dir_, *root_ / "model", port, num_rollout);
+  Child run({"--config", config.string()}, dir_);
+  std::optional<int> code = run.Wait(std::chrono::seconds(400));
+  ASSERT_EQ(code, std::optional<int>(0)) << "stdout:\n" << run.out() << "\nstderr:\n"
+                                         << ReadLogs(dir_ / "run", run);
+
+  std::map<int64_t, Json> rollouts = RolloutRecords(dir_ / "run" / "metrics.jsonl");
+  std::map<int64_t, Json> steps = StepValues(dir_ / "run" / "metrics.jsonl");
+  ASSERT_EQ(rollouts.size(), static_cast<size_t>(num_rollout));
+  ASSERT_EQ(steps.size(), static_cast<size_t>(num_rollout));  // one optimizer step per rollout
+  std::vector<double> kl, teacher_lp;
+  for (const auto& [step, values] : steps) {
+    ASSERT_TRUE(values.contains("train/opd_reverse_kl")) << values.dump();
+    kl.push_back(values["train/opd_reverse_kl"].get<double>());
+  }
+  for (const auto& [id, r] : rollouts) {
+    EXPECT_EQ(r.value("rollout/raw_reward", -1.0), 0.0) << "pure distillation: " << r.dump();
+    ASSERT_TRUE(r.contains("rollout/trainer/teacher_log_probs")) << r.dump();
+    teacher_lp.push_back(r["rollout/trainer/teacher_log_probs"].get<double>());
+  }
+  std::string trace = "reverse KL per step:";
+  for (double v : kl) trace += " " + std::to_string(v);
+  trace += "; teacher log-prob per rollout:";
+  for (double v : teacher_lp) trace += " " + std::to_string(v);
+  std::cerr << trace << "\n";
+  // The untrained student is measurably far from the teacher; over the last three steps it is
+  // much closer (the same prompts and seeds each rollout: only the student changed).
+  const auto last3 = [](const std::vector<double>& v) { return (v[5] + v[6] + v[7]) / 3; };
+  EXPECT_GT(kl[0], 0.15) << trace;
+  EXPECT_LT(last3(kl), 0.5 * kl[0]) << trace;
+  EXPECT_GT(last3(teacher_lp), teacher_lp[0] + 0.2) << trace;
+}
+
+// The teacher is down: the first rollout fails the job, naming the teacher's URL and the
+// sample it could not score, and no worker is left.
+TEST_F(DriverE2eTest, AnUnreachableTeacherFailsTheJobNamingItAndTheSample) {
+  int port = 0;
+  {
+    auto probe = http::Server::Start({}, http::Router());
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    port = (*probe)->port();  // free again once the server is gone
+  }
+  const fs::path config = WriteOpdConfig(dir_, *root_ / "model", port, 1);
+  Child run({"--config", config.string(), "--set", "reward.rm_max_attempts=1"}, dir_);
+  std::optional<int> code = run.Wait(std::chrono::seconds(300));
+  ASSERT_EQ(code, std::optional<int>(1)) << "stdout:\n" << run.out() << "\nstderr:\n"
+                                         << run.err();
+  const std::string err = run.err();
+  EXPECT_NE(err.find("slime_train: error: OPD teacher http://127.0.0.1:" + std::to_string(port) +
+                     ": sample "),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("no log-probs after 1 attempt"), std::string::npos) << err;
+  EXPECT_EQ(WorkerPid(dir_ / "run", "engine-0"), -1);
+  EXPECT_EQ(WorkerPid(dir_ / "run", "trainer-0"), -1);
+}
 
 }  // namespace
 }  // namespace slime

@@ -7,6 +7,7 @@
 //                                  SetStatusFromFinishReason("stop"|"length"|"abort")
 //   reward function                reward (the scalar the estimator uses), raw_reward (the full
 //                                  result, e.g. {"score": 1, "acc": true})
+//   OPD teacher (opd_type sglang)  teacher_log_probs (rollout/teacher.h)
 //   trainer                        tokens / response_length / loss_mask / rollout_log_probs
 //
 //   kPending ──stop──▶ kCompleted      kPending ──length──▶ kTruncated
@@ -16,7 +17,8 @@
 //   1. 0 <= response_length <= tokens.size(); the prompt is tokens[0 : PromptLength()].
 //   2. loss_mask.size() == response_length (1 = a model token trained on, 0 = a tool or
 //      environment token in a multi-turn response).
-//   3. rollout_log_probs is empty (not recorded) or has response_length entries.
+//   3. rollout_log_probs and teacher_log_probs are each empty (not recorded) or have
+//      response_length entries.
 //   4. metadata is a JSON object.
 // A group is the n_samples_per_prompt samples of one prompt; they share group_index and have
 // consecutive `index` values.
@@ -67,6 +69,9 @@ struct Sample {
   nlohmann::json raw_reward;                       // the reward function's full result (null)
   std::vector<uint8_t> loss_mask;                  // [response_length]
   std::vector<float> rollout_log_probs;            // [response_length] or empty
+  // The on-policy-distillation teacher's log-probs of the response tokens ([response_length]),
+  // or empty; AppendResponse clears them (the response they scored changed).
+  std::vector<float> teacher_log_probs;
   SampleStatus status = SampleStatus::kPending;
   nlohmann::ordered_json metadata = nlohmann::ordered_json::object();  // rm_type, tools, ...
   std::vector<std::string> weight_versions;  // engine weight version of each generated span
