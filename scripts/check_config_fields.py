@@ -30,26 +30,9 @@ import sys
 # Fields read by code on other branches of issue 26 (wiring, tboard, ckpt, recompute, opd).
 # The integrator empties this list after merging them.
 PENDING = {
-    'cluster.train_env_vars': 'wiring',
-    'fault_tolerance.health_check_interval': 'wiring',
-    'fault_tolerance.health_check_first_wait': 'wiring',
-    'debug.save_debug_train_data': 'wiring',
-    'debug.load_debug_rollout_data_subsample': 'wiring',
-    'train.data_pad_size_multiplier': 'wiring',
-    'metrics.log_multi_turn': 'wiring',
-    'metrics.log_correct_samples': 'wiring',
-    'metrics.log_reward_category': 'wiring',
-    'debug.ci_test': 'wiring',
-    'debug.ci_disable_kl_checker': 'wiring',
-    'debug.ci_kl_threshold': 'wiring',
-    'debug.ci_train_rollout_logprob_abs_diff_threshold': 'wiring',
-    'debug.ci_save_grad_norm': 'wiring',
-    'debug.ci_load_grad_norm': 'wiring',
-    'weight_sync.check_weight_update_equal': 'wiring',
-    'metrics.tensorboard_dir': 'tboard',
-    'checkpoint.async_save': 'ckpt',
-    'train.recompute_method': 'recompute',
-    'train.recompute_num_layers': 'recompute',
+    # Behaves as always true (the log-prob op recomputes each chunk's logits in backward);
+    # false is not honoured: to be refused or wired (issue 26 follow-up).
+    'train.recompute_loss_function': 'recompute',
 }
 
 SOURCE_SUFFIXES = ('.h', '.cc', '.cu', '.cuh', '.inc')

@@ -546,7 +546,7 @@ void AddWeightSyncFields(std::vector<FieldSpec<Config>>* table) {
       .Enum({"xxh3-128", "blake3", "adler32"})
       .Doc("Per-tensor checksum of delta files.");
   b.Add("check_weight_update_equal", &WeightSyncConfig::check_weight_update_equal)
-      .ReadBy("workers")
+      .ReadBy("job")
       .Slime("--check-weight-update-equal")
       .Doc(
           "Debug: after every weight sync (the first push included) every engine reports a "
@@ -585,7 +585,7 @@ void AddCheckpointFields(std::vector<FieldSpec<Config>>* table) {
       .Slime("--no-load-optim")
       .Doc("Do not load optimizer state when resuming.");
   b.Add("async_save", &CheckpointConfig::async_save)
-      .ReadBy("train")
+      .Refused("background checkpoint writes are not built yet")
       .Slime("--async-save")
       .Doc("Write checkpoints in the background.");
   b.Add("save_hf", &CheckpointConfig::save_hf)
@@ -638,7 +638,9 @@ void AddMetricsFields(std::vector<FieldSpec<Config>>* table) {
           "free port); unset = a free port on 127.0.0.1. The address is in "
           "<cluster.run_dir>/driver.json.");
   b.Add("tensorboard_dir", &MetricsConfig::tensorboard_dir)
-      .ReadBy("job")
+      .Refused(
+          "TensorBoard event files are not built yet; the JSONL log and /metrics carry the "
+          "same scalars")
       .Slime("--use-tensorboard / --tb-project-name")
       .Doc("Write TensorBoard event files here; unset = off.");
   b.Add("log_passrate", &MetricsConfig::log_passrate)
@@ -774,7 +776,7 @@ void AddDebugFields(std::vector<FieldSpec<Config>>* table) {
           "sampling repeats. Unlike slime it does not switch trainer or engine kernels to "
           "deterministic algorithms.");
   b.Add("ci_test", &DebugConfig::ci_test)
-      .ReadBy("train")
+      .ReadBy("job")
       .Slime("--ci-test")
       .Doc(
           "Fail the job (naming the metric, value and bound) when a training call breaks "
@@ -785,18 +787,18 @@ void AddDebugFields(std::vector<FieldSpec<Config>>* table) {
           "at rollout 0. (slime's log-prob and entropy range checks, which only trained models "
           "meet, are not made.)");
   b.Add("ci_disable_kl_checker", &DebugConfig::ci_disable_kl_checker)
-      .ReadBy("train")
+      .ReadBy("job")
       .Slime("--ci-disable-kl-checker")
       .Doc("With ci_test, skip the three KL checks (ppo_kl, kl_loss, log_probs vs ref).");
   b.Add("ci_kl_threshold", &DebugConfig::ci_kl_threshold)
-      .ReadBy("train")
+      .ReadBy("job")
       .Min(0)
       .Doc(
           "With ci_test, the strict bound of the KL checks: first-step |ppo_kl|, the run's "
           "first |kl_loss| and rollout 0's |log_probs − ref_log_probs| (slime fixes 1e-8).");
   b.Add("ci_train_rollout_logprob_abs_diff_threshold",
         &DebugConfig::ci_train_rollout_logprob_abs_diff_threshold)
-      .ReadBy("train")
+      .ReadBy("job")
       .Slime("--ci-train-rollout-logprob-abs-diff-threshold")
       .Min(0)
       .Doc(
@@ -804,14 +806,14 @@ void AddDebugFields(std::vector<FieldSpec<Config>>* table) {
           "log-prob over loss tokens, when the batch has the engines' log-probs) must be <= "
           "this.");
   b.Add("ci_save_grad_norm", &DebugConfig::ci_save_grad_norm)
-      .ReadBy("train")
+      .ReadBy("job")
       .Slime("--ci-save-grad-norm")
       .Doc(
           "Write each step's grad norm (role actor: grad_norm, critic: critic_grad_norm) as "
           "text to this template ({role}, {rollout_id}, {step_id} = step within the rollout), "
           "atomically; with or without ci_test.");
   b.Add("ci_load_grad_norm", &DebugConfig::ci_load_grad_norm)
-      .ReadBy("train")
+      .ReadBy("job")
       .Slime("--ci-load-grad-norm")
       .Doc(
           "Compare each step's grad norm with the one ci_save_grad_norm wrote at this "
