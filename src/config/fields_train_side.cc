@@ -509,7 +509,11 @@ void AddMetricsFields(std::vector<FieldSpec<Config>>* table) {
           "<cluster.run_dir>/driver.json.");
   b.Add("tensorboard_dir", &MetricsConfig::tensorboard_dir)
       .Slime("--use-tensorboard / --tb-project-name")
-      .Doc("Write TensorBoard event files here; unset = off.");
+      .Doc(
+          "Also write every metrics record as TensorBoard scalars into a new "
+          "events.out.tfevents.* file in this directory (created if missing): each numeric field "
+          "of metrics.jsonl is a tag, plotted at the record's step (train steps) or rollout_id, "
+          "flushed per record. `tensorboard --logdir` it. Unset = no event files.");
   b.Add("log_passrate", &MetricsConfig::log_passrate)
       .Slime("--log-passrate")
       .Doc("Log pass@k (k = 1, 2, 4, ... up to the group size).");

@@ -145,6 +145,7 @@ Status Driver::StartRuntime() {
   so.num_threads = 1;
   SLIME_ASSIGN_OR_RETURN(metrics_server_, http::Server::Start(so, std::move(router)));
   SLIME_ASSIGN_OR_RETURN(report_, DriverReport::Create(config_.metrics.jsonl_path.value_or(""),
+                                                       config_.metrics.tensorboard_dir.value_or(""),
                                                        &registry_, num_rollout_));
 
   runtime::HeadOptions ho;
