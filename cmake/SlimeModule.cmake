@@ -1,9 +1,12 @@
-# slime_add_module(NAME SOURCES ... [DEPS ...] [TORCH])
+# slime_add_module(NAME SOURCES ... [DEPS ...] [PRIVATE_DEPS ...] [TORCH])
 #   One static library per module (docs/architecture.md): target slime_<NAME>, alias slime::<NAME>.
 #   Public headers live in include/slime/<NAME>/. TORCH marks a module that may include LibTorch:
 #   it links LibTorch and gets a precompiled header; other modules never see torch include paths.
-#   NAME, its TORCH flag and its slime:: DEPS are checked against cmake/layering.txt
-#   (SlimeLayering.cmake): a dependency the layering forbids stops the configure step.
+#   PRIVATE_DEPS are used by the module's sources only: their flags (e.g. gRPC's -pthread, which
+#   would disable the torch modules' precompiled header) do not reach the modules that use it,
+#   only their libraries reach the link. NAME, its TORCH flag and its slime:: DEPS and
+#   PRIVATE_DEPS are checked against cmake/layering.txt (SlimeLayering.cmake): a dependency the
+#   layering forbids stops the configure step.
 include(SlimeLayering)
 set(SLIME_WARNINGS -Wall -Wextra -Wno-unused-parameter)
 
@@ -17,8 +20,8 @@ if(SLIME_USE_PCH)
 endif()
 
 function(slime_add_module name)
-  cmake_parse_arguments(ARG "TORCH" "" "SOURCES;DEPS" ${ARGN})
-  slime_check_layering(${name} "${ARG_TORCH}" "${ARG_DEPS}")
+  cmake_parse_arguments(ARG "TORCH" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  slime_check_layering(${name} "${ARG_TORCH}" "${ARG_DEPS};${ARG_PRIVATE_DEPS}")
   # For scripts/check_layering.py: which sources each torch-free library compiles.
   set(sources)
   foreach(source IN LISTS ARG_SOURCES)
@@ -35,6 +38,7 @@ function(slime_add_module name)
                                               ${PROJECT_BINARY_DIR}/include)
   target_compile_options(${target} PRIVATE ${SLIME_WARNINGS})
   target_link_libraries(${target} PUBLIC ${ARG_DEPS})
+  target_link_libraries(${target} PRIVATE ${ARG_PRIVATE_DEPS})
   set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
   if(ARG_TORCH)
     target_link_libraries(${target} PRIVATE slime_torch_deps)

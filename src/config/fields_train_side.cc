@@ -638,11 +638,13 @@ void AddMetricsFields(std::vector<FieldSpec<Config>>* table) {
           "free port); unset = a free port on 127.0.0.1. The address is in "
           "<cluster.run_dir>/driver.json.");
   b.Add("tensorboard_dir", &MetricsConfig::tensorboard_dir)
-      .Refused(
-          "TensorBoard event files are not built yet; the JSONL log and /metrics carry the "
-          "same scalars")
+      .ReadBy("job")
       .Slime("--use-tensorboard / --tb-project-name")
-      .Doc("Write TensorBoard event files here; unset = off.");
+      .Doc(
+          "Also write every metrics record as TensorBoard scalars into a new "
+          "events.out.tfevents.* file in this directory (created if missing): each numeric field "
+          "of metrics.jsonl is a tag, plotted at the record's step (train steps) or rollout_id, "
+          "flushed per record. `tensorboard --logdir` it. Unset = no event files.");
   b.Add("log_passrate", &MetricsConfig::log_passrate)
       .ReadBy("rollout")
       .Slime("--log-passrate")

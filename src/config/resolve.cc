@@ -684,6 +684,10 @@ class Resolver {
     if (!c_.metrics.jsonl_path.has_value()) {
       c_.metrics.jsonl_path = c_.cluster.run_dir + "/metrics.jsonl";
     }
+    if (c_.metrics.tensorboard_dir.has_value() && c_.metrics.tensorboard_dir->empty()) {
+      Error("metrics.tensorboard_dir is empty: give a directory, or leave the key out for no "
+            "TensorBoard event files");
+    }
   }
 
   Config& c_;

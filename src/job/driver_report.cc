@@ -8,6 +8,9 @@
 
 #include "fmt/format.h"
 #include "slime/common/atomic_file.h"
+#include "slime/metrics/jsonl_writer.h"
+#include "slime/metrics/tensorboard_writer.h"
+#include "spdlog/spdlog.h"
 
 namespace slime::job {
 namespace {
@@ -76,18 +79,28 @@ Status WritePrometheusTargets(const std::string& path,
 }
 
 StatusOr<std::unique_ptr<DriverReport>> DriverReport::Create(const std::string& jsonl_path,
+                                                             const std::string& tensorboard_dir,
                                                              metrics::Registry* registry,
                                                              int64_t num_rollout) {
-  std::unique_ptr<metrics::JsonlWriter> jsonl;
+  std::vector<std::unique_ptr<metrics::RecordSink>> sinks;
   if (!jsonl_path.empty()) {
-    SLIME_ASSIGN_OR_RETURN(jsonl, metrics::JsonlWriter::Open(jsonl_path));
+    SLIME_ASSIGN_OR_RETURN(sinks.emplace_back(), metrics::JsonlWriter::Open(jsonl_path));
   }
-  return std::unique_ptr<DriverReport>(new DriverReport(std::move(jsonl), registry, num_rollout));
+  if (!tensorboard_dir.empty()) {
+    auto tensorboard = metrics::TensorBoardWriter::Open(tensorboard_dir);
+    if (!tensorboard.ok()) {
+      return Status(tensorboard.status().code(),
+                    "metrics.tensorboard_dir: " + std::string(tensorboard.status().message()));
+    }
+    spdlog::info("metrics: TensorBoard events in {}", (*tensorboard)->path());
+    sinks.push_back(std::move(*tensorboard));
+  }
+  return std::unique_ptr<DriverReport>(new DriverReport(std::move(sinks), registry, num_rollout));
 }
 
-DriverReport::DriverReport(std::unique_ptr<metrics::JsonlWriter> jsonl,
+DriverReport::DriverReport(std::vector<std::unique_ptr<metrics::RecordSink>> sinks,
                            metrics::Registry* registry, int64_t num_rollout)
-    : jsonl_(std::move(jsonl)),
+    : sinks_(std::move(sinks)),
       registry_(registry),
       num_rollout_(num_rollout),
       tty_(isatty(STDOUT_FILENO) != 0) {}
@@ -107,8 +120,10 @@ Status DriverReport::Record(int64_t rollout_id, std::optional<int64_t> step,
       registry_->GetGauge(m.name, "slime metric " + key + " (latest value)").Set(value * m.scale);
     }
   }
-  if (jsonl_ == nullptr) return absl::OkStatus();
-  return jsonl_->Write(record);
+  // One object for every sink, so the log and the event file carry the same values.
+  const nlohmann::json same_for_all = record;
+  for (const auto& sink : sinks_) SLIME_RETURN_IF_ERROR(sink->Write(same_for_all));
+  return absl::OkStatus();
 }
 
 void DriverReport::Progress(const rollout::RolloutProgress& p) {

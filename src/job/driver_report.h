@@ -1,5 +1,6 @@
-// The driver's outputs (internal to the job module): metrics records to the JSONL log and to
-// Prometheus gauges, the rollout progress line and the per-rollout summary on the console.
+// The driver's outputs (internal to the job module): metrics records to the JSONL log, the
+// TensorBoard event file and Prometheus gauges, the rollout progress line and the per-rollout
+// summary on the console.
 #ifndef SLIME_JOB_DRIVER_REPORT_H_
 #define SLIME_JOB_DRIVER_REPORT_H_
 
@@ -12,7 +13,7 @@
 
 #include "nlohmann/json.hpp"
 #include "slime/common/status.h"
-#include "slime/metrics/jsonl_writer.h"
+#include "slime/metrics/record_sink.h"
 #include "slime/metrics/registry.h"
 #include "slime/rollout/coordinator.h"
 
@@ -43,12 +44,14 @@ Status WritePrometheusTargets(const std::string& path, const std::vector<Prometh
 
 class DriverReport {
  public:
-  // `jsonl_path` empty: no JSONL log.
+  // `jsonl_path` empty: no JSONL log; `tensorboard_dir` empty: no event file.
   static StatusOr<std::unique_ptr<DriverReport>> Create(const std::string& jsonl_path,
+                                                        const std::string& tensorboard_dir,
                                                         metrics::Registry* registry,
                                                         int64_t num_rollout);
 
-  // Appends {"time", "rollout_id", [step], values...} to the log and sets the gauges.
+  // Hands the record {"time", "rollout_id", [step], values...} to every sink (the JSONL log,
+  // the event file) and sets the gauges.
   Status Record(int64_t rollout_id, std::optional<int64_t> step, const MetricValues& values);
 
   // The live progress of a generate or eval (a carriage-return line on a terminal, a line every
@@ -61,10 +64,10 @@ class DriverReport {
   void EvalSummary(int64_t rollout_id, const MetricValues& values);
 
  private:
-  DriverReport(std::unique_ptr<metrics::JsonlWriter> jsonl, metrics::Registry* registry,
-               int64_t num_rollout);
+  DriverReport(std::vector<std::unique_ptr<metrics::RecordSink>> sinks,
+               metrics::Registry* registry, int64_t num_rollout);
 
-  std::unique_ptr<metrics::JsonlWriter> jsonl_;
+  std::vector<std::unique_ptr<metrics::RecordSink>> sinks_;
   metrics::Registry* registry_;
   int64_t num_rollout_;
   bool tty_;

@@ -160,6 +160,7 @@ Status Driver::StartRuntime() {
   SLIME_ASSIGN_OR_RETURN(metrics_server_, http::Server::Start(so, std::move(router)));
   metrics_target_ = fmt::format("{}:{}", MetricsHost(config_, so.host), metrics_server_->port());
   SLIME_ASSIGN_OR_RETURN(report_, DriverReport::Create(config_.metrics.jsonl_path.value_or(""),
+                                                       config_.metrics.tensorboard_dir.value_or(""),
                                                        &registry_, num_rollout_));
 
   runtime::HeadOptions ho;

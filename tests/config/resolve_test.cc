@@ -603,6 +603,13 @@ TEST(ConfigResolveMetrics, JsonlPathFollowsRunDir) {
   EXPECT_EQ(LoadMinimal({"metrics.jsonl_path=/m.jsonl"})->metrics.jsonl_path, "/m.jsonl");
 }
 
+TEST(ConfigResolveMetrics, TensorboardDirIsADirectoryOrUnset) {
+  EXPECT_TRUE(FailsWith(LoadMinimal({"metrics.tensorboard_dir=''"}),
+                        {"metrics.tensorboard_dir is empty"}));
+  EXPECT_EQ(LoadMinimal({"metrics.tensorboard_dir=/tb"})->metrics.tensorboard_dir, "/tb");
+  EXPECT_FALSE(LoadMinimal({})->metrics.tensorboard_dir.has_value());
+}
+
 // ---- programmatic use --------------------------------------------------------------------
 
 TEST(ConfigResolve, IsIdempotent) {

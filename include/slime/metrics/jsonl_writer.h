@@ -6,6 +6,8 @@
 // operating system before returning, so a crash loses at most the line being written and a
 // reader tailing the file never sees half a line from us.
 //
+// A RecordSink (record_sink.h): the job's metrics log is one of its sinks.
+//
 // Ownership: the writer owns the file handle and closes it on destruction.
 // Threads: Write() may be called from any thread; lines from concurrent writers never
 // interleave (one mutex around format+write+flush).
@@ -20,21 +22,22 @@
 #include "absl/base/thread_annotations.h"
 #include "nlohmann/json.hpp"
 #include "slime/common/status.h"
+#include "slime/metrics/record_sink.h"
 
 namespace slime::metrics {
 
-class JsonlWriter {
+class JsonlWriter : public RecordSink {
  public:
   // Opens (creating if needed) `path` for appending.
   static StatusOr<std::unique_ptr<JsonlWriter>> Open(const std::string& path);
-  ~JsonlWriter();
+  ~JsonlWriter() override;
   JsonlWriter(const JsonlWriter&) = delete;
   JsonlWriter& operator=(const JsonlWriter&) = delete;
 
   // Appends `record` as one line (compact dump, UTF-8 as given; invalid UTF-8 in strings is
   // replaced by U+FFFD rather than failing). The record should be an object; other JSON values
   // are written as they are.
-  Status Write(const nlohmann::json& record);
+  Status Write(const nlohmann::json& record) override;
 
   const std::string& path() const { return path_; }
 

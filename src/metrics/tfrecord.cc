@@ -1,0 +1,34 @@
+#include "slime/metrics/tfrecord.h"
+
+#include <boost/crc.hpp>
+
+namespace slime::metrics {
+namespace {
+
+// Castagnoli's polynomial 0x1edc6f41, reflected input and output (RFC 3720, appendix B.4).
+using Crc32cComputer = boost::crc_optimal<32, 0x1EDC6F41, 0xFFFFFFFF, 0xFFFFFFFF, true, true>;
+
+void AppendLittleEndian(uint64_t value, int bytes, std::string* out) {
+  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+
+}  // namespace
+
+uint32_t Crc32c(std::string_view data) {
+  Crc32cComputer crc;
+  crc.process_bytes(data.data(), data.size());
+  return crc.checksum();
+}
+
+uint32_t MaskCrc32c(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
+
+void AppendTfRecord(std::string_view data, std::string* out) {
+  std::string length;
+  AppendLittleEndian(data.size(), 8, &length);
+  out->append(length);
+  AppendLittleEndian(MaskCrc32c(Crc32c(length)), 4, out);
+  out->append(data);
+  AppendLittleEndian(MaskCrc32c(Crc32c(data)), 4, out);
+}
+
+}  // namespace slime::metrics
