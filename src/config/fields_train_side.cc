@@ -465,7 +465,13 @@ void AddCheckpointFields(std::vector<FieldSpec<Config>>* table) {
       .Doc("Do not load optimizer state when resuming.");
   b.Add("async_save", &CheckpointConfig::async_save)
       .Slime("--async-save")
-      .Doc("Write checkpoints in the background.");
+      .Doc(
+          "Write checkpoints in the background: the trainer copies its state (weights, "
+          "optimizer, RNG, progress) to host memory (pinned on GPU) and goes on while the files "
+          "are written, with the same atomic layout (tracker last). The next save, the end of "
+          "the job and a stop (signal, error; up to 5 min) wait for a write in flight, and its "
+          "failure fails the job there. Costs the checkpoint's size in host memory during the "
+          "write.");
   b.Add("save_hf", &CheckpointConfig::save_hf)
       .Slime("--save-hf")
       .Doc(
