@@ -1,10 +1,14 @@
 // The CUDA cases of the train module (label gpu; each skips without a CUDA device): AdamW's
-// bf16 step on CUDA equal to the CPU's, the Trainer's first-step gates in bfloat16 on a GPU, and
-// a PPO rollout with the critic on the GPU.
+// bf16 step on CUDA equal to the CPU's, the Trainer's first-step gates in bfloat16 on a GPU, a
+// PPO rollout with the critic on the GPU, and a background checkpoint save from the GPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -110,6 +114,56 @@ TEST(TrainerTest, CudaBf16PpoRollout) {
   EXPECT_EQ(Value(r.steps[0], "pg_clipfrac"), 0.0);
   EXPECT_TRUE(std::isfinite(Value(r.steps[0], "value_loss")));
   EXPECT_TRUE(std::isfinite(Value(r.steps[0], "critic_grad_norm")));
+}
+
+// checkpoint.async_save on a GPU: a PPO trainer in bfloat16 saves synchronously, then in the
+// background (pinned host copies of the device tensors, copied asynchronously and synchronized
+// before Save returns); the weights change in place on the device right after and a rollout
+// trains while the files are written: the files equal the synchronous save's, byte for byte.
+TEST(TrainerTest, CudaBackgroundSaveWritesTheSynchronousFiles) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  TempDir dir;
+  config::Config c = BaseConfig();
+  c.algorithm.advantage_estimator = "ppo";
+  TrainerOptions o;
+  o.model_dir = MakeModelDir(dir, "m", 2);
+  o.config = c;
+  o.device = torch::Device(torch::kCUDA, 0);
+  auto trainer = Trainer::Create(o);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  Trainer& t = **trainer;
+  Train(t, 0, MakeBatch(4, 12));
+  ASSERT_TRUE(t.Save(dir.Join("sync"), 0, "{}", Trainer::SaveMode::kSynchronous).ok());
+  ASSERT_TRUE(t.Save(dir.Join("async"), 0, "{}", Trainer::SaveMode::kBackground).ok());
+  {
+    torch::NoGradGuard no_grad;
+    for (const model::NamedTensor& nt :
+         model::NamedParameters(t.model().weights(), t.model().config())) {
+      nt.tensor.add_(1.0);
+    }
+  }
+  Train(t, 1, MakeBatch(4, 13));
+  Status waited = t.WaitForSave();
+  ASSERT_TRUE(waited.ok()) << waited;
+  namespace fs = std::filesystem;
+  auto files = [](const fs::path& root) {
+    std::map<std::string, std::string> out;
+    for (const fs::directory_entry& e : fs::recursive_directory_iterator(root)) {
+      if (!e.is_regular_file()) continue;
+      std::ifstream in(e.path(), std::ios::binary);
+      out[fs::relative(e.path(), root).string()] =
+          std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    return out;
+  };
+  const auto want = files(dir.Join("sync")), got = files(dir.Join("async"));
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, bytes] : want) {
+    ASSERT_EQ(got.count(name), 1u) << name;
+    EXPECT_TRUE(got.at(name) == bytes) << name << " differs";
+  }
+  EXPECT_EQ(want.count("iter_0000000/rng_state.safetensors"), 1u);
+  EXPECT_EQ(want.count("critic/iter_0000000/extra_weights.safetensors"), 1u);
 }
 
 // The fused one-pass log-softmax (model/fused_train.h) against the eager chunk on CUDA: log-probs,
