@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The step-time stall of checkpoint saves, synchronous vs checkpoint.async_save
-# (docs/benchmarks.md "Checkpoint saves: synchronous vs async_save"). Runs the same
+# (docs/benchmarks.md "Checkpoint saves: synchronous vs checkpoint.async_save"). Runs the same
 # `slime_train --config` job twice, saving after every rollout — once with synchronous saves,
 # once with checkpoint.async_save: true — and prints per mode, over rollouts 1..N-1 (rollout 0
 # warms up allocators and, on GPU, CUDA graphs):
