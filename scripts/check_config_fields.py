@@ -27,13 +27,8 @@ import os
 import re
 import sys
 
-# Fields read by code on other branches of issue 26 (wiring, tboard, ckpt, recompute, opd).
-# The integrator empties this list after merging them.
-PENDING = {
-    # Behaves as always true (the log-prob op recomputes each chunk's logits in backward);
-    # false is not honoured: to be refused or wired (issue 26 follow-up).
-    'train.recompute_loss_function': 'recompute',
-}
+# Fields read by code on branches not merged yet (field path -> branch); empty on main.
+PENDING = {}
 
 SOURCE_SUFFIXES = ('.h', '.cc', '.cu', '.cuh', '.inc')
 SECTION_BUILDER_RE = re.compile(r'SectionBuilder<(\w+)>\s+\w+\(\s*table,\s*"(\w+)"')

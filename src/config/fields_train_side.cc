@@ -460,10 +460,12 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
       .ReadBy("train")
       .Slime("--recompute-loss-function")
       .Doc(
-          "Recompute the loss's logits-sized buffers in backward. Always the case here, so "
-          "true and false behave the same: the log-prob/entropy op keeps no [tokens, vocab] "
-          "tensor between forward and backward and computes each chunk's logits again in its "
-          "backward (log_probs_chunk_size bounds them).");
+          "Compute each log-prob chunk's [chunk, vocab] logits again in the backward instead "
+          "of keeping them from the forward. true (our default; slime's is false) keeps "
+          "nothing of size [tokens, vocab] between forward and backward (log_probs_chunk_size "
+          "bounds the buffers); false keeps every chunk's logits (float32, or bf16 on the fused "
+          "GPU path) until the backward and saves one LM-head GEMM per chunk there. Same "
+          "results either way.");
   b.Add("calculate_per_token_loss", &TrainConfig::calculate_per_token_loss)
       .ReadBy("train")
       .Slime("--calculate-per-token-loss")
@@ -585,9 +587,15 @@ void AddCheckpointFields(std::vector<FieldSpec<Config>>* table) {
       .Slime("--no-load-optim")
       .Doc("Do not load optimizer state when resuming.");
   b.Add("async_save", &CheckpointConfig::async_save)
-      .Refused("background checkpoint writes are not built yet")
+      .ReadBy("job", "train", "workers")
       .Slime("--async-save")
-      .Doc("Write checkpoints in the background.");
+      .Doc(
+          "Write checkpoints in the background: the trainer copies its state (weights, "
+          "optimizer, RNG, progress) to host memory (pinned on GPU) and goes on while the files "
+          "are written, with the same atomic layout (tracker last). The next save, the end of "
+          "the job and a stop (signal, error; up to 5 min) wait for a write in flight, and its "
+          "failure fails the job there. Costs the checkpoint's size in host memory during the "
+          "write.");
   b.Add("save_hf", &CheckpointConfig::save_hf)
       .ReadBy("job")
       .Slime("--save-hf")

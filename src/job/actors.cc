@@ -81,6 +81,7 @@ class TrainerActor : public runtime::Actor {
     AddJsonMethod(this, "save", [w](const Json& r) {
       return w->Save(r.at("rollout_id").get<int64_t>(), r.value("extra_state", Json::object()));
     });
+    AddJsonMethod(this, "wait_save", [w](const Json&) { return w->WaitForSave(); });
     AddJsonMethod(this, "connect_engines", [w](const Json& r) -> StatusOr<Json> {
       SLIME_RETURN_IF_ERROR(w->ConnectEngines(r));
       return Json::object();

@@ -108,7 +108,19 @@ void Driver::Stop() {
   std::lock_guard<std::mutex> lock(stop_mu_);
   if (health_ != nullptr) health_->Stop();  // no engine is killed while the job stops
   coordinator_.Cancel();
-  if (head_ != nullptr) head_->Shutdown();
+  if (head_ == nullptr) return;
+  // checkpoint.async_save: a checkpoint being written in the background is completed before the
+  // actors stop (a signal, an error), within kStopSaveWait; otherwise the previous one stays
+  // the latest.
+  if (save_in_flight_) {
+    spdlog::info("stopping: waiting up to {} s for the checkpoint being written in the background",
+                 std::chrono::duration_cast<std::chrono::seconds>(kStopSaveWait).count());
+    if (Status s = WaitForSaves(kStopSaveWait); !s.ok()) {
+      spdlog::error("stopping: {}", std::string(s.message()));
+      std::cerr << "slime_train: " << std::string(s.message()) << "\n";
+    }
+  }
+  head_->Shutdown();
 }
 
 Status Driver::Loop() {
@@ -152,6 +164,9 @@ Status Driver::RunRollout(int64_t rollout_id) {
 }
 
 Status Driver::FinishRun(Clock::time_point loop_start) {
+  // checkpoint.async_save: the last checkpoint is complete before the job reports done (and
+  // before export_hf converts it); a failed background write fails the job here.
+  SLIME_RETURN_IF_ERROR(WaitForSaves(LongCall()));
   std::string done = fmt::format("done: rollouts {}..{} in {:.0f} s", start_rollout_id_,
                                  num_rollout_ - 1, Since(loop_start));
   for (const auto& [key, last] : last_eval_) {

@@ -9,6 +9,7 @@
 //   debug   debug.save_debug_rollout_data writes each generated rollout to a JSON file;
 //           debug.load_debug_rollout_data reads them back instead of generating (train only),
 //           keeping debug.load_debug_rollout_data_subsample of the groups (debug_data.h).
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -97,12 +98,23 @@ Status Driver::Save(int64_t rollout_id, const RolloutSideState& state, MetricVal
     return absl::OkStatus();
   }
   const auto t = Clock::now();
-  SLIME_RETURN_IF_ERROR(SaveCheckpoint(rollout_id, &state));
+  SLIME_RETURN_IF_ERROR(SaveCheckpoint(rollout_id, &state, values));
   (*values)["perf/save_time"] = Since(t);
   return absl::OkStatus();
 }
 
-Status Driver::SaveCheckpoint(int64_t rollout_id, const RolloutSideState* state) {
+Status Driver::WaitForSaves(std::chrono::milliseconds timeout) {
+  if (!save_in_flight_.exchange(false)) return absl::OkStatus();
+  const auto t = Clock::now();
+  runtime::CallOptions co;
+  co.timeout = timeout;
+  Status s = head_->Group(trainer_ids_).CallAll("wait_save", "{}", co).status();
+  if (s.ok()) spdlog::info("checkpoint: the background write finished ({:.1f} s wait)", Since(t));
+  return s;
+}
+
+Status Driver::SaveCheckpoint(int64_t rollout_id, const RolloutSideState* state,
+                              MetricValues* values) {
   const std::string& save = *config_.checkpoint.save;
   // The data source and coordinator state first: the trainer writes the tracker last, so a
   // tracker never names an iteration whose rollout state is missing.
@@ -128,7 +140,24 @@ Status Driver::SaveCheckpoint(int64_t rollout_id, const RolloutSideState* state)
                   {"extra_state", {{"num_rollout", num_rollout_}}}};
   runtime::CallOptions co;
   co.timeout = LongCall();
-  return head_->Group(trainer_ids_).CallAll("save", request.dump(), co).status();
+  // checkpoint.async_save: the trainers return once their host copies are taken; each save
+  // first waits for the previous background write (its time is perf/save_wait_time, its
+  // duration perf/save_background_time), and the end of the job waits for the last one.
+  if (config_.checkpoint.async_save) save_in_flight_ = true;
+  SLIME_ASSIGN_OR_RETURN(std::vector<std::string> replies,
+                         head_->Group(trainer_ids_).CallAll("save", request.dump(), co));
+  if (values != nullptr && config_.checkpoint.async_save) {
+    double wait = 0, write = 0;
+    for (const std::string& r : replies) {
+      Json reply = Json::parse(r, nullptr, false);
+      if (!reply.is_object()) continue;
+      wait = std::max(wait, reply.value("wait_seconds", 0.0));
+      write = std::max(write, reply.value("write_seconds", 0.0));
+    }
+    (*values)["perf/save_wait_time"] = wait;
+    if (write > 0) (*values)["perf/save_background_time"] = write;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace slime::job

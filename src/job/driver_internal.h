@@ -19,6 +19,7 @@
 #ifndef SLIME_SRC_JOB_DRIVER_INTERNAL_H_
 #define SLIME_SRC_JOB_DRIVER_INTERNAL_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -130,7 +131,13 @@ class Driver : public RolloutSteps {
   // and coordinator as saved with that checkpoint.
   Status Resume(const Json& init);
   // `state`: the rollout side to save (the async loop's capture); null: the current one.
-  Status SaveCheckpoint(int64_t rollout_id, const RolloutSideState* state = nullptr);
+  // `values` (may be null): checkpoint.async_save's perf/save_wait_time and
+  // perf/save_background_time.
+  Status SaveCheckpoint(int64_t rollout_id, const RolloutSideState* state = nullptr,
+                        MetricValues* values = nullptr);
+  // checkpoint.async_save: waits up to `timeout` for the trainers' background checkpoint write
+  // (none in flight: returns at once); its failure as the error, naming the checkpoint.
+  Status WaitForSaves(std::chrono::milliseconds timeout);
   // RolloutSteps (driver_async.h), for both loops.
   StatusOr<rollout::RolloutResult> GenerateRollout(int64_t rollout_id) override;
   Status ProcessRollout(int64_t rollout_id, const rollout::RolloutResult& result,
@@ -168,12 +175,15 @@ class Driver : public RolloutSteps {
   // memory while the engines generate.
   Status TrainerMemory(bool release, const char* metric, MetricValues* values);
   std::chrono::milliseconds LongCall() const { return std::chrono::hours(24); }
+  // How long a stop (signal, error) waits for a checkpoint being written in the background.
+  static constexpr std::chrono::minutes kStopSaveWait{5};
 
   DriverOptions options_;
   config::Config& config_;
   SignalWatcher* signals_;
   std::mutex stop_mu_;
   bool setup_done_ = false;
+  std::atomic<bool> save_in_flight_{false};  // an async_save checkpoint may be being written
 
   metrics::Registry registry_;
   std::unique_ptr<http::Server> metrics_server_;

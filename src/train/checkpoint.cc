@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint_internal.h"
 #include "slime/common/atomic_file.h"
 #include "slime/model/checkpoint.h"
 #include "slime/model/config.h"
@@ -425,31 +426,109 @@ StatusOr<int64_t> ReadTracker(const fs::path& tracker) {
   return std::stoll(s);
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
-// Save.
+// Save (checkpoint_internal.h): what a checkpoint holds is collected first, then written into a
+// temporary directory and published — on the caller's thread, or on the background writer's
+// from host copies (checkpoint_writer.cc).
 
-Status WriteCheckpointFiles(const fs::path& dir, const SaveCheckpointOptions& options,
-                            const model::ModelWeights& weights, const model::ModelConfig& config,
-                            const AdamW* optimizer, const Json& progress_json,
-                            const std::string& dtype_name) {
-  const Json hf_config = HfConfigJson(config, dtype_name);
-  SLIME_RETURN_IF_ERROR(WriteFileAtomically((dir / kConfigFile).string(), hf_config.dump(2) + "\n"));
+namespace internal {
 
-  model::WriteCheckpointOptions wo;
-  wo.max_shard_bytes = options.max_shard_bytes;
-  SLIME_RETURN_IF_ERROR(model::SaveWeights(dir.string(), weights, config, wo));
+StatusOr<CheckpointContent> CollectCheckpointContent(const SaveCheckpointOptions& options,
+                                                     const model::ModelWeights& weights,
+                                                     const model::ModelConfig& config,
+                                                     const AdamW* optimizer,
+                                                     const TrainerProgress& progress) {
+  if (options.save_dir.empty()) {
+    return absl::InvalidArgumentError("checkpoint save: save_dir is empty");
+  }
+  if (options.iteration < 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("checkpoint save: iteration {} is negative", options.iteration));
+  }
+  if (options.keep_last < 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("checkpoint save: keep_last {} is negative (0 keeps all)", options.keep_last));
+  }
+  if (options.save_optimizer && options.optimizer_state == nullptr && optimizer != nullptr &&
+      optimizer->distributed()) {
+    return absl::InvalidArgumentError(
+        "checkpoint save: the optimizer is distributed (train.use_distributed_optimizer); pass "
+        "its GatherState() as SaveCheckpointOptions::optimizer_state");
+  }
+  SLIME_RETURN_IF_ERROR(model::ValidateWeights(weights, config, 0, 1));
+  SLIME_ASSIGN_OR_RETURN(
+      Json lr_json, ParseJsonObject(progress.lr_scheduler_json, "checkpoint save: lr_scheduler"));
+  SLIME_ASSIGN_OR_RETURN(
+      Json data_json, ParseJsonObject(progress.data_source_json, "checkpoint save: data_source"));
+  SLIME_ASSIGN_OR_RETURN(std::string dtype_name, HfDTypeName(weights.embed_tokens.scalar_type()));
 
+  CheckpointContent c;
+  c.save_dir = options.save_dir;
+  c.iteration = options.iteration;
+  c.keep_last = options.keep_last;
+  c.max_shard_bytes = options.max_shard_bytes;
+  c.weights = weights;
+  c.config = config;
   const bool with_optimizer =
       options.save_optimizer && (optimizer != nullptr || options.optimizer_state != nullptr);
   if (with_optimizer) {
-    const OptimizerState state =
+    c.optimizer =
         options.optimizer_state != nullptr ? *options.optimizer_state : optimizer->ExportState();
+  }
+  c.extra_weights = options.extra_weights;
+  c.save_rng = options.save_rng;
+  if (options.save_rng) {
+    for (const std::string& name : RngNames()) c.rng.push_back({name, GetRngState(name)});
+  }
+  c.hf_config = HfConfigJson(config, dtype_name);
+  Json& state = c.trainer_state;
+  state["step"] = progress.step;
+  state["rollout_id"] = progress.rollout_id;
+  state["lr_scheduler"] = std::move(lr_json);
+  state["data_source"] = std::move(data_json);
+  state["format"] = kFormatName;
+  state["format_version"] = kCheckpointFormatVersion;
+  state["iteration"] = options.iteration;
+  state["model_config"] = c.hf_config;
+  state["model_dtype"] = dtype_name;
+  state["has_optimizer_state"] = with_optimizer;
+  state["has_rng_state"] = options.save_rng;
+  Json extra = Json::array();
+  for (const model::NamedTensor& nt : options.extra_weights) extra.push_back(nt.name);
+  state["extra_weights"] = std::move(extra);
+  return c;
+}
+
+}  // namespace internal
+
+namespace {
+
+// Writes the files of `c` into `dir`; `pause` (may be null) runs before each file.
+Status WriteCheckpointFiles(const fs::path& dir, const internal::CheckpointContent& c,
+                            const std::function<void()>& pause) {
+  auto before_file = [&] {
+    if (pause) pause();
+  };
+  before_file();
+  SLIME_RETURN_IF_ERROR(
+      WriteFileAtomically((dir / kConfigFile).string(), c.hf_config.dump(2) + "\n"));
+
+  before_file();
+  model::WriteCheckpointOptions wo;
+  wo.max_shard_bytes = c.max_shard_bytes;
+  SLIME_RETURN_IF_ERROR(model::SaveWeights(dir.string(), c.weights, c.config, wo));
+
+  if (c.optimizer) {
+    before_file();
     // Streamed: one tensor on the host at a time (the float32 masters and moments are 12 bytes a
     // parameter, 48 GB for a 4B model — beside a colocated run's pinned offload buffers, a
-    // host copy of all of them ran a 128 GiB host out of memory).
+    // host copy of all of them ran a 128 GiB host out of memory). A background save's tensors
+    // are host copies already; staging them is then a no-op.
     torch::Tensor staged;  // the tensor being written
     std::vector<model::SafetensorsStreamEntry> entries;
-    for (const model::NamedTensor& nt : state.tensors) {
+    for (const model::NamedTensor& nt : c.optimizer->tensors) {
       const torch::Tensor t = nt.tensor.detach();
       model::SafetensorsStreamEntry e;
       e.name = nt.name;
@@ -467,40 +546,104 @@ Status WriteCheckpointFiles(const fs::path& dir, const SaveCheckpointOptions& op
     }
     SLIME_RETURN_IF_ERROR(model::WriteSafetensorsStreamed(
         (dir / kOptimizerStateFile).string(), entries,
-        {{"format", "slime-cpp adamw"}, {"step", std::to_string(state.step)}}));
+        {{"format", "slime-cpp adamw"}, {"step", std::to_string(c.optimizer->step)}}));
   }
-  if (!options.extra_weights.empty()) {
+  if (!c.extra_weights.empty()) {
+    before_file();
     CpuTensors cpu;
-    for (const model::NamedTensor& nt : options.extra_weights) {
+    for (const model::NamedTensor& nt : c.extra_weights) {
       SLIME_RETURN_IF_ERROR(AddEntry(cpu, nt.name, nt.tensor.detach().to(torch::kFloat32),
                                      model::SafetensorsDType::kF32));
     }
     SLIME_RETURN_IF_ERROR(model::WriteSafetensors((dir / kExtraWeightsFile).string(), cpu.entries,
                                                   {{"format", "slime-cpp extra weights"}}));
   }
-  if (options.save_rng) {
+  if (c.save_rng) {
+    before_file();
     CpuTensors cpu;
-    for (const std::string& name : RngNames()) {
-      SLIME_RETURN_IF_ERROR(AddEntry(cpu, name, GetRngState(name), model::SafetensorsDType::kU8));
+    for (const model::NamedTensor& nt : c.rng) {
+      SLIME_RETURN_IF_ERROR(AddEntry(cpu, nt.name, nt.tensor, model::SafetensorsDType::kU8));
     }
     SLIME_RETURN_IF_ERROR(model::WriteSafetensors((dir / kRngStateFile).string(), cpu.entries,
                                                   {{"format", "slime-cpp rng"}}));
   }
-
-  Json state = progress_json;
-  state["format"] = kFormatName;
-  state["format_version"] = kCheckpointFormatVersion;
-  state["iteration"] = options.iteration;
-  state["model_config"] = hf_config;
-  state["model_dtype"] = dtype_name;
-  state["has_optimizer_state"] = with_optimizer;
-  state["has_rng_state"] = options.save_rng;
-  Json extra = Json::array();
-  for (const model::NamedTensor& nt : options.extra_weights) extra.push_back(nt.name);
-  state["extra_weights"] = std::move(extra);
-  SLIME_RETURN_IF_ERROR(WriteFileAtomically((dir / kTrainerStateFile).string(), state.dump(2) + "\n"));
+  before_file();
+  SLIME_RETURN_IF_ERROR(
+      WriteFileAtomically((dir / kTrainerStateFile).string(), c.trainer_state.dump(2) + "\n"));
   return FsyncPath(dir.string());
 }
+
+}  // namespace
+
+namespace internal {
+
+Status MakeSaveDir(const std::string& dir) {
+  const fs::path save_dir(dir);
+  std::error_code ec;
+  fs::create_directories(save_dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        fmt::format("{}: cannot create directory: {}", save_dir.string(), ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<std::string> WriteAndPublish(const CheckpointContent& c,
+                                      const std::function<void()>& pause) {
+  const fs::path save_dir(c.save_dir);
+  SLIME_RETURN_IF_ERROR(MakeSaveDir(c.save_dir));
+  RemoveStaleEntries(save_dir);
+
+  const std::string name = IterationDirName(c.iteration);
+  const fs::path tmp = save_dir / (std::string(kTmpPrefix) + name.substr(5));
+  const fs::path final_dir = save_dir / name;
+  std::error_code ec;
+  fs::create_directories(tmp, ec);
+  if (ec) {
+    return absl::InternalError(
+        fmt::format("{}: cannot create directory: {}", tmp.string(), ec.message()));
+  }
+  Status st = GuardTorch("checkpoint save " + tmp.string(),
+                         [&]() { return WriteCheckpointFiles(tmp, c, pause); });
+  if (!st.ok()) {
+    (void)RemoveTree(tmp.string());
+    return st;
+  }
+  if (pause) pause();
+
+  // Publish: move an older copy of this iteration aside, rename, make the rename durable.
+  const fs::path trash = save_dir / (std::string(kTrashPrefix) + name.substr(5));
+  const bool replace = fs::exists(final_dir, ec);
+  if (replace) {
+    fs::rename(final_dir, trash, ec);
+    if (ec) {
+      (void)RemoveTree(tmp.string());
+      return absl::InternalError(
+          fmt::format("cannot move {} aside to replace it: {}", final_dir.string(), ec.message()));
+    }
+  }
+  fs::rename(tmp, final_dir, ec);
+  if (ec) {
+    const std::string msg = ec.message();
+    if (replace) fs::rename(trash, final_dir, ec);
+    (void)RemoveTree(tmp.string());
+    return absl::InternalError(
+        fmt::format("cannot rename {} to {}: {}", tmp.string(), final_dir.string(), msg));
+  }
+  SLIME_RETURN_IF_ERROR(FsyncPath(save_dir.string()));
+  if (replace) (void)RemoveTree(trash.string());
+
+  SLIME_RETURN_IF_ERROR(WriteFileAtomically((save_dir / kCheckpointTrackerFile).string(),
+                                            std::to_string(c.iteration)));
+  SLIME_RETURN_IF_ERROR(FsyncPath(save_dir.string()));
+  RotateCheckpoints(save_dir, c.iteration, c.keep_last);
+  spdlog::info("checkpoint: saved {}", final_dir.string());
+  return final_dir.string();
+}
+
+}  // namespace internal
+
+namespace {
 
 // ---------------------------------------------------------------------------------------------
 // Load: everything read and checked into this before anything is changed.
@@ -696,90 +839,10 @@ StatusOr<std::string> SaveTrainerCheckpoint(const SaveCheckpointOptions& options
                                             const model::ModelConfig& config,
                                             const AdamW* optimizer,
                                             const TrainerProgress& progress) {
-  if (options.save_dir.empty()) {
-    return absl::InvalidArgumentError("checkpoint save: save_dir is empty");
-  }
-  if (options.iteration < 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("checkpoint save: iteration {} is negative", options.iteration));
-  }
-  if (options.keep_last < 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("checkpoint save: keep_last {} is negative (0 keeps all)", options.keep_last));
-  }
-  if (options.save_optimizer && options.optimizer_state == nullptr && optimizer != nullptr &&
-      optimizer->distributed()) {
-    return absl::InvalidArgumentError(
-        "checkpoint save: the optimizer is distributed (train.use_distributed_optimizer); pass "
-        "its GatherState() as SaveCheckpointOptions::optimizer_state");
-  }
-  SLIME_RETURN_IF_ERROR(model::ValidateWeights(weights, config, 0, 1));
   SLIME_ASSIGN_OR_RETURN(
-      Json lr_json, ParseJsonObject(progress.lr_scheduler_json, "checkpoint save: lr_scheduler"));
-  SLIME_ASSIGN_OR_RETURN(
-      Json data_json, ParseJsonObject(progress.data_source_json, "checkpoint save: data_source"));
-  const torch::ScalarType dtype = weights.embed_tokens.scalar_type();
-  SLIME_ASSIGN_OR_RETURN(std::string dtype_name, HfDTypeName(dtype));
-  Json progress_json;
-  progress_json["step"] = progress.step;
-  progress_json["rollout_id"] = progress.rollout_id;
-  progress_json["lr_scheduler"] = std::move(lr_json);
-  progress_json["data_source"] = std::move(data_json);
-
-  const fs::path save_dir = fs::path(options.save_dir);
-  std::error_code ec;
-  fs::create_directories(save_dir, ec);
-  if (ec) {
-    return absl::InternalError(
-        fmt::format("{}: cannot create directory: {}", save_dir.string(), ec.message()));
-  }
-  RemoveStaleEntries(save_dir);
-
-  const std::string name = IterationDirName(options.iteration);
-  const fs::path tmp = save_dir / (std::string(kTmpPrefix) + name.substr(5));
-  const fs::path final_dir = save_dir / name;
-  fs::create_directories(tmp, ec);
-  if (ec) {
-    return absl::InternalError(
-        fmt::format("{}: cannot create directory: {}", tmp.string(), ec.message()));
-  }
-  Status st = GuardTorch("checkpoint save " + tmp.string(), [&]() {
-    return WriteCheckpointFiles(tmp, options, weights, config, optimizer, progress_json,
-                                dtype_name);
-  });
-  if (!st.ok()) {
-    (void)RemoveTree(tmp.string());
-    return st;
-  }
-
-  // Publish: move an older copy of this iteration aside, rename, make the rename durable.
-  const fs::path trash = save_dir / (std::string(kTrashPrefix) + name.substr(5));
-  const bool replace = fs::exists(final_dir, ec);
-  if (replace) {
-    fs::rename(final_dir, trash, ec);
-    if (ec) {
-      (void)RemoveTree(tmp.string());
-      return absl::InternalError(
-          fmt::format("cannot move {} aside to replace it: {}", final_dir.string(), ec.message()));
-    }
-  }
-  fs::rename(tmp, final_dir, ec);
-  if (ec) {
-    const std::string msg = ec.message();
-    if (replace) fs::rename(trash, final_dir, ec);
-    (void)RemoveTree(tmp.string());
-    return absl::InternalError(
-        fmt::format("cannot rename {} to {}: {}", tmp.string(), final_dir.string(), msg));
-  }
-  SLIME_RETURN_IF_ERROR(FsyncPath(save_dir.string()));
-  if (replace) (void)RemoveTree(trash.string());
-
-  SLIME_RETURN_IF_ERROR(WriteFileAtomically((save_dir / kCheckpointTrackerFile).string(),
-                                         std::to_string(options.iteration)));
-  SLIME_RETURN_IF_ERROR(FsyncPath(save_dir.string()));
-  RotateCheckpoints(save_dir, options.iteration, options.keep_last);
-  spdlog::info("checkpoint: saved {}", final_dir.string());
-  return final_dir.string();
+      internal::CheckpointContent content,
+      internal::CollectCheckpointContent(options, weights, config, optimizer, progress));
+  return internal::WriteAndPublish(content, nullptr);
 }
 
 StatusOr<std::string> ResolveCheckpointDir(const std::string& load_dir,

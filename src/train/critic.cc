@@ -300,7 +300,8 @@ StatusOr<CriticStepResult> Critic::TrainStep(const data::RolloutBatch& batch,
 // ---- Checkpoints
 // ---------------------------------------------------------------------------------
 
-StatusOr<std::string> Critic::Save(const std::string& save_dir, int64_t iteration) {
+StatusOr<std::string> Critic::Save(const std::string& save_dir, int64_t iteration,
+                                   AsyncCheckpointWriter* background, const Status& previous) {
   // Distributed optimizer: gather the shards (every rank) before rank 0 writes.
   const bool sharded = optimizer_->distributed();
   const bool writer = !sharded || options_.dp_rank == 0;
@@ -309,6 +310,7 @@ StatusOr<std::string> Critic::Save(const std::string& save_dir, int64_t iteratio
     SLIME_ASSIGN_OR_RETURN(gathered, optimizer_->GatherState(writer));
   }
   if (!writer) return std::string();
+  SLIME_RETURN_IF_ERROR(previous);
   SaveCheckpointOptions o;
   o.optimizer_state = gathered ? &*gathered : nullptr;
   o.save_dir = save_dir;
@@ -321,6 +323,10 @@ StatusOr<std::string> Critic::Save(const std::string& save_dir, int64_t iteratio
   progress.step = step_;
   progress.rollout_id = iteration;
   progress.lr_scheduler_json = internal::LrStateToJson(lr_scheduler_.State()).dump();
+  if (background != nullptr) {
+    return SaveTrainerCheckpointAsync(o, model_->weights(), model_->config(), optimizer_.get(),
+                                      progress, *background);
+  }
   return SaveTrainerCheckpoint(o, model_->weights(), model_->config(), optimizer_.get(), progress);
 }
 

@@ -50,29 +50,35 @@ model::TensorParallelGroup* GroupFrom(AutogradContext* ctx) {
 }
 
 // One chunk of rows through the vocab-parallel log-softmax, with a hand-written backward that
-// recomputes the chunk's logits (so no [C, V] tensor is saved between forward and backward).
+// recomputes the chunk's logits (so no [C, V] tensor is saved between forward and backward),
+// or, with keep_logits, reuses the logits the forward kept.
 //   forward(hidden [C, H], weight [V/P, H], targets [C] int64 global ids, temperature, group,
-//           with_entropy) -> {log_probs [C]} or {log_probs [C], entropy [C]}
+//           with_entropy, keep_logits) -> {log_probs [C]} or {log_probs [C], entropy [C]}
 // Saved per chunk: hidden, weight, targets and per row m (global max of z), log S
-// (S = Σ_v exp(z_v - m) over all ranks) and, with entropy, E_p[z - m]. On one rank with CUDA
-// tensors the fused kernels of model/fused_train.h compute the same rows in one pass over the
-// model-dtype logits (no [C, V] float32 buffer) and the backward in one in-place pass.
+// (S = Σ_v exp(z_v - m) over all ranks) and, with entropy, E_p[z - m]; with keep_logits also
+// the chunk's logits (z - m in the compute dtype, or the model-dtype logits on the fused path).
+// On one rank with CUDA tensors the fused kernels of model/fused_train.h compute the same rows in
+// one pass over the model-dtype logits (no [C, V] float32 buffer) and the backward in one
+// in-place pass.
 class VocabParallelLogProbChunk : public torch::autograd::Function<VocabParallelLogProbChunk> {
  public:
   static variable_list forward(AutogradContext* ctx, torch::Tensor hidden, torch::Tensor weight,
                                torch::Tensor targets, double temperature,
-                               model::TensorParallelGroup* group, bool with_entropy) {
+                               model::TensorParallelGroup* group, bool with_entropy,
+                               bool keep_logits) {
     const int64_t vocab_local = weight.size(0);
     const bool parallel = group->size() > 1;
     ctx->saved_data["temperature"] = temperature;
     ctx->saved_data["group"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(group));
+    ctx->saved_data["kept"] = keep_logits;
     ctx->set_materialize_grads(false);
     if (!parallel && model::FusedTrainingApplies(hidden)) {
       // One pass over the model-dtype logits; no [C, V] float32 buffer.
       const torch::Tensor logits = torch::linear(hidden, weight).contiguous();
       model::LogSoftmaxRows r =
           model::FusedLogSoftmaxRows(logits, targets, temperature, with_entropy);
-      ctx->save_for_backward({hidden, weight, targets, r.row_max, r.log_sum, r.mean_shifted});
+      ctx->save_for_backward({hidden, weight, targets, r.row_max, r.log_sum, r.mean_shifted,
+                              keep_logits ? logits : torch::Tensor()});
       ctx->saved_data["fused"] = true;
       if (with_entropy) return {r.log_probs, r.entropy};
       return {r.log_probs};
@@ -105,7 +111,8 @@ class VocabParallelLogProbChunk : public torch::autograd::Function<VocabParallel
       mean_z = sum_ez / sum_e;
       out.push_back(log_s - mean_z);  // H = log S - E_p[z - m]
     }
-    ctx->save_for_backward({hidden, weight, targets, m, log_s, mean_z});
+    ctx->save_for_backward({hidden, weight, targets, m, log_s, mean_z,
+                            keep_logits ? z : torch::Tensor()});
     return out;
   }
 
@@ -120,23 +127,25 @@ class VocabParallelLogProbChunk : public torch::autograd::Function<VocabParallel
     const torch::Tensor& m = saved[3];
     const torch::Tensor& log_s = saved[4];
     const torch::Tensor& mean_z = saved[5];
+    // The kept logits (keep_logits) are used once: the backward overwrites them in place.
+    const torch::Tensor kept = ctx->saved_data["kept"].toBool() ? saved[6] : torch::Tensor();
     const double temperature = ctx->saved_data["temperature"].toDouble();
     model::TensorParallelGroup* group = GroupFrom(ctx);
     const torch::Tensor g_lp = grad_outputs[0];
     const torch::Tensor g_ent = grad_outputs.size() > 1 ? grad_outputs[1] : torch::Tensor();
-    variable_list grads(6);
+    variable_list grads(7);
     if (!g_lp.defined() && !g_ent.defined()) return grads;
 
     torch::Tensor grad_logits;  // ∂loss/∂logits [C, V/P] in the model dtype
     if (ctx->saved_data["fused"].toBool()) {
-      grad_logits = torch::linear(hidden, weight).contiguous();
+      grad_logits = kept.defined() ? kept : torch::linear(hidden, weight).contiguous();
       model::LogSoftmaxRows rows;
       rows.row_max = m;
       rows.log_sum = log_s;
       rows.mean_shifted = mean_z;
       model::FusedLogSoftmaxBackwardInPlace(grad_logits, targets, rows, g_lp, g_ent, temperature);
     } else {
-      grad_logits = EagerGradLogits(hidden, weight, targets, m, log_s, mean_z, g_lp, g_ent,
+      grad_logits = EagerGradLogits(hidden, weight, targets, m, log_s, mean_z, kept, g_lp, g_ent,
                                     temperature, *group);
     }
     if (ctx->needs_input_grad(0)) {
@@ -152,9 +161,11 @@ class VocabParallelLogProbChunk : public torch::autograd::Function<VocabParallel
   static torch::Tensor EagerGradLogits(const torch::Tensor& hidden, const torch::Tensor& weight,
                                        const torch::Tensor& targets, const torch::Tensor& m,
                                        const torch::Tensor& log_s, const torch::Tensor& mean_z,
-                                       const torch::Tensor& g_lp, const torch::Tensor& g_ent,
+                                       const torch::Tensor& kept, const torch::Tensor& g_lp,
+                                       const torch::Tensor& g_ent,
                                        double temperature, model::TensorParallelGroup& group) {
-    torch::Tensor z = ShiftedLogits(hidden, weight, temperature, m);  // z - m  [C, V/P]
+    // z - m  [C, V/P]: the kept forward buffer, or computed again.
+    torch::Tensor z = kept.defined() ? kept : ShiftedLogits(hidden, weight, temperature, m);
     torch::Tensor p = (z - log_s.unsqueeze(1)).exp_();                // softmax [C, V/P]
     torch::Tensor grad_z;                                             // ∂loss/∂z [C, V/P]
     if (g_ent.defined()) {
@@ -285,12 +296,15 @@ StatusOr<ResponseLogProbs> ComputeResponseLogProbs(const torch::Tensor& hidden,
     }
     const torch::Tensor h = hidden.index_select(0, index);  // [R, hidden]
     const int64_t chunk = options.chunk_size == -1 ? count : options.chunk_size;
+    // Keep the logits only where a backward will use them.
+    const bool keep_logits = !options.recompute_logits && torch::GradMode::is_enabled() &&
+                             (hidden.requires_grad() || lm_head_weight.requires_grad());
     std::vector<torch::Tensor> log_probs, entropy;
     for (int64_t s = 0; s < count; s += chunk) {
       const int64_t c = std::min(chunk, count - s);
       variable_list out = VocabParallelLogProbChunk::apply(
           h.narrow(0, s, c), lm_head_weight, targets.narrow(0, s, c), options.temperature, &group,
-          options.compute_entropy);
+          options.compute_entropy, keep_logits);
       log_probs.push_back(out[0]);
       if (options.compute_entropy) entropy.push_back(out[1]);
     }

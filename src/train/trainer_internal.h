@@ -31,6 +31,7 @@
 #include "slime/common/status.h"
 #include "slime/config/config.h"
 #include "slime/train/batching.h"
+#include "slime/train/checkpoint_writer.h"
 #include "slime/train/critic.h"
 #include "slime/train/grad_reducer.h"
 #include "slime/train/logprobs.h"
@@ -228,6 +229,11 @@ struct Trainer::Impl {
 
   std::unique_ptr<Critic> critic;             // TrainerNeeds::critic (advantage_estimator "ppo")
   std::unique_ptr<GradReducer> grad_reducer;  // train.overlap_grad_reduce, when it applies
+
+  // Background saves (Trainer::Save): the writer is made by the first one; the times of the
+  // last Save / WaitForSave.
+  std::unique_ptr<AsyncCheckpointWriter> checkpoint_writer;
+  Trainer::BackgroundSaveTimes background_save;
 };
 
 }  // namespace slime::train

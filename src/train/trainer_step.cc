@@ -423,6 +423,7 @@ StatusOr<bool> Trainer::ForwardBackward(const LossTypeSpec& loss, const data::Ro
     lo.temperature = batch.temperature;
     lo.chunk_size = options_.config.train.log_probs_chunk_size;
     lo.compute_entropy = loss.needs.entropy;
+    lo.recompute_logits = options_.config.train.recompute_loss_function;
     SLIME_ASSIGN_OR_RETURN(ResponseLogProbs r,
                            ComputeResponseLogProbs(hidden, model_->weights().lm_head, packed.ids,
                                                    packed.packed, model_->tp_group(), lo));

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -377,6 +378,24 @@ StatusOr<std::map<std::string, int>> StageOwners(const model::ModelConfig& confi
   return out;
 }
 
+// How the writing rank of a Save writes: at once, or host copies queued on `background`
+// (checkpoint.async_save). `previous` is the outcome of the background writes queued by earlier
+// saves: when one failed, this save reports that failure instead of writing.
+struct CheckpointSink {
+  AsyncCheckpointWriter* background = nullptr;
+  Status previous;
+
+  StatusOr<std::string> Write(const SaveCheckpointOptions& o, const model::ModelWeights& weights,
+                              const model::ModelConfig& config, const AdamW* optimizer,
+                              const TrainerProgress& progress) const {
+    if (!previous.ok()) return previous;
+    if (background != nullptr) {
+      return SaveTrainerCheckpointAsync(o, weights, config, optimizer, progress, *background);
+    }
+    return SaveTrainerCheckpoint(o, weights, config, optimizer, progress);
+  }
+};
+
 // The collective end of a save that one rank (`writer`, named `writer_name` in the error) wrote:
 // a one-element float64 flag, 1 where the writer succeeded and 0 elsewhere, goes through `share`
 // (a broadcast from the writer or a sum over the group), so every rank returns the writer's
@@ -410,11 +429,11 @@ StatusOr<std::string> AgreeOnSaveOutcome(
 // TP-gathered ones at TP > 1, where only TP rank 0 of each stage calls this); `state` is this
 // stage's optimizer state in the same per-parameter full form (gathered over DP and TP where
 // sharded), required when o.save_optimizer. `model` and `optimizer` give the config, the stage
-// and the optimizer's options.
+// and the optimizer's options; stage 0 writes through `sink`.
 StatusOr<std::string> SavePipelined(SaveCheckpointOptions o, const TrainerProgress& progress,
-                                    const model::ModelWeights& weights,
-                                    const OptimizerState* state, const model::DecoderModel& model,
-                                    const AdamW& optimizer, model::PipelineParallelGroup& pp) {
+                                    const model::ModelWeights& weights, const OptimizerState* state,
+                                    const model::DecoderModel& model, const AdamW& optimizer,
+                                    model::PipelineParallelGroup& pp, const CheckpointSink& sink) {
   const model::ModelConfig& config = model.config();
   const model::PipelineStage& stage = model.stage();
   SLIME_ASSIGN_OR_RETURN(const auto owners, StageOwners(config, stage.size));
@@ -465,7 +484,7 @@ StatusOr<std::string> SavePipelined(SaveCheckpointOptions o, const TrainerProgre
       return full_optimizer->ImportState(full_state);
     });
     if (gathered.ok()) {
-      dir = SaveTrainerCheckpoint(o, full, config, full_optimizer.get(), progress);
+      dir = sink.Write(o, full, config, full_optimizer.get(), progress);
     } else {
       dir = gathered;
     }
@@ -539,8 +558,34 @@ StatusOr<torch::Tensor> Trainer::FullParameter(size_t index) {
                     });
 }
 
+Status Trainer::WaitForSave() {
+  impl_->background_save = {};
+  if (impl_->checkpoint_writer == nullptr) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
+  Status s = impl_->checkpoint_writer->Wait(&impl_->background_save.write_seconds);
+  impl_->background_save.wait_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return s;
+}
+
+Trainer::BackgroundSaveTimes Trainer::last_background_save() const {
+  return impl_->background_save;
+}
+
 StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout_id,
-                                    const std::string& extra_state_json) {
+                                    const std::string& extra_state_json, SaveMode mode) {
+  // Earlier background writes first (checkpoints are published in order); only the writing
+  // rank has any, and their failure is this save's outcome (CheckpointSink).
+  CheckpointSink sink;
+  sink.previous = WaitForSave();
+  const bool background = mode == SaveMode::kBackground || (mode == SaveMode::kAsConfigured &&
+                                                            options_.config.checkpoint.async_save);
+  if (background) {
+    if (impl_->checkpoint_writer == nullptr) {
+      impl_->checkpoint_writer = std::make_unique<AsyncCheckpointWriter>();
+    }
+    sink.background = impl_->checkpoint_writer.get();
+  }
   // Distributed optimizer: every rank gathers the shards (the actor's here, the critic's in its
   // Save) before any rank writes, so a failed write cannot leave a peer waiting in a
   // collective; DP rank 0 writes.
@@ -550,9 +595,15 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
   if (sharded && !options_.config.checkpoint.no_save_optim) {
     SLIME_ASSIGN_OR_RETURN(gathered, optimizer_->GatherState(writer));
   }
-  // The critic first: the actor's tracker is the commit point of the pair.
+  // The critic first: the actor's tracker is the commit point of the pair (in the background
+  // too: the writer runs its writes in order and skips the actor's after a failed critic's).
+  // The critic runs at TP = PP = 1 only, so its writer may return an earlier failure here
+  // without leaving a peer in a collective.
   if (impl_->critic != nullptr) {
-    SLIME_RETURN_IF_ERROR(impl_->critic->Save(CriticCheckpointDir(save_dir), rollout_id).status());
+    SLIME_RETURN_IF_ERROR(
+        impl_->critic
+            ->Save(CriticCheckpointDir(save_dir), rollout_id, sink.background, sink.previous)
+            .status());
   }
   if (!writer) return std::string();
   SaveCheckpointOptions o;
@@ -569,8 +620,7 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
   model::TensorParallelGroup& tp = model_->tp_group();
   const model::PipelineStage& stage = model_->stage();
   if (tp.size() == 1 && stage.whole()) {
-    return SaveTrainerCheckpoint(o, model_->weights(), model_->config(), optimizer_.get(),
-                                 progress);
+    return sink.Write(o, model_->weights(), model_->config(), optimizer_.get(), progress);
   }
   // TP > 1 and / or PP > 1: this stage's parameters and optimizer state as full tensors —
   // gathered over the TP group to the CPU at TP > 1 (every TP rank of the stage takes part),
@@ -610,7 +660,7 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
     // group); stage 0's TP rank 0 writes.
     if (tp.rank() == 0) {
       dir = SavePipelined(o, progress, full, full_state ? &*full_state : nullptr, *model_,
-                          *optimizer_, *options_.pp_group);
+                          *optimizer_, *options_.pp_group, sink);
     }
     if (tp.size() == 1) return dir;
   } else if (tp.rank() == 0) {
@@ -622,7 +672,7 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
       Status imported = created.ok() ? full_optimizer->ImportState(*full_state) : created.status();
       if (!imported.ok()) dir = imported;
     }
-    if (dir.ok()) dir = SaveTrainerCheckpoint(o, full, config, full_optimizer.get(), progress);
+    if (dir.ok()) dir = sink.Write(o, full, config, full_optimizer.get(), progress);
   }
   // One all-reduce tells every TP rank whether TP rank 0's part (the write, or at PP > 1 the
   // pipeline's outcome) worked.

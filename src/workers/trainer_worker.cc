@@ -554,10 +554,24 @@ StatusOr<nlohmann::json> TrainerWorker::Save(int64_t rollout_id, const nlohmann:
   const auto start = std::chrono::steady_clock::now();
   SLIME_ASSIGN_OR_RETURN(std::string dir,
                          impl_->trainer->Save(*save, rollout_id, extra_state.dump()));
+  const train::Trainer::BackgroundSaveTimes previous = impl_->trainer->last_background_save();
+  nlohmann::json reply = {{"dir", dir},
+                          {"seconds", SecondsSince(start)},
+                          {"background", impl_->options.config.checkpoint.async_save},
+                          {"wait_seconds", previous.wait_seconds},
+                          {"write_seconds", previous.write_seconds}};
   if (dir.empty() || impl_->tp_rank != 0 || impl_->pp_rank != 0) {  // it took part; rank 0 wrote
-    return nlohmann::json{{"dir", ""}, {"seconds", SecondsSince(start)}, {"written", false}};
+    reply["dir"] = "";
+    reply["written"] = false;
   }
-  return nlohmann::json{{"dir", dir}, {"seconds", SecondsSince(start)}};
+  return reply;
+}
+
+StatusOr<nlohmann::json> TrainerWorker::WaitForSave() {
+  if (impl_->trainer == nullptr) return nlohmann::json{{"seconds", 0.0}, {"wait_seconds", 0.0}};
+  SLIME_RETURN_IF_ERROR(impl_->trainer->WaitForSave());
+  const train::Trainer::BackgroundSaveTimes t = impl_->trainer->last_background_save();
+  return nlohmann::json{{"seconds", t.write_seconds}, {"wait_seconds", t.wait_seconds}};
 }
 
 Status TrainerWorker::ConnectEngines(const nlohmann::json& request) {
@@ -970,6 +984,8 @@ StatusOr<nlohmann::json> TrainerWorker::ExportHf(const std::string& dir) {
   if (!config.checkpoint.save) {
     return absl::FailedPreconditionError("export_hf: needs checkpoint.save (it converts the newest checkpoint)");
   }
+  // It converts the newest checkpoint: a background write of it finishes first.
+  SLIME_RETURN_IF_ERROR(impl_->trainer->WaitForSave());
   train::HfExportOptions eo;
   eo.from = *config.checkpoint.save;
   eo.to_hf = dir;

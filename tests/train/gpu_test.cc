@@ -1,10 +1,14 @@
 // The CUDA cases of the train module (label gpu; each skips without a CUDA device): AdamW's
-// bf16 step on CUDA equal to the CPU's, the Trainer's first-step gates in bfloat16 on a GPU, and
-// a PPO rollout with the critic on the GPU.
+// bf16 step on CUDA equal to the CPU's, the Trainer's first-step gates in bfloat16 on a GPU, a
+// PPO rollout with the critic on the GPU, and a background checkpoint save from the GPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -112,9 +116,61 @@ TEST(TrainerTest, CudaBf16PpoRollout) {
   EXPECT_TRUE(std::isfinite(Value(r.steps[0], "critic_grad_norm")));
 }
 
+// checkpoint.async_save on a GPU: a PPO trainer in bfloat16 saves synchronously, then in the
+// background (pinned host copies of the device tensors, copied asynchronously and synchronized
+// before Save returns); the weights change in place on the device right after and a rollout
+// trains while the files are written: the files equal the synchronous save's, byte for byte.
+TEST(TrainerTest, CudaBackgroundSaveWritesTheSynchronousFiles) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  TempDir dir;
+  config::Config c = BaseConfig();
+  c.algorithm.advantage_estimator = "ppo";
+  TrainerOptions o;
+  o.model_dir = MakeModelDir(dir, "m", 2);
+  o.config = c;
+  o.device = torch::Device(torch::kCUDA, 0);
+  auto trainer = Trainer::Create(o);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  Trainer& t = **trainer;
+  Train(t, 0, MakeBatch(4, 12));
+  ASSERT_TRUE(t.Save(dir.Join("sync"), 0, "{}", Trainer::SaveMode::kSynchronous).ok());
+  ASSERT_TRUE(t.Save(dir.Join("async"), 0, "{}", Trainer::SaveMode::kBackground).ok());
+  {
+    torch::NoGradGuard no_grad;
+    for (const model::NamedTensor& nt :
+         model::NamedParameters(t.model().weights(), t.model().config())) {
+      nt.tensor.add_(1.0);
+    }
+  }
+  Train(t, 1, MakeBatch(4, 13));
+  Status waited = t.WaitForSave();
+  ASSERT_TRUE(waited.ok()) << waited;
+  namespace fs = std::filesystem;
+  auto files = [](const fs::path& root) {
+    std::map<std::string, std::string> out;
+    for (const fs::directory_entry& e : fs::recursive_directory_iterator(root)) {
+      if (!e.is_regular_file()) continue;
+      std::ifstream in(e.path(), std::ios::binary);
+      out[fs::relative(e.path(), root).string()] =
+          std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    return out;
+  };
+  const auto want = files(dir.Join("sync")), got = files(dir.Join("async"));
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, bytes] : want) {
+    ASSERT_EQ(got.count(name), 1u) << name;
+    EXPECT_TRUE(got.at(name) == bytes) << name << " differs";
+  }
+  EXPECT_EQ(want.count("iter_0000000/rng_state.safetensors"), 1u);
+  EXPECT_EQ(want.count("critic/iter_0000000/extra_weights.safetensors"), 1u);
+}
+
 // The fused one-pass log-softmax (model/fused_train.h) against the eager chunk on CUDA: log-probs,
 // entropy and the gradients of hidden and the LM head for a loss through both outputs, at a
-// temperature != 1, in float32 (tight) and bfloat16, with a Qwen-sized vocabulary row.
+// temperature != 1, in float32 (tight) and bfloat16, with a Qwen-sized vocabulary row. Keeping
+// the logits for the backward (train.recompute_loss_function false) gives the recomputing
+// backward's results bit for bit, fused and eager.
 TEST(LogProbsTest, CudaFusedLogSoftmaxMatchesEager) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   at::globalContext().setAllowTF32CuBLAS(false);
@@ -130,13 +186,14 @@ TEST(LogProbsTest, CudaFusedLogSoftmaxMatchesEager) {
     const torch::Tensor hidden = torch::randn({70, dim}, opts);
     const torch::Tensor weight = torch::randn({vocab, dim}, opts) * 0.5;
     auto group = model::MakeSingleRankGroup();
-    auto run = [&](bool fused) {
+    auto run = [&](bool fused, bool recompute = true) {
       model::SetFusedTraining(fused);
       torch::Tensor h = hidden.clone().requires_grad_(true);
       torch::Tensor w = weight.clone().requires_grad_(true);
       LogProbOptions o;
       o.temperature = 0.7;
       o.chunk_size = 16;
+      o.recompute_logits = recompute;
       auto r = ComputeResponseLogProbs(h, w, ids, packed, *group, o);
       EXPECT_TRUE(r.ok()) << r.status();
       const torch::Tensor a = torch::linspace(-1, 1, r->log_probs.numel(), r->log_probs.options());
@@ -146,6 +203,8 @@ TEST(LogProbsTest, CudaFusedLogSoftmaxMatchesEager) {
     };
     const std::vector<torch::Tensor> fused = run(true);
     const std::vector<torch::Tensor> eager = run(false);
+    const std::vector<torch::Tensor> fused_kept = run(true, /*recompute=*/false);
+    const std::vector<torch::Tensor> eager_kept = run(false, /*recompute=*/false);
     model::SetFusedTraining(true);
     const double tol = dtype == torch::kFloat32 ? 1e-4 : 2e-2;
     const char* names[] = {"log_probs", "entropy", "grad hidden", "grad lm_head"};
@@ -154,6 +213,8 @@ TEST(LogProbsTest, CudaFusedLogSoftmaxMatchesEager) {
       const double err = (fused[i].to(torch::kFloat64) - eager[i].to(torch::kFloat64))
                              .abs().max().item<double>();
       EXPECT_LE(err, tol * std::max(scale, 1e-3)) << names[i] << " " << c10::toString(dtype);
+      EXPECT_TRUE(torch::equal(fused_kept[i], fused[i])) << names[i] << " fused, kept logits";
+      EXPECT_TRUE(torch::equal(eager_kept[i], eager[i])) << names[i] << " eager, kept logits";
     }
   }
 }

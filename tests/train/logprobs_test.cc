@@ -236,6 +236,35 @@ TEST(LogProbsTest, ChunkedEqualsUnchunked) {
   }
 }
 
+// train.recompute_loss_function false keeps each chunk's logits for the backward instead of
+// computing them again: the same log-probs, entropy and gradients, bit for bit, whatever the
+// chunking and whichever outputs the loss uses.
+TEST(LogProbsTest, KeptLogitsEqualRecomputedBitwise) {
+  Batch b = RandomBatch({{3, 4}, {1, 1}, {2, 6}}, 41, 12, torch::kFloat32);
+  model::SingleRankGroup group;
+  for (int64_t chunk : {-1, 1, 4}) {
+    for (bool entropy : {true, false}) {
+      for (bool use_log_probs : {true, false}) {
+        if (!entropy && !use_log_probs) continue;
+        LogProbOptions o;
+        o.temperature = 0.6;
+        o.chunk_size = chunk;
+        o.compute_entropy = entropy;
+        OurRun recomputed = RunOurs(b, b.hidden, b.weight, group, o, use_log_probs);
+        o.recompute_logits = false;
+        OurRun kept = RunOurs(b, b.hidden, b.weight, group, o, use_log_probs);
+        const std::string where = "chunk " + std::to_string(chunk) + " entropy " +
+                                  std::to_string(entropy) + " log-probs " +
+                                  std::to_string(use_log_probs);
+        EXPECT_TRUE(torch::equal(kept.out.log_probs, recomputed.out.log_probs)) << where;
+        if (entropy) EXPECT_TRUE(torch::equal(kept.out.entropy, recomputed.out.entropy)) << where;
+        EXPECT_TRUE(torch::equal(kept.grads.hidden, recomputed.grads.hidden)) << where;
+        EXPECT_TRUE(torch::equal(kept.grads.weight, recomputed.grads.weight)) << where;
+      }
+    }
+  }
+}
+
 TEST(LogProbsTest, FiniteDifferenceGradientsInFloat64) {
   Batch b = RandomBatch({{2, 3}, {1, 2}}, 7, 5, torch::kFloat64, /*pad=*/1, /*seed=*/3);
   model::SingleRankGroup group;

@@ -203,6 +203,34 @@ TEST(TensorParallelLayersTest, VocabParallelLogProbsAndEntropyMatchOneRank) {
   });
 }
 
+// train.recompute_loss_function false: each rank keeps its chunks' logits for the backward; the
+// values and gradients are bitwise those of the recomputing backward.
+TEST(TensorParallelLayersTest, VocabParallelKeptLogitsEqualRecomputed) {
+  torch::manual_seed(5);
+  const torch::Tensor hidden = torch::randn({7, 6}), head = torch::randn({12, 6});
+  const torch::Tensor ids = torch::tensor({3, 11, 0, 7, 5, 6, 2}, torch::kLong);
+  PackedSequences packed{{0, 4, 7}, {2, 1}, {2, 2}};
+  const torch::Tensor g_lp = torch::randn({4}), g_ent = torch::randn({4});
+  OnTpRanks(2, [&](int rank, model::TensorParallelGroup& tp) {
+    std::vector<torch::Tensor> got[2];
+    for (bool recompute : {true, false}) {
+      LogProbOptions o;
+      o.temperature = 0.7;
+      o.chunk_size = 3;
+      o.recompute_logits = recompute;
+      torch::Tensor h = hidden.clone().requires_grad_();
+      torch::Tensor w = Shard(head, 0, rank, 2).requires_grad_();
+      auto r = ComputeResponseLogProbs(h, w, ids, packed, tp, o);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ((r->log_probs * g_lp).sum() + (r->entropy * g_ent).sum()).backward();
+      got[recompute ? 0 : 1] = {r->log_probs.detach(), r->entropy.detach(), h.grad(), w.grad()};
+    }
+    for (size_t i = 0; i < got[0].size(); ++i) {
+      EXPECT_TRUE(torch::equal(got[0][i], got[1][i])) << "rank " << rank << " tensor " << i;
+    }
+  });
+}
+
 // ---- the trainer
 
 #endif  // SLIME_TP_GPU_TEST

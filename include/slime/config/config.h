@@ -253,7 +253,7 @@ struct TrainConfig {
   std::optional<std::string> recompute_granularity;
   std::optional<std::string> recompute_method;
   std::optional<int> recompute_num_layers;
-  bool recompute_loss_function = false;
+  bool recompute_loss_function = true;  // slime: false; ours keeps no [tokens, vocab] buffer
   bool calculate_per_token_loss = false;
   std::optional<int> mtp_num_layers;
   double mtp_loss_scaling_factor = 0.2;

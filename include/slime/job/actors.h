@@ -18,7 +18,10 @@
 //                        (both before init, world_size > 1; workers/workers.h)
 //     init               {} → TrainerWorker::Init's reply
 //     train              TrainBatchProto → TrainerWorker::Train's reply
-//     save               {"rollout_id", "extra_state"} → {"dir", "seconds"}
+//     save               {"rollout_id", "extra_state"} → {"dir", "seconds", "background",
+//                        "wait_seconds", "write_seconds"}
+//     wait_save          {} → {"seconds", "wait_seconds"} (checkpoint.async_save: the
+//                        background write of the last save has finished)
 //     connect_engines    {"engines": [{"host", "port", "num_gpus"}], "master_address"} → {}
 //     sync_weights       {"weight_version"} → {"bytes", "tensors", "buckets", "seconds", ...}
 //                        (every rank at once; rank 0 sends)

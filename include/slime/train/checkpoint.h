@@ -40,6 +40,20 @@
 // tensor-parallel Trainer gathers its shards before saving and slices after loading (trainer.h,
 // "Tensor parallelism"); a pipeline-parallel one gathers the stages to stage 0 and keeps its
 // stage's part after loading ("Pipeline parallelism"), so a checkpoint loads at any TP / PP size.
+//
+// Background saves (checkpoint.async_save): SaveTrainerCheckpointAsync checks what
+// SaveTrainerCheckpoint checks and creates <save>, then copies everything the checkpoint holds
+// to host memory (pinned when it lives on a GPU) — weights, optimizer state, extra weights, the
+// RNG states and the progress — and queues the write of those copies on an
+// AsyncCheckpointWriter (checkpoint_writer.h). The caller may change the model and the
+// optimizer as soon as it returns. The write makes the same files, byte for byte, through the
+// same temporary directory, fsyncs, rename and tracker-last order as the synchronous save; its
+// error comes back from the writer's Wait(). The host copies cost the checkpoint's size in host
+// memory until the write is done (the synchronous save streams the optimizer state tensor by
+// tensor instead).
+// Test hook: with $SLIME_TEST_ASYNC_SAVE_DELAY_MS set to N > 0 a background write sleeps N ms
+// before each file and before publishing, so a test can act (kill the process, break the
+// directory) while a write is certainly in progress. Never set it outside tests.
 // Thread-safety: none; call from the trainer's thread while no forward/backward runs.
 #ifndef SLIME_TRAIN_CHECKPOINT_H_
 #define SLIME_TRAIN_CHECKPOINT_H_
@@ -60,6 +74,7 @@ struct ModelConfig;
 namespace slime::train {
 
 class AdamW;
+class AsyncCheckpointWriter;
 struct OptimizerState;
 
 inline constexpr int kCheckpointFormatVersion = 1;
@@ -68,6 +83,8 @@ inline constexpr char kTrainerStateFile[] = "trainer_state.json";
 inline constexpr char kOptimizerStateFile[] = "optimizer.safetensors";
 inline constexpr char kRngStateFile[] = "rng_state.safetensors";
 inline constexpr char kExtraWeightsFile[] = "extra_weights.safetensors";
+// The test hook of background saves (see the header comment).
+inline constexpr char kAsyncSaveTestDelayEnv[] = "SLIME_TEST_ASYNC_SAVE_DELAY_MS";
 
 // "iter_0000010" (Megatron's 7-digit name).
 std::string IterationDirName(int64_t iteration);
@@ -108,6 +125,17 @@ StatusOr<std::string> SaveTrainerCheckpoint(const SaveCheckpointOptions& options
                                             const model::ModelConfig& config,
                                             const AdamW* optimizer,
                                             const TrainerProgress& progress);
+
+// SaveTrainerCheckpoint in the background (see the header comment): returns the iteration
+// directory the queued write will publish. Errors returned here are those SaveTrainerCheckpoint
+// reports before writing (options, progress JSON, weights, creating <save>) and a failed host
+// copy; the write's own errors come from writer.Wait(), naming that directory.
+StatusOr<std::string> SaveTrainerCheckpointAsync(const SaveCheckpointOptions& options,
+                                                 const model::ModelWeights& weights,
+                                                 const model::ModelConfig& config,
+                                                 const AdamW* optimizer,
+                                                 const TrainerProgress& progress,
+                                                 AsyncCheckpointWriter& writer);
 
 struct LoadCheckpointOptions {
   // A <save> directory (the tracker picks the iteration) or one iteration directory.

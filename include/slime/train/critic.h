@@ -60,6 +60,7 @@ class DecoderModel;
 namespace slime::train {
 
 class AdamW;
+class AsyncCheckpointWriter;
 class LossReducer;
 
 inline constexpr char kValueHeadName[] = "value_head.weight";
@@ -128,8 +129,13 @@ class Critic {
   // Saves at iteration `iteration` under `save_dir` (checkpoint.h; keep_last and no_save_optim
   // from the config, no RNG state). Returns the iteration directory. With the distributed
   // optimizer over dp_size > 1 ranks it is collective like Trainer::Save (the state is gathered
-  // before anything is written; DP rank 0 writes, the others return "").
-  StatusOr<std::string> Save(const std::string& save_dir, int64_t iteration);
+  // before anything is written; DP rank 0 writes, the others return ""). With `background`
+  // the writing rank queues the write there (SaveTrainerCheckpointAsync) instead of writing;
+  // when `previous` is an error (an earlier background write failed, Trainer::Save) it returns
+  // that error instead of writing, after the collectives.
+  StatusOr<std::string> Save(const std::string& save_dir, int64_t iteration,
+                             AsyncCheckpointWriter* background = nullptr,
+                             const Status& previous = absl::OkStatus());
   // Loads a critic checkpoint (a <save> dir with ckpt_step or its tracker, or an iteration dir):
   // decoder, value head, optimizer (unless no_load_optim), step counter and LR scheduler. On
   // error nothing was changed, except when the LR state alone is rejected (the error says so).

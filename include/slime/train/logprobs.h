@@ -28,7 +28,11 @@
 // -1 = all rows at once). Per chunk only a few [chunk, V/P] float32 buffers exist at a time, in
 // the forward and again in the backward, which recomputes the chunk's logits from the saved
 // hidden rows instead of keeping them: nothing of size [rows, V] outlives a chunk. The autograd
-// graph keeps, per chunk, the hidden rows (a view), the targets and three floats per row.
+// graph keeps, per chunk, the hidden rows (a view), the targets and three floats per row. With
+// recompute_logits false (train.recompute_loss_function false, slime's default) each chunk's
+// logits are kept from the forward to the backward instead: one [chunk, V/P] buffer per chunk
+// (float32; the model dtype on the fused CUDA path) lives until the backward, which saves the
+// LM-head GEMM it would repeat. Same results either way (bitwise on CPU).
 //
 // Thread-safety: call from the thread that owns the model replica. The backward runs the
 // group's AllReduceSum from the autograd engine's thread (the caller's thread on CPU), so the
@@ -61,6 +65,9 @@ struct LogProbOptions {
   int64_t chunk_size = -1;
   // Also compute the entropy (costs one more [chunk, V/P] pass).
   bool compute_entropy = true;
+  // Compute each chunk's logits again in the backward (true) or keep them from the forward
+  // (false: faster backward, a [chunk, V/P] buffer per chunk until the backward runs).
+  bool recompute_logits = true;
 };
 
 struct ResponseLogProbs {

@@ -356,8 +356,33 @@ class Trainer {
   // the full per-parameter state first, for the actor and then the critic, before anything is
   // written); DP rank 0 writes and returns the directory, the others return "". Otherwise the
   // caller picks one rank to save (the ranks' states are identical).
+  //
+  // Background saves (checkpoint.async_save, or mode kBackground): the same collectives run
+  // inside Save (the DP, TP and PP gathers, the outcome shared with the writer's peers), then
+  // the writing rank copies what it writes to host memory and queues the files on its
+  // background writer (checkpoint.h, checkpoint_writer.h) instead of writing them; Save returns
+  // the directory the write will publish. Every Save, background or not, first waits for the
+  // writes queued by earlier ones (checkpoints are published in order); a failure of those
+  // becomes this Save's error on the writing rank and, through the shared outcome, on every rank
+  // that takes part — this save is then not written. WaitForSave waits without saving.
+  enum class SaveMode {
+    kAsConfigured,  // checkpoint.async_save says
+    kSynchronous,
+    kBackground,
+  };
   StatusOr<std::string> Save(const std::string& save_dir, int64_t rollout_id,
-                             const std::string& extra_state_json = "{}");
+                             const std::string& extra_state_json = "{}",
+                             SaveMode mode = SaveMode::kAsConfigured);
+  // Waits for the background writes of earlier Saves (none: returns at once); their first
+  // failure (the message names the iteration directory), reported once.
+  Status WaitForSave();
+  // Of the last Save or WaitForSave: seconds spent waiting for earlier background writes, and
+  // the seconds those writes took on the writer's thread (0 when there were none).
+  struct BackgroundSaveTimes {
+    double wait_seconds = 0;
+    double write_seconds = 0;
+  };
+  BackgroundSaveTimes last_background_save() const;
   // Loads a checkpoint (a <save> dir — the tracker's iteration or ckpt_step — or an iteration
   // dir) into the model, optimizer (unless checkpoint.no_load_optim) and RNG, and restores the
   // step counter and the LR scheduler. With keep_old_actor the old-actor copies become the

@@ -29,7 +29,8 @@
 //                     slime's "set --load to your --save dir" idiom expects.
 //   Train(id, batch)  TrainRollout; the step and rollout metrics as JSON. With
 //                     debug.save_debug_train_data every rank writes what it trained on (below).
-//   Save(id, extra)   a checkpoint under checkpoint.save at iteration `id`.
+//   Save(id, extra)   a checkpoint under checkpoint.save at iteration `id` (written in the
+//                     background with checkpoint.async_save; WaitForSave waits for it).
 //   ConnectEngines / SyncWeights / DisconnectEngines   SGLang's distributed update: pause the
 //                     engines, flush, broadcast every parameter in buckets, continue.
 //   ResyncEngine      one restarted engine gets the current weights (disk transport).
@@ -118,7 +119,15 @@ class TrainerWorker {
   // with ZeRO-1 they take part (the shards are gathered), and at TP > 1 or PP > 1 the ranks of
   // DP rank 0 take part (the TP shards are gathered, the stages send theirs to stage 0): rank 0
   // writes, the others answer {"written": false}. Call it on every rank.
+  // checkpoint.async_save: the writing rank returns once its host copies are taken and the
+  // files are written in the background ({"background": true}); every Save first waits for the
+  // previous background write, whose failure becomes this Save's error (on every rank that
+  // takes part). Also "wait_seconds" (that wait) and "write_seconds" (how long that write ran).
   StatusOr<nlohmann::json> Save(int64_t rollout_id, const nlohmann::json& extra_state);
+  // Waits for a background checkpoint write (checkpoint.async_save) to finish: {"seconds":
+  // write seconds, "wait_seconds"}; its failure as the error, naming the iteration directory.
+  // Returns at once when none is in flight (every rank but the writing one).
+  StatusOr<nlohmann::json> WaitForSave();
   // request: {"engines": [{"host", "port", "num_gpus"}], "master_address": host,
   //           "group_name": "..."}; backend gloo on CPU, nccl on CUDA. Rank 0 only (the source;
   //           the engines join one weight-update group whatever the trainer's layout).
