@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "child_process.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "remove_tree.h"
@@ -40,89 +41,20 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
+using slime::testing::Child;
+using slime::testing::ReadFile;
+using slime::testing::ReadJsonl;
 using slime::testing::SourceDir;
 using slime::testing::TestDataDir;
-using slime::testing::TrainBin;
 
 constexpr char kDelayEnv[] = "SLIME_TEST_ASYNC_SAVE_DELAY_MS";
 constexpr char kTracker[] = "latest_checkpointed_iteration.txt";
-
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::string IterDir(int64_t iteration) {
   char name[32];
   std::snprintf(name, sizeof name, "iter_%07lld", static_cast<long long>(iteration));
   return name;
 }
-
-// slime_train in its own process group with `env` added to the environment, stdout and stderr
-// to files in `dir`, run from the source dir.
-class Child {
- public:
-  Child(std::vector<std::string> args, const fs::path& dir,
-        const std::map<std::string, std::string>& env = {})
-      : out_(dir / "stdout"), err_(dir / "stderr") {
-    args.insert(args.begin(), TrainBin());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string entry = *e;
-      if (env.count(entry.substr(0, entry.find('='))) == 0) env_strings.push_back(entry);
-    }
-    for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-    std::vector<char*> envp;
-    for (auto& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    const std::string out = out_.string(), err = err_.string(), src = SourceDir();
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::setpgid(0, 0);
-      int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (o >= 0) ::dup2(o, STDOUT_FILENO);
-      if (e >= 0) ::dup2(e, STDERR_FILENO);
-      if (::chdir(src.c_str()) != 0) ::_exit(126);
-      ::execve(argv[0], argv.data(), envp.data());
-      ::_exit(127);
-    }
-    ::setpgid(pid_, pid_);
-  }
-  ~Child() {
-    if (pid_ > 0 && !exit_code_) {
-      ::kill(-pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  // The exit code (128+N for a signal), or nullopt after `timeout`.
-  std::optional<int> Wait(std::chrono::seconds timeout) {
-    const auto deadline = Clock::now() + timeout;
-    while (!exit_code_ && Clock::now() < deadline) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return exit_code_;
-  }
-  // Signals slime_train itself (not its process group: workers are in groups of their own).
-  void Signal(int sig) { ::kill(pid_, sig); }
-  std::string out() const { return ReadFile(out_); }
-  std::string err() const { return ReadFile(err_); }
-
- private:
-  fs::path out_, err_;
-  pid_t pid_ = -1;
-  std::optional<int> exit_code_;
-};
 
 // The command lines of every process (ps).
 std::string ProcessList() {
@@ -132,16 +64,6 @@ std::string ProcessList() {
   size_t n;
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   ::pclose(p);
-  return out;
-}
-
-std::vector<Json> ReadJsonl(const fs::path& path) {
-  std::vector<Json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty()) out.push_back(Json::parse(line));
-  }
   return out;
 }
 
@@ -333,7 +255,7 @@ TEST_F(AsyncSaveE2eTest, KillDuringABackgroundWriteLeavesThePreviousCheckpointTo
   const fs::path ckpt = a / "ckpt";
   const fs::path config = WriteConfig(a, 3, true);
   {
-    Child run({"--config", config.string()}, a, {{kDelayEnv, "1500"}});
+    Child run({"--config", config.string()}, a, {.env = {{kDelayEnv, "1500"}}});
     ASSERT_TRUE(WaitForPath(ckpt / (".tmp-" + IterDir(1)), run)) << Logs(a, run);
     run.Signal(SIGKILL);
     ASSERT_EQ(run.Wait(std::chrono::seconds(30)), 128 + SIGKILL);
@@ -381,7 +303,7 @@ TEST_F(AsyncSaveE2eTest, TheLastBackgroundWriteCompletesBeforeTheJobExits) {
   // Each write is held 1 s before each of its 6 steps: longer than the 3 s a stopping worker
   // gets before it is killed, so only an explicit wait completes it.
   const fs::path config = WriteConfig(dir_, 2, true);
-  Child run({"--config", config.string()}, dir_, {{kDelayEnv, "1000"}});
+  Child run({"--config", config.string()}, dir_, {.env = {{kDelayEnv, "1000"}}});
   ASSERT_EQ(run.Wait(std::chrono::seconds(400)), 0) << Logs(dir_, run);
   const fs::path ckpt = dir_ / "ckpt";
   EXPECT_EQ(ReadFile(ckpt / kTracker), "1");
@@ -400,7 +322,7 @@ TEST_F(AsyncSaveE2eTest, TheLastBackgroundWriteCompletesBeforeTheJobExits) {
 TEST_F(AsyncSaveE2eTest, SigtermDuringABackgroundWriteStopsAfterItCompleted) {
   const fs::path config = WriteConfig(dir_, 3, true);
   const fs::path ckpt = dir_ / "ckpt";
-  Child run({"--config", config.string()}, dir_, {{kDelayEnv, "1000"}});
+  Child run({"--config", config.string()}, dir_, {.env = {{kDelayEnv, "1000"}}});
   ASSERT_TRUE(WaitForPath(ckpt / (".tmp-" + IterDir(0)), run)) << Logs(dir_, run);
   run.Signal(SIGTERM);
   ASSERT_EQ(run.Wait(std::chrono::seconds(120)), 128 + SIGTERM) << Logs(dir_, run);
@@ -411,7 +333,7 @@ TEST_F(AsyncSaveE2eTest, SigtermDuringABackgroundWriteStopsAfterItCompleted) {
 TEST_F(AsyncSaveE2eTest, AFailedBackgroundWriteFailsTheJobNamingTheCheckpoint) {
   const fs::path config = WriteConfig(dir_, 1, true);
   const fs::path ckpt = dir_ / "ckpt";
-  Child run({"--config", config.string()}, dir_, {{kDelayEnv, "1000"}});
+  Child run({"--config", config.string()}, dir_, {.env = {{kDelayEnv, "1000"}}});
   ASSERT_TRUE(WaitForPath(ckpt / (".tmp-" + IterDir(0)), run)) << Logs(dir_, run);
   testing::RemoveTree(ckpt / (".tmp-" + IterDir(0)));  // the write is held before its first file
   ASSERT_EQ(run.Wait(std::chrono::seconds(120)), 1) << Logs(dir_, run);

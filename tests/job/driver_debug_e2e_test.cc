@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "child_process.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "remove_tree.h"
@@ -40,97 +41,12 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
+using slime::testing::Child;
+using slime::testing::ReadFile;
+using slime::testing::ReadJsonl;
 using slime::testing::SourceDir;
 using slime::testing::TestDataDir;
-using slime::testing::TrainBin;
-
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::vector<Json> ReadJsonl(const fs::path& path) {
-  std::vector<Json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty()) out.push_back(Json::parse(line));
-  }
-  return out;
-}
-
-// slime_train in its own process group, stdout and stderr to dir/stdout and dir/stderr, run from
-// the source dir; killed with its group if still running at destruction.
-class Child {
- public:
-  Child(std::vector<std::string> args, const fs::path& dir)
-      : out_(dir / "stdout"), err_(dir / "stderr") {
-    args.insert(args.begin(), TrainBin());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const std::string out = out_.string(), err = err_.string(), src = SourceDir();
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::setpgid(0, 0);
-      int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (o >= 0) ::dup2(o, STDOUT_FILENO);
-      if (e >= 0) ::dup2(e, STDERR_FILENO);
-      if (::chdir(src.c_str()) != 0) ::_exit(126);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    ::setpgid(pid_, pid_);
-  }
-  ~Child() {
-    if (pid_ > 0 && !exit_code_) {
-      ::kill(-pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  std::optional<int> Wait(std::chrono::seconds timeout) {
-    const auto deadline = Clock::now() + timeout;
-    while (!exit_code_ && Clock::now() < deadline) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return exit_code_;
-  }
-  std::string out() const { return ReadFile(out_); }
-  std::string err() const { return ReadFile(err_); }
-
- private:
-  fs::path out_, err_;
-  pid_t pid_ = -1;
-  std::optional<int> exit_code_;
-};
-
-// The pid of the job's worker process of `actor_id` (its command line names the head and the
-// actor), or -1.
-pid_t WorkerPid(const fs::path& run_dir, const std::string& actor_id) {
-  Json head = Json::parse(ReadFile(run_dir / "head.json"), nullptr, false);
-  if (head.is_discarded() || !head.contains("address")) return -1;
-  const std::string needle =
-      "--head " + head.at("address").get<std::string>() + " --actor " + actor_id;
-  FILE* p = ::popen("ps -eo pid=,args=", "r");
-  char line[8192];
-  pid_t pid = -1;
-  while (fgets(line, sizeof line, p) != nullptr) {
-    const std::string l(line);
-    if (l.find(needle) != std::string::npos && l.find(" worker ") != std::string::npos) {
-      pid = static_cast<pid_t>(std::stol(l));
-    }
-  }
-  ::pclose(p);
-  return pid;
-}
+using slime::testing::WorkerPid;
 
 // The NUL-separated environment a process was started with.
 std::vector<std::string> Environ(pid_t pid) {
@@ -177,10 +93,9 @@ class DriverDebugE2eTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     testing::RemoveTree(dir_.string());
     fs::create_directories(dir_);
-    Child init({"init-model", "--config",
-                SourceDir() + "/tests/data/model/configs/qwen3-tiny.json", "--tokenizer",
-                tokenizer.string(), "--out", (dir_ / "model").string(), "--dtype", "fp32",
-                "--seed", "3"},
+    Child init({"init-model", "--config", SourceDir() + "/tests/data/model/configs/qwen3-tiny.json",
+                "--tokenizer", tokenizer.string(), "--out", (dir_ / "model").string(), "--dtype",
+                "fp32", "--seed", "3"},
                dir_);
     ASSERT_EQ(init.Wait(std::chrono::seconds(120)), 0) << init.err();
   }
@@ -200,16 +115,24 @@ class DriverDebugE2eTest : public ::testing::Test {
         "  actor_num_gpus_per_node: 1\n"
         "  rollout_num_gpus: 2\n"
         "  rollout_num_gpus_per_engine: 1\n"
-        "  run_dir: " + (dir_ / "run").string() + "\n"
+        "  run_dir: " +
+        (dir_ / "run").string() +
+        "\n"
         "model:\n"
-        "  hf_checkpoint: " + (dir_ / "model").string() + "\n"
+        "  hf_checkpoint: " +
+        (dir_ / "model").string() +
+        "\n"
         "data:\n"
-        "  prompt_data: " + src + "/data/demo/train.jsonl@[0:40]\n"
+        "  prompt_data: " +
+        src +
+        "/data/demo/train.jsonl@[0:40]\n"
         "  label_key: label\n"
         "  apply_chat_template: true\n"
         "  rollout_batch_size: 4\n"
         "  n_samples_per_prompt: 2\n"
-        "  num_rollout: " + std::to_string(num_rollout) + "\n"
+        "  num_rollout: " +
+        std::to_string(num_rollout) +
+        "\n"
         "rollout:\n"
         "  max_response_len: 6\n"
         "reward:\n"
@@ -223,7 +146,8 @@ class DriverDebugE2eTest : public ::testing::Test {
         "  global_batch_size: 8\n"
         "  micro_batch_size: 4\n"
         "checkpoint:\n"
-        "  ref_load: " + (dir_ / "model").string() + "\n" + extra;
+        "  ref_load: " +
+        (dir_ / "model").string() + "\n" + extra;
     const fs::path path = dir_ / "job.yaml";
     std::ofstream(path) << yaml;
     return path;
@@ -234,23 +158,29 @@ class DriverDebugE2eTest : public ::testing::Test {
 
 TEST_F(DriverDebugE2eTest, DebugAndObservabilityKeysOfARealJob) {
   const fs::path dump = dir_ / "dump";
-  const fs::path config = WriteConfig(
-      2, "debug:\n"
-         "  ci_test: true\n"
-         "  dump_details: " + dump.string() + "\n"
-         "  ci_save_grad_norm: " + (dir_ / "grad" / "{role}_{rollout_id}_{step_id}.txt").string() + "\n"
-         "metrics:\n"
-         "  log_multi_turn: true\n"
-         "  log_correct_samples: true\n"
-         "  log_reward_category: engine\n"
-         "weight_sync:\n"
-         "  check_weight_update_equal: true\n"
-         "fault_tolerance:\n"
-         "  health_check_first_wait: 0\n"
-         "  health_check_interval: 0.2\n");
+  const fs::path config =
+      WriteConfig(2,
+                  "debug:\n"
+                  "  ci_test: true\n"
+                  "  dump_details: " +
+                      dump.string() +
+                      "\n"
+                      "  ci_save_grad_norm: " +
+                      (dir_ / "grad" / "{role}_{rollout_id}_{step_id}.txt").string() +
+                      "\n"
+                      "metrics:\n"
+                      "  log_multi_turn: true\n"
+                      "  log_correct_samples: true\n"
+                      "  log_reward_category: engine\n"
+                      "weight_sync:\n"
+                      "  check_weight_update_equal: true\n"
+                      "fault_tolerance:\n"
+                      "  health_check_first_wait: 0\n"
+                      "  health_check_interval: 0.2\n");
   const fs::path run_dir = dir_ / "run";
-  Child run({"--config", config.string(), "--set", "cluster.train_env_vars={SLIME_WIRING_PROBE: hello}"},
-            dir_);
+  Child run(
+      {"--config", config.string(), "--set", "cluster.train_env_vars={SLIME_WIRING_PROBE: hello}"},
+      dir_);
   // cluster.train_env_vars: read the trainer's environment while it runs.
   std::vector<std::string> trainer_env, engine_env;
   const auto deadline = Clock::now() + std::chrono::seconds(200);
@@ -275,8 +205,7 @@ TEST_F(DriverDebugE2eTest, DebugAndObservabilityKeysOfARealJob) {
   // weight_sync.check_weight_update_equal: the first push and the two syncs were checked.
   EXPECT_EQ(Count(logs, "engine(s) hold the trainer's"), 3u) << logs;
   // Health checks ran while generating and killed nothing.
-  EXPECT_NE(logs.find("engine health checks: GET /health_generate every 0.2 s"),
-            std::string::npos);
+  EXPECT_NE(logs.find("engine health checks: GET /health_generate every 0.2 s"), std::string::npos);
   EXPECT_EQ(logs.find("failed its health check"), std::string::npos) << logs;
 
   // Metrics of both rollouts.
@@ -335,7 +264,8 @@ TEST_F(DriverDebugE2eTest, DebugAndObservabilityKeysOfARealJob) {
 
   // debug.dump_details: the rollouts and what the trainer trained on, read back.
   for (int64_t id : {0, 1}) {
-    const Json rollout = Json::parse(ReadFile(dump / "rollout_data" / (std::to_string(id) + ".json")));
+    const Json rollout =
+        Json::parse(ReadFile(dump / "rollout_data" / (std::to_string(id) + ".json")));
     std::vector<Json> samples;
     for (const Json& group : rollout.at("samples")) {
       for (const Json& s : group) samples.push_back(s);
@@ -357,8 +287,8 @@ TEST_F(DriverDebugE2eTest, DebugAndObservabilityKeysOfARealJob) {
       EXPECT_EQ(t.at("tokens"), samples[i].at("tokens")) << "rollout " << id << " sample " << i;
       const size_t response = t.at("response_length").get<size_t>();
       EXPECT_EQ(response, samples[i].at("response_length").get<size_t>());
-      for (const char* key : {"loss_mask", "advantages", "log_probs", "ref_log_probs",
-                              "rollout_log_probs"}) {
+      for (const char* key :
+           {"loss_mask", "advantages", "log_probs", "ref_log_probs", "rollout_log_probs"}) {
         ASSERT_TRUE(t.contains(key)) << key << ": " << t.dump();
         EXPECT_EQ(t.at(key).size(), response) << key;
       }
@@ -369,20 +299,34 @@ TEST_F(DriverDebugE2eTest, DebugAndObservabilityKeysOfARealJob) {
   // the first and the last), its train data dumped.
   const fs::path sub = dir_ / "sub";
   fs::create_directories(sub);
-  Child train({"--config", config.string(), "--set",
-               "debug.load_debug_rollout_data=" + (dump / "rollout_data" / "{rollout_id}.json").string(),
-               "--set", "debug.load_debug_rollout_data_subsample=0.5", "--set",
-               "debug.dump_details=null", "--set", "debug.save_debug_rollout_data=null", "--set",
-               "debug.save_debug_train_data=" + (sub / "{rollout_id}_{rank}.json").string(),
-               "--set", "debug.ci_save_grad_norm=null", "--set", "cluster.rollout_num_gpus=0",
-               "--set", "train.global_batch_size=4", "--set",
-               "cluster.run_dir=" + (sub / "run").string()},
-              sub);
+  Child train(
+      {"--config",
+       config.string(),
+       "--set",
+       "debug.load_debug_rollout_data=" + (dump / "rollout_data" / "{rollout_id}.json").string(),
+       "--set",
+       "debug.load_debug_rollout_data_subsample=0.5",
+       "--set",
+       "debug.dump_details=null",
+       "--set",
+       "debug.save_debug_rollout_data=null",
+       "--set",
+       "debug.save_debug_train_data=" + (sub / "{rollout_id}_{rank}.json").string(),
+       "--set",
+       "debug.ci_save_grad_norm=null",
+       "--set",
+       "cluster.rollout_num_gpus=0",
+       "--set",
+       "train.global_batch_size=4",
+       "--set",
+       "cluster.run_dir=" + (sub / "run").string()},
+      sub);
   code = train.Wait(std::chrono::seconds(300));
   ASSERT_EQ(code, 0) << "stdout:\n" << train.out() << "\nlogs:\n" << Logs(sub / "run", train);
   EXPECT_NE(train.err().find("2 of the 4 prompt groups"), std::string::npos) << train.err();
   for (int64_t id : {0, 1}) {
-    const Json rollout = Json::parse(ReadFile(dump / "rollout_data" / (std::to_string(id) + ".json")));
+    const Json rollout =
+        Json::parse(ReadFile(dump / "rollout_data" / (std::to_string(id) + ".json")));
     const Json& groups = rollout.at("samples");
     std::vector<Json> kept;  // groups 0 and 3
     for (size_t g : {size_t{0}, size_t{3}}) {
@@ -410,7 +354,8 @@ TEST_F(DriverDebugE2eTest, AViolatedCiCheckFailsTheJobNamingIt) {
   EXPECT_NE(err.find("debug.ci_kl_threshold = 0"), std::string::npos) << err;
   // The step was logged before the check failed the job.
   bool logged = false;
-  for (const Json& r : ReadJsonl(dir_ / "run" / "metrics.jsonl")) logged |= r.contains("train/ppo_kl");
+  for (const Json& r : ReadJsonl(dir_ / "run" / "metrics.jsonl"))
+    logged |= r.contains("train/ppo_kl");
   EXPECT_TRUE(logged);
 }
 

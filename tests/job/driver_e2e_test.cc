@@ -34,6 +34,7 @@
 #include <tuple>
 #include <vector>
 
+#include "child_process.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "promtool.h"
@@ -51,80 +52,10 @@ using Json = nlohmann::json;
 
 using slime::testing::SourceDir;
 using slime::testing::TestDataDir;
-using slime::testing::TrainBin;
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// slime_train in its own process group, stdout and stderr to files, run from the source dir.
-class Child {
- public:
-  // `binary` empty: slime_train. Output files are `<name>.stdout` / `.stderr` when `name` is set.
-  Child(std::vector<std::string> args, const fs::path& dir, const std::string& binary = "",
-        const std::string& name = "")
-      : out_(dir / (name.empty() ? "stdout" : name + ".stdout")),
-        err_(dir / (name.empty() ? "stderr" : name + ".stderr")) {
-    args.insert(args.begin(), binary.empty() ? TrainBin() : binary);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const std::string out = out_.string(), err = err_.string(), src = SourceDir();
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::setpgid(0, 0);
-      int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (o >= 0) ::dup2(o, STDOUT_FILENO);
-      if (e >= 0) ::dup2(e, STDERR_FILENO);
-      if (::chdir(src.c_str()) != 0) ::_exit(126);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    ::setpgid(pid_, pid_);
-  }
-  ~Child() {
-    if (pid_ > 0 && !exit_code_) {
-      ::kill(-pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  // The exit code (128+N for a signal), or nullopt after `timeout`.
-  std::optional<int> Wait(std::chrono::seconds timeout) {
-    const auto deadline = Clock::now() + timeout;
-    while (!exit_code_ && Clock::now() < deadline) {
-      int status = 0;
-      pid_t r = ::waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return exit_code_;
-  }
-  void Signal(int sig) { ::kill(pid_, sig); }
-  std::string out() const { return ReadFile(out_); }
-  std::string err() const { return ReadFile(err_); }
-
- private:
-  fs::path out_, err_;
-  pid_t pid_ = -1;
-  std::optional<int> exit_code_;
-};
-
-std::vector<Json> ReadJsonl(const fs::path& path) {
-  std::vector<Json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty()) out.push_back(Json::parse(line));
-  }
-  return out;
-}
-
+using slime::testing::Child;
+using slime::testing::ReadFile;
+using slime::testing::ReadJsonl;
+using slime::testing::WorkerPid;
 class DriverE2eTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -475,26 +406,6 @@ TEST_F(DriverE2eTest, AsyncRefusesColocatedJobs) {
   EXPECT_EQ(*code, 2) << run.err();
   EXPECT_NE(run.err().find("--async: cluster.colocate is true"), std::string::npos) << run.err();
   EXPECT_FALSE(fs::exists(dir_ / "run" / "head.json")) << "no runtime should have started";
-}
-
-// The pid of this job's worker process of `actor_id` (its command line names the head and the
-// actor), or -1.
-pid_t WorkerPid(const fs::path& run_dir, const std::string& actor_id) {
-  Json head = Json::parse(ReadFile(run_dir / "head.json"), nullptr, false);
-  if (head.is_discarded()) return -1;
-  const std::string needle =
-      "--head " + head.at("address").get<std::string>() + " --actor " + actor_id;
-  FILE* p = ::popen("ps -eo pid=,args=", "r");
-  char line[8192];
-  pid_t pid = -1;
-  while (fgets(line, sizeof line, p) != nullptr) {
-    const std::string l(line);
-    if (l.find(needle) != std::string::npos && l.find(" worker ") != std::string::npos) {
-      pid = static_cast<pid_t>(std::stol(l));
-    }
-  }
-  ::pclose(p);
-  return pid;
 }
 
 // Starts `config` and SIGKILLs engine-1's worker as soon as rollout 0 is reported, i.e. while
@@ -1118,7 +1029,7 @@ TEST_F(DriverE2eTest, BadPipelineLayoutsFailNamingTheSettings) {
 // tokens; the prompt with the tool schema is ~190 tokens, so 400 leave room for three turns and
 // the environment's observations between them: a response is longer than one turn).
 TEST_F(DriverE2eTest, MultiTurnGrpoAgainstTheCalculatorEnvironment) {
-  Child env({"--port", "0", "--seed", "5"}, dir_, SLIME_CALC_ENV_BIN_DEFAULT, "env");
+  Child env({"--port", "0", "--seed", "5"}, dir_, {.binary = SLIME_CALC_ENV_BIN_DEFAULT, .name = "env"});
   std::string url;
   const auto deadline = Clock::now() + std::chrono::seconds(30);
   while (url.empty() && Clock::now() < deadline && !env.Wait(std::chrono::seconds(0))) {

@@ -5,9 +5,6 @@
 // both CRCs checked, Events decoded), carry exactly the scalars of metrics.jsonl — per tag, the
 // same steps (a record's "step", else its "rollout_id") with the same values (as 32-bit floats)
 // and times, in the same order.
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -21,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "child_process.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "remove_tree.h"
@@ -34,51 +32,20 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using slime::testing::SourceDir;
 using slime::testing::TestDataDir;
-using slime::testing::TrainBin;
 
-std::string ReadText(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Runs slime_train with `args` from the source tree, `env` added to its environment and its
-// output in `log`; returns the exit code (128+N for a signal), or nullopt (the process group
-// killed) after `timeout`.
-std::optional<int> RunTrain(std::vector<std::string> args,
-                            const std::vector<std::pair<std::string, std::string>>& env,
-                            const fs::path& log, std::chrono::seconds timeout) {
-  args.insert(args.begin(), TrainBin());
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const std::string src = SourceDir(), log_path = log.string();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      ::dup2(fd, STDOUT_FILENO);
-      ::dup2(fd, STDERR_FILENO);
-    }
-    for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
-    if (::chdir(src.c_str()) != 0) ::_exit(126);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  ::setpgid(pid, pid);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ::kill(-pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
-  return std::nullopt;
+// slime_train with `args` and `env` run to its end (its process group killed after `timeout`):
+// the exit code (nullopt after the timeout) and its stdout and stderr (files <name>.* in `dir`).
+struct TrainRun {
+  std::optional<int> code;
+  std::string log;
+};
+TrainRun RunTrain(std::vector<std::string> args, const std::map<std::string, std::string>& env,
+                  const fs::path& dir, const std::string& name, std::chrono::seconds timeout) {
+  testing::Child child(std::move(args), dir, {.name = name, .env = env});
+  TrainRun run;
+  run.code = child.Wait(timeout);
+  run.log = child.out() + child.err();
+  return run;
 }
 
 // One scalar as TensorBoard plots it.
@@ -141,15 +108,15 @@ TEST(TensorboardE2eTest, EventFilesCarryTheJsonlScalarsAcrossAResume) {
     ~Cleanup() { testing::RemoveTree(dir.string()); }
   } cleanup{dir};
 
-  std::optional<int> code =
+  TrainRun run =
       RunTrain({"init-model", "--config", SourceDir() + "/tests/data/model/configs/qwen3-tiny.json",
                 "--tokenizer", tokenizer.string(), "--out", (dir / "model").string(), "--dtype",
                 "fp32", "--seed", "3"},
-               {}, dir / "init.log", std::chrono::seconds(120));
-  ASSERT_EQ(code, 0) << ReadText(dir / "init.log");
+               {}, dir, "init", std::chrono::seconds(120));
+  ASSERT_EQ(run.code, 0) << run.log;
 
   // The quickstart's job on the tiny model, 64 of the demo prompts and 8 held-out ones.
-  const std::vector<std::pair<std::string, std::string>> env = {
+  const std::map<std::string, std::string> env = {
       {"SLIME_TINY_MODEL", (dir / "model").string()},
       {"SLIME_TINY_DATA", SourceDir() + "/data/demo/train.jsonl@[0:64]"},
       {"SLIME_TINY_EVAL", SourceDir() + "/data/demo/eval.jsonl@[0:8]"}};
@@ -166,14 +133,13 @@ TEST(TensorboardE2eTest, EventFilesCarryTheJsonlScalarsAcrossAResume) {
     }
     return args;
   };
-  code = RunTrain(job(2), env, dir / "first.log", std::chrono::seconds(600));
-  ASSERT_EQ(code, 0) << ReadText(dir / "first.log");
+  run = RunTrain(job(2), env, dir, "first", std::chrono::seconds(600));
+  ASSERT_EQ(run.code, 0) << run.log;
   ASSERT_EQ(testing::EventFilesIn(tb).size(), 1u);
   // The same job resumed for one more rollout adds a file beside the first.
-  code = RunTrain(job(3), env, dir / "second.log", std::chrono::seconds(600));
-  ASSERT_EQ(code, 0) << ReadText(dir / "second.log");
-  ASSERT_NE(ReadText(dir / "second.log").find("rollout 2/3"), std::string::npos)
-      << ReadText(dir / "second.log");
+  run = RunTrain(job(3), env, dir, "second", std::chrono::seconds(600));
+  ASSERT_EQ(run.code, 0) << run.log;
+  ASSERT_NE(run.log.find("rollout 2/3"), std::string::npos) << run.log;
 
   const std::vector<fs::path> files = testing::EventFilesIn(tb);
   ASSERT_EQ(files.size(), 2u);

@@ -16,11 +16,11 @@
 #include "slime/engine/engine.h"
 #include "slime/engine/server.h"
 #include "slime/http/client.h"
-#include "slime/metrics/registry.h"
 #include "slime/model/init_random_model.h"
 #include "slime/plugin/plugin_generator.h"
 #include "slime/reward/reward.h"
 #include "slime/rollout/coordinator.h"
+#include "test_engine.h"
 #include "test_paths.h"
 
 namespace slime::plugin {
@@ -72,27 +72,13 @@ TEST(PluginEngineTest, SelfCheckThroughTheCoordinator) {
       model::InitRandomModel(SourceDir() + "/tests/data/model/configs/qwen3-engine-test.json", tok,
                              model_dir, 0, "fp32")
           .ok());
-  metrics::Registry registry;
-  engine::EngineOptions eo;
-  eo.model_path = model_dir;
-  eo.device = "cpu";
-  eo.dtype = "float32";
-  eo.page_size = 4;
-  eo.max_total_tokens = 16384;
-  eo.context_length = 512;
-  eo.random_seed = 1;
-  eo.weight_version = "w1";
-  eo.metrics = &registry;
-  auto engine = engine::Engine::Create(eo);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  engine::EngineServerOptions so;
-  so.port = 0;
-  auto server = engine::EngineServer::Start(engine->get(), &registry, so);
-  ASSERT_TRUE(server.ok()) << server.status();
-  const int port = (*server)->port();
+  auto served = slime::testing::StartTestEngine({.model_dir = model_dir, .weight_version = "w1"});
+  ASSERT_TRUE(served.ok()) << served.status();
+  const int port = (*served)->port();
+  engine::Engine* const engine = (*served)->engine.get();
 
   // The plugin, with the instruction tokenized by the model's tokenizer.
-  const std::vector<int32_t> verify_ids = (*engine)->tokenizer().Encode(" Check your answer:");
+  const std::vector<int32_t> verify_ids = engine->tokenizer().Encode(" Check your answer:");
   ASSERT_FALSE(verify_ids.empty());
   json config = {{"verify_ids", verify_ids},
                  {"verify_text", " Check your answer:"},
@@ -108,7 +94,7 @@ TEST(PluginEngineTest, SelfCheckThroughTheCoordinator) {
   }
   data::PromptDatasetOptions po;
   po.label_key = "label";
-  auto ds = data::PromptDataset::Parse(rows, "test.jsonl", (*engine)->tokenizer(), po);
+  auto ds = data::PromptDataset::Parse(rows, "test.jsonl", engine->tokenizer(), po);
   ASSERT_TRUE(ds.ok()) << ds.status();
   auto dataset = std::make_shared<const data::PromptDataset>(std::move(*ds));
   data::PromptDataSourceOptions dso;
@@ -184,7 +170,7 @@ TEST(PluginEngineTest, SelfCheckThroughTheCoordinator) {
     }
   }
   EXPECT_EQ(verified, 6) << "every answer stopped on a stop token, so every one is verified";
-  (*server)->Stop();
+  (*served)->server->Stop();
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "slime/model/init_random_model.h"
 #include "slime/reward/reward.h"
 #include "slime/rollout/coordinator.h"
+#include "test_engine.h"
 #include "test_paths.h"
 
 namespace slime::rollout {
@@ -37,36 +38,8 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 using slime::testing::SourceDir;
-
-struct EngineUnderTest {
-  std::unique_ptr<metrics::Registry> registry;
-  std::unique_ptr<engine::Engine> engine;
-  std::unique_ptr<engine::EngineServer> server;
-  std::string address() const { return "http://127.0.0.1:" + std::to_string(server->port()); }
-};
-
-// An engine on `model_dir` behind its HTTP server on a free port; `weight_version` shows who
-// served a sample.
-StatusOr<std::unique_ptr<EngineUnderTest>> StartEngine(const std::string& model_dir,
-                                                       const std::string& weight_version) {
-  auto e = std::make_unique<EngineUnderTest>();
-  e->registry = std::make_unique<metrics::Registry>();
-  engine::EngineOptions o;
-  o.model_path = model_dir;
-  o.device = "cpu";
-  o.dtype = "float32";
-  o.page_size = 4;
-  o.max_total_tokens = 16384;
-  o.context_length = 512;
-  o.random_seed = 1;
-  o.weight_version = weight_version;
-  o.metrics = e->registry.get();
-  SLIME_ASSIGN_OR_RETURN(e->engine, engine::Engine::Create(o));
-  engine::EngineServerOptions so;
-  so.port = 0;
-  SLIME_ASSIGN_OR_RETURN(e->server, engine::EngineServer::Start(e->engine.get(), e->registry.get(), so));
-  return e;
-}
+using slime::testing::StartTestEngine;
+using EngineUnderTest = slime::testing::TestEngine;
 
 class RolloutEngineTest : public ::testing::Test {
  protected:
@@ -84,7 +57,8 @@ class RolloutEngineTest : public ::testing::Test {
                                tok, model_dir_, 0, "fp32");
     ASSERT_TRUE(s.ok()) << s;
     for (int i = 0; i < 2; ++i) {
-      auto e = StartEngine(model_dir_, i == 0 ? "engine-a" : "engine-b");
+      auto e = StartTestEngine(
+          {.model_dir = model_dir_, .weight_version = i == 0 ? "engine-a" : "engine-b"});
       ASSERT_TRUE(e.ok()) << e.status();
       engines_.push_back(e->release());
     }
@@ -172,7 +146,7 @@ class RolloutEngineTest : public ::testing::Test {
 
   RolloutOptions Options(int batch, int n, int concurrency) {
     RolloutOptions o;
-    o.engines.addresses = {engines_[0]->address(), engines_[1]->address()};
+    o.engines.addresses = {engines_[0]->url(), engines_[1]->url()};
     o.engines.concurrency_per_engine = concurrency;
     o.engines.max_attempts = 2;
     o.engines.retry_interval = std::chrono::milliseconds(50);
@@ -445,8 +419,9 @@ class RestartingRecovery : public EngineRecovery {
     recovered_.push_back(engine);
     causes_.push_back(std::string(cause.message()));
     if (!fail_.ok()) return fail_;
-    SLIME_ASSIGN_OR_RETURN(restarted_, StartEngine(model_dir_, "engine-c2"));
-    return RecoveredEngine{restarted_->address(), true, "engine-c2"};
+    SLIME_ASSIGN_OR_RETURN(
+        restarted_, StartTestEngine({.model_dir = model_dir_, .weight_version = "engine-c2"}));
+    return RecoveredEngine{restarted_->url(), true, "engine-c2"};
   }
   std::vector<int> recovered() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -472,7 +447,7 @@ class RestartingRecovery : public EngineRecovery {
 // Engine "c" holds its requests (paused), then its server goes away mid-rollout: the groups it
 // had (sent and queued) start over on engine a or on the recovered engine, whole.
 TEST_F(RolloutEngineTest, AnEngineLostMidRolloutIsRecoveredAndItsGroupsRetried) {
-  auto lost = StartEngine(model_dir_, "engine-c");
+  auto lost = StartTestEngine({.model_dir = model_dir_, .weight_version = "engine-c"});
   ASSERT_TRUE(lost.ok()) << lost.status();
   std::vector<std::pair<std::string, std::string>> rows;
   for (int i = 0; i < 12; ++i) rows.push_back({"Retry prompt " + std::to_string(i), "x"});
@@ -482,7 +457,7 @@ TEST_F(RolloutEngineTest, AnEngineLostMidRolloutIsRecoveredAndItsGroupsRetried) 
   RolloutCoordinator c;
   c.SetEngineRecovery(&recovery);
   RolloutOptions o = Options(6, 2, 2);
-  o.engines.addresses = {engines_[0]->address(), (*lost)->address()};
+  o.engines.addresses = {engines_[0]->url(), (*lost)->url()};
   ASSERT_TRUE(c.Configure(o, &groups, reward_.get()).ok());
   (*lost)->engine->Pause();
   auto generate = std::async(std::launch::async, [&] { return c.Generate(0); });
@@ -497,7 +472,7 @@ TEST_F(RolloutEngineTest, AnEngineLostMidRolloutIsRecoveredAndItsGroupsRetried) 
 
   EXPECT_EQ(recovery.recovered(), std::vector<int>{1});
   ASSERT_EQ(recovery.causes().size(), 1u);
-  EXPECT_NE(recovery.causes()[0].find((*lost)->address().substr(7)), std::string::npos)
+  EXPECT_NE(recovery.causes()[0].find((*lost)->url().substr(7)), std::string::npos)
       << recovery.causes()[0];
   ASSERT_EQ(r->groups.size(), 6u);
   for (const auto& g : r->groups) {
@@ -518,7 +493,7 @@ TEST_F(RolloutEngineTest, AnEngineLostMidRolloutIsRecoveredAndItsGroupsRetried) 
   EXPECT_GE(r->metrics["rollout/retried_groups"], 1);
   EXPECT_GT(r->metrics["perf/engine_recovery_time"], 0);
   EXPECT_FALSE(c.engine_pool()->engine_down(1));
-  EXPECT_NE(c.engine_pool()->address(1).ToString(), (*lost)->address().substr(7));
+  EXPECT_NE(c.engine_pool()->address(1).ToString(), (*lost)->url().substr(7));
   // The next rollout uses the recovered engine like any other.
   auto next = c.Generate(1);
   ASSERT_TRUE(next.ok()) << next.status();
@@ -527,7 +502,7 @@ TEST_F(RolloutEngineTest, AnEngineLostMidRolloutIsRecoveredAndItsGroupsRetried) 
 }
 
 TEST_F(RolloutEngineTest, AFailedRecoveryFailsTheRolloutWithItsError) {
-  auto lost = StartEngine(model_dir_, "engine-c");
+  auto lost = StartTestEngine({.model_dir = model_dir_, .weight_version = "engine-c"});
   ASSERT_TRUE(lost.ok()) << lost.status();
   std::vector<std::pair<std::string, std::string>> rows;
   for (int i = 0; i < 4; ++i) rows.push_back({"Doomed prompt " + std::to_string(i), "x"});
@@ -538,7 +513,7 @@ TEST_F(RolloutEngineTest, AFailedRecoveryFailsTheRolloutWithItsError) {
   RolloutCoordinator c;
   c.SetEngineRecovery(&recovery);
   RolloutOptions o = Options(4, 2, 2);
-  o.engines.addresses = {engines_[0]->address(), (*lost)->address()};
+  o.engines.addresses = {engines_[0]->url(), (*lost)->url()};
   ASSERT_TRUE(c.Configure(o, &groups, reward_.get()).ok());
   (*lost)->server->Stop();  // gone before the rollout starts: its calls are refused
   const auto start = std::chrono::steady_clock::now();

@@ -24,6 +24,7 @@
 #include "slime/reward/reward.h"
 #include "slime/rollout/coordinator.h"
 #include "slime/rollout/teacher.h"
+#include "test_engine.h"
 #include "test_paths.h"
 
 namespace slime::rollout {
@@ -32,33 +33,8 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 using slime::testing::SourceDir;
-
-struct EngineUnderTest {
-  std::unique_ptr<metrics::Registry> registry;
-  std::unique_ptr<engine::Engine> engine;
-  std::unique_ptr<engine::EngineServer> server;
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(server->port()); }
-};
-
-StatusOr<std::unique_ptr<EngineUnderTest>> StartEngine(const std::string& model_dir) {
-  auto e = std::make_unique<EngineUnderTest>();
-  e->registry = std::make_unique<metrics::Registry>();
-  engine::EngineOptions o;
-  o.model_path = model_dir;
-  o.device = "cpu";
-  o.dtype = "float32";
-  o.page_size = 4;
-  o.max_total_tokens = 8192;
-  o.context_length = 256;
-  o.random_seed = 1;
-  o.metrics = e->registry.get();
-  SLIME_ASSIGN_OR_RETURN(e->engine, engine::Engine::Create(o));
-  engine::EngineServerOptions so;
-  so.port = 0;
-  SLIME_ASSIGN_OR_RETURN(e->server,
-                         engine::EngineServer::Start(e->engine.get(), e->registry.get(), so));
-  return e;
-}
+using slime::testing::StartTestEngine;
+using EngineUnderTest = slime::testing::TestEngine;
 
 // Prompt groups of `n` samples over fixed prompt ids.
 class FixedSource : public GroupSource {
@@ -96,15 +72,16 @@ class TeacherEngineTest : public ::testing::Test {
       skip_ = "Qwen3 tokenizer missing at " + tok + ": run scripts/fetch_test_data.sh";
       return;
     }
-    root_ = (fs::temp_directory_path() / ("slime-teacher-test-" + std::to_string(::getpid())))
-                .string();
+    root_ =
+        (fs::temp_directory_path() / ("slime-teacher-test-" + std::to_string(::getpid()))).string();
     testing::RemoveTree(root_);
     const std::string config = SourceDir() + "/tests/data/model/configs/qwen3-engine-test.json";
     for (const char* name : {"student", "teacher"}) {
       const uint64_t seed = std::string(name) == "student" ? 0 : 1;
       Status s = model::InitRandomModel(config, tok, root_ + "/" + name, seed, "fp32");
       ASSERT_TRUE(s.ok()) << s;
-      auto e = StartEngine(root_ + "/" + name);
+      auto e = StartTestEngine(
+          {.model_dir = root_ + "/" + name, .max_total_tokens = 8192, .context_length = 256});
       ASSERT_TRUE(e.ok()) << e.status();
       (std::string(name) == "student" ? student_ : teacher_) = e->release();
     }
@@ -202,11 +179,11 @@ TEST_F(TeacherEngineTest, LogProbsMatchWhatTheTeacherReportedWhileGeneratingThem
   // prompt + that response afterwards (prefill only) gives the same numbers.
   const std::vector<int32_t> prompt = {151644, 872, 198, 2500, 151645, 198, 151644, 77091, 198};
   http::Client http("127.0.0.1", teacher_->server->port());
-  json req = {{"input_ids", prompt},
-              {"sampling_params",
-               {{"temperature", 0.8}, {"max_new_tokens", 8}, {"ignore_eos", true},
-                {"sampling_seed", 5}}},
-              {"return_logprob", true}};
+  json req = {
+      {"input_ids", prompt},
+      {"sampling_params",
+       {{"temperature", 0.8}, {"max_new_tokens", 8}, {"ignore_eos", true}, {"sampling_seed", 5}}},
+      {"return_logprob", true}};
   auto resp = http.Post("/generate", req.dump());
   ASSERT_TRUE(resp.ok()) << resp.status();
   ASSERT_EQ(resp->status, 200) << resp->body;

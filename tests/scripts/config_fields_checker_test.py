@@ -9,15 +9,11 @@ excuses an unread field and is reported once the field is read.
 Arguments: none; SLIME_SOURCE_DIR (set by ctest) or this file's checkout is the repository.
 """
 import importlib.util
-import os
-import subprocess
-import sys
-import tempfile
 import unittest
 
-REPO = os.environ.get('SLIME_SOURCE_DIR') or os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CHECKER = os.path.join(REPO, 'scripts', 'check_config_fields.py')
+from checker_test_base import CheckerTestCase, checker_path
+
+CHECKER = checker_path('check_config_fields.py')
 
 FIELDS = '''\
 #include "field_builder.h"
@@ -60,38 +56,14 @@ def load_checker():
   return module
 
 
-class ConfigFieldsCheckerTest(unittest.TestCase):
-
-  def setUp(self):
-    self._tmp = tempfile.TemporaryDirectory(prefix='config_fields_test_')
-    self.root = self._tmp.name
-    for path, text in FILES.items():
-      self.write(path, text)
-
-  def tearDown(self):
-    self._tmp.cleanup()
-
-  def write(self, path, text, append=False):
-    path = os.path.join(self.root, path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, 'a' if append else 'w', encoding='utf-8') as f:
-      f.write(text)
+class ConfigFieldsCheckerTest(CheckerTestCase):
+  CHECKER = CHECKER
+  FILES = FILES
+  ARGS = ('--no-pending',)
 
   def add_field(self, statement):
     text = FIELDS.replace('  b.Add("mtp_num_layers"', statement + '\n  b.Add("mtp_num_layers"')
     self.write('src/config/fields_train.cc', text)
-
-  def check(self):
-    run = subprocess.run([sys.executable, CHECKER, '--root', self.root, '--no-pending'],
-                         capture_output=True, text=True, check=False)
-    return run.returncode, run.stdout + run.stderr
-
-  def assert_fails_with(self, *needles):
-    rc, out = self.check()
-    self.assertEqual(rc, 1, out)
-    for needle in needles:
-      self.assertIn(needle, out)
-    return out
 
   def test_the_fixture_passes(self):
     rc, out = self.check()

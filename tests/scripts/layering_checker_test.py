@@ -9,14 +9,13 @@ CMAKE_COMMAND the cmake to run (default: cmake on PATH).
 """
 import os
 import subprocess
-import sys
 import tempfile
 import textwrap
 import unittest
 
-REPO = os.environ.get('SLIME_SOURCE_DIR') or os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CHECKER = os.path.join(REPO, 'scripts', 'check_layering.py')
+from checker_test_base import REPO, CheckerTestCase, checker_path
+
+CHECKER = checker_path('check_layering.py')
 CMAKE = os.environ.get('CMAKE_COMMAND', 'cmake')
 
 RULES = """\
@@ -43,34 +42,9 @@ FILES = {
 }
 
 
-class LayeringCheckerTest(unittest.TestCase):
-
-  def setUp(self):
-    self._tmp = tempfile.TemporaryDirectory(prefix='layering_test_')
-    self.root = self._tmp.name
-    self.write('cmake/layering.txt', RULES)
-    for path, text in FILES.items():
-      self.write(path, text)
-
-  def tearDown(self):
-    self._tmp.cleanup()
-
-  def write(self, path, text, append=False):
-    path = os.path.join(self.root, path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, 'a' if append else 'w', encoding='utf-8') as f:
-      f.write(text)
-
-  def check(self, *extra):
-    run = subprocess.run([sys.executable, CHECKER, '--root', self.root, *extra],
-                         capture_output=True, text=True, check=False)
-    return run.returncode, run.stdout + run.stderr
-
-  def assert_fails_with(self, *needles, extra=()):
-    rc, out = self.check(*extra)
-    self.assertEqual(rc, 1, out)
-    for needle in needles:
-      self.assertIn(needle, out)
+class LayeringCheckerTest(CheckerTestCase):
+  CHECKER = CHECKER
+  FILES = dict(FILES, **{'cmake/layering.txt': RULES})
 
   def test_the_fixture_keeps_the_rules(self):
     rc, out = self.check()

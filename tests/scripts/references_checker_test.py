@@ -3,42 +3,22 @@
 (ctest: docs_references_checker_test). It runs on small trees written here. The citations are
 assembled from pieces so this file does not cite anything itself.
 """
-import os
-import subprocess
-import sys
-import tempfile
 import unittest
 
-REPO = os.environ.get('SLIME_SOURCE_DIR') or os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CHECKER = os.path.join(REPO, 'scripts', 'check_references.py')
+from checker_test_base import CheckerTestCase, checker_path
+
+CHECKER = checker_path('check_references.py')
 
 SHARED = '..' + '/shared'
 INVENTORY = 'slime' + '-inventory.md'
 
 
-class ReferencesCheckerTest(unittest.TestCase):
-
-  def setUp(self):
-    self._tmp = tempfile.TemporaryDirectory(prefix='references_test_')
-    self.root = self._tmp.name
-    self.write('include/slime/train/losses.h',
-               '// The losses (docs/algorithms.md, "Policy loss").\n')
-    self.write('docs/operations.md', 'slime_train status --run-dir /shared/run\n')
-
-  def tearDown(self):
-    self._tmp.cleanup()
-
-  def write(self, path, text, mode='w'):
-    path = os.path.join(self.root, path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, mode) as f:
-      f.write(text)
-
-  def check(self):
-    run = subprocess.run([sys.executable, CHECKER, '--root', self.root], capture_output=True,
-                         text=True, check=False)
-    return run.returncode, run.stdout + run.stderr
+class ReferencesCheckerTest(CheckerTestCase):
+  CHECKER = CHECKER
+  FILES = {
+      'include/slime/train/losses.h': '// The losses (docs/algorithms.md, "Policy loss").\n',
+      'docs/operations.md': 'slime_train status --run-dir /shared/run\n',
+  }
 
   def assert_cited(self, path, text, needle):
     self.write(path, text)
@@ -72,7 +52,7 @@ class ReferencesCheckerTest(unittest.TestCase):
   def test_build_trees_and_binary_files_are_skipped(self):
     self.write('build/CMakeCache.txt', '')
     self.write('build/notes.txt', f'{SHARED}/x\n')
-    self.write('tests/data/blob.bin', b'\0\1' + f'{SHARED}/x'.encode(), mode='wb')
+    self.write('tests/data/blob.bin', b'\0\1' + f'{SHARED}/x'.encode())
     rc, out = self.check()
     self.assertEqual(rc, 0, out)
 

@@ -3,7 +3,8 @@
 // objective on an overfit batch, micro-batch split invariance, the reference/teacher/old-actor
 // weight swaps restoring the actor bit for bit, save → load → next rollout bitwise equal to an
 // uninterrupted run, SFT steps, the micro-batch padding (train.data_pad_size_multiplier)
-// changing no loss or gradient, the debug outputs (correct_entropy, the trained samples), and
+// changing no loss or gradient, keeping the loss's logits (train.recompute_loss_function false)
+// changing nothing, the debug outputs (correct_entropy, the trained samples), and
 // bad input reported with the field named.
 #include "slime/train/trainer.h"
 
@@ -36,6 +37,34 @@ using test_util::ThreadGroup;
 using test_util::Train;
 using test_util::Value;
 using test_util::Weights;
+
+// Trains `a` and `b` on `batch` for two rollouts of two optimizer steps each and expects the
+// same step metrics (b's keys looked up in a, or with `same_keys` both ways), rollout metrics and
+// final weights, within `tol` relative to each value.
+void ExpectTheSameTraining(Trainer& a, Trainer& b, const data::RolloutBatch& batch, double tol,
+                           bool same_keys) {
+  for (int rollout = 0; rollout < 2; ++rollout) {
+    TrainRolloutResult ra = Train(a, rollout, batch);
+    TrainRolloutResult rb = Train(b, rollout, batch);
+    ASSERT_EQ(ra.steps.size(), 2u);
+    ASSERT_EQ(rb.steps.size(), 2u);
+    for (size_t s = 0; s < 2; ++s) {
+      if (same_keys) ASSERT_EQ(ra.steps[s].values.size(), rb.steps[s].values.size());
+      for (const auto& [name, value] : rb.steps[s].values) {
+        EXPECT_NEAR(Value(ra.steps[s], name), value, tol * (1.0 + std::abs(value)))
+            << name << " at rollout " << rollout << " step " << s;
+      }
+    }
+    if (!same_keys) continue;
+    for (const auto& [name, value] : ra.rollout_values) {
+      EXPECT_NEAR(rb.rollout_values.at(name), value, tol * (1.0 + std::abs(value))) << name;
+    }
+  }
+  const std::vector<torch::Tensor> wa = Weights(a), wb = Weights(b);
+  for (size_t i = 0; i < wa.size(); ++i) {
+    EXPECT_LT((wa[i] - wb[i]).abs().max().item<double>(), tol) << "tensor " << i;
+  }
+}
 
 // ---- slime's CI gates --------------------------------------------------------------------------
 
@@ -172,23 +201,27 @@ TEST(TrainerTest, StepResultDoesNotDependOnTheMicroBatchSplit) {
   auto b = MakeTrainer(model_dir, large);
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  const data::RolloutBatch batch = MakeBatch(6, 13);
-  for (int rollout = 0; rollout < 2; ++rollout) {
-    TrainRolloutResult ra = Train(*a, rollout, batch);
-    TrainRolloutResult rb = Train(*b, rollout, batch);
-    ASSERT_EQ(ra.steps.size(), 2u);
-    ASSERT_EQ(rb.steps.size(), 2u);
-    for (size_t s = 0; s < 2; ++s) {
-      for (const auto& [name, value] : rb.steps[s].values) {
-        EXPECT_NEAR(Value(ra.steps[s], name), value, 1e-5 * (1.0 + std::abs(value)))
-            << name << " at rollout " << rollout << " step " << s;
-      }
-    }
-  }
-  const std::vector<torch::Tensor> wa = Weights(*a), wb = Weights(*b);
-  for (size_t i = 0; i < wa.size(); ++i) {
-    EXPECT_LT((wa[i] - wb[i]).abs().max().item<double>(), 1e-5) << "tensor " << i;
-  }
+  ExpectTheSameTraining(*a, *b, MakeBatch(6, 13), 1e-5, /*same_keys=*/false);
+}
+
+// train.recompute_loss_function false keeps the log-prob chunks' logits for the backward instead
+// of computing them again: the same training, bit for bit (chunks of 5 rows, entropy bonus).
+TEST(TrainerTest, KeepingTheLossLogitsTrainsExactlyAsRecomputingThem) {
+  TempDir dir;
+  const std::string model_dir = MakeModelDir(dir, "m", 8);
+  config::Config c = BaseConfig();
+  c.algorithm.entropy_coef = 0.01;
+  c.train.log_probs_chunk_size = 5;
+  c.train.global_batch_size = 2;  // two optimizer steps a rollout
+  config::Config kept = c, recomputed = c;
+  kept.train.recompute_loss_function = false;
+  recomputed.train.recompute_loss_function = true;
+  auto a = MakeTrainer(model_dir, recomputed);
+  auto b = MakeTrainer(model_dir, kept);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ExpectTheSameTraining(*a, *b, MakeBatch(4, 21), 1e-12, /*same_keys=*/true);
+  ExpectBitwiseEqual(Weights(*a), Weights(*b));
 }
 
 // Two DP ranks in two threads, summing through a shared-memory all-reduce (ThreadGroup), train
@@ -441,27 +474,7 @@ TEST(TrainerTest, PaddingChangesNoLossOrGradient) {
   auto b = MakeTrainer(model_dir, padded);
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  const data::RolloutBatch batch = MakeBatch(4, 17);
-  for (int rollout = 0; rollout < 2; ++rollout) {
-    TrainRolloutResult ra = Train(*a, rollout, batch);
-    TrainRolloutResult rb = Train(*b, rollout, batch);
-    ASSERT_EQ(ra.steps.size(), 2u);
-    ASSERT_EQ(rb.steps.size(), 2u);
-    for (size_t s = 0; s < 2; ++s) {
-      ASSERT_EQ(ra.steps[s].values.size(), rb.steps[s].values.size());
-      for (const auto& [name, value] : ra.steps[s].values) {
-        EXPECT_NEAR(Value(rb.steps[s], name), value, 1e-6 * (1.0 + std::abs(value)))
-            << name << " at rollout " << rollout << " step " << s;
-      }
-    }
-    for (const auto& [name, value] : ra.rollout_values) {
-      EXPECT_NEAR(rb.rollout_values.at(name), value, 1e-6 * (1.0 + std::abs(value))) << name;
-    }
-  }
-  const std::vector<torch::Tensor> wa = Weights(*a), wb = Weights(*b);
-  for (size_t i = 0; i < wa.size(); ++i) {
-    EXPECT_LT((wa[i] - wb[i]).abs().max().item<double>(), 1e-6) << "tensor " << i;
-  }
+  ExpectTheSameTraining(*a, *b, MakeBatch(4, 17), 1e-6, /*same_keys=*/true);
 }
 
 // ---- Debug outputs: metrics.log_correct_samples, debug.save_debug_train_data --------------------

@@ -37,6 +37,7 @@
 #include "slime/workflow/calculator_env.h"
 #include "slime/workflow/env_client.h"
 #include "slime/workflow/env_generator.h"
+#include "test_engine.h"
 #include "test_paths.h"
 
 namespace slime::workflow {
@@ -71,9 +72,9 @@ class RecordingSession : public EngineSession {
     const auto start = std::chrono::steady_clock::now();
     StatusOr<GenerateTurn> t = inner_->Generate(ids, overrides);
     if (t.ok()) {
-      calls.push_back({std::vector<int32_t>(ids.begin(), ids.end()), overrides, *t,
-                       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                           .count()});
+      calls.push_back(
+          {std::vector<int32_t>(ids.begin(), ids.end()), overrides, *t,
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()});
     }
     return t;
   }
@@ -107,12 +108,6 @@ class Recorder : public CustomGenerator {
   std::shared_ptr<CustomGenerator> inner_;
 };
 
-struct EngineUnderTest {
-  std::unique_ptr<metrics::Registry> registry;
-  std::unique_ptr<engine::Engine> engine;
-  std::unique_ptr<engine::EngineServer> server;
-};
-
 // An environment whose /reset answers garbage ("garbage") or whose /step never answers
 // ("stephang").
 class BrokenEnv {
@@ -124,10 +119,11 @@ class BrokenEnv {
                  if (mode == "garbage") return w->Send(200, "{\"episode_id\": ", "text/plain");
                  w->SendJson(200, json{{"episode_id", "e1"}, {"observation", "Say something."}});
                });
-    router.Add("POST", "/step", [this](const http::Request&, std::shared_ptr<http::ResponseWriter> w) {
-      std::lock_guard<std::mutex> lock(mu_);
-      parked_.push_back(std::move(w));
-    });
+    router.Add("POST", "/step",
+               [this](const http::Request&, std::shared_ptr<http::ResponseWriter> w) {
+                 std::lock_guard<std::mutex> lock(mu_);
+                 parked_.push_back(std::move(w));
+               });
     server_ = *http::Server::Start({}, std::move(router));
   }
   ~BrokenEnv() { server_->Stop(); }
@@ -147,34 +143,16 @@ class WorkflowEngineTest : public ::testing::Test {
       skip_ = "Qwen3 tokenizer missing at " + tok + ": run scripts/fetch_test_data.sh";
       return;
     }
-    model_dir_ =
-        (fs::temp_directory_path() / ("slime-workflow-test-" + std::to_string(::getpid()))).string();
+    model_dir_ = (fs::temp_directory_path() / ("slime-workflow-test-" + std::to_string(::getpid())))
+                     .string();
     testing::RemoveTree(model_dir_);
     Status s =
         model::InitRandomModel(SourceDir() + "/tests/data/model/configs/qwen3-engine-test.json",
                                tok, model_dir_, 0, "fp32");
     ASSERT_TRUE(s.ok()) << s;
-    auto e = std::make_unique<EngineUnderTest>();
-    e->registry = std::make_unique<metrics::Registry>();
-    engine::EngineOptions o;
-    o.model_path = model_dir_;
-    o.device = "cpu";
-    o.dtype = "float32";
-    o.page_size = 4;
-    o.max_total_tokens = 16384;
-    o.context_length = 512;
-    o.random_seed = 1;
-    o.weight_version = "w1";
-    o.metrics = e->registry.get();
-    auto created = engine::Engine::Create(o);
-    ASSERT_TRUE(created.ok()) << created.status();
-    e->engine = std::move(*created);
-    engine::EngineServerOptions so;
-    so.port = 0;
-    auto server = engine::EngineServer::Start(e->engine.get(), e->registry.get(), so);
-    ASSERT_TRUE(server.ok()) << server.status();
-    e->server = std::move(*server);
-    engine_ = e.release();
+    auto e = slime::testing::StartTestEngine({.model_dir = model_dir_, .weight_version = "w1"});
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = e->release();
     auto env = CalculatorEnv::Start({}, {});
     ASSERT_TRUE(env.ok()) << env.status();
     env_ = env->release();
@@ -217,7 +195,7 @@ class WorkflowEngineTest : public ::testing::Test {
 
   rollout::RolloutOptions Options(int batch, int n) {
     rollout::RolloutOptions o;
-    o.engines.addresses = {"http://127.0.0.1:" + std::to_string(engine_->server->port())};
+    o.engines.addresses = {engine_->url()};
     o.engines.max_attempts = 2;
     o.rollout_batch_size = batch;
     o.n_samples_per_prompt = n;
@@ -241,7 +219,7 @@ class WorkflowEngineTest : public ::testing::Test {
 
   static std::string skip_;
   static std::string model_dir_;
-  static EngineUnderTest* engine_;
+  static slime::testing::TestEngine* engine_;
   static CalculatorEnv* env_;
   std::shared_ptr<const data::PromptDataset> dataset_;
   std::unique_ptr<reward::RewardModel> reward_;
@@ -249,7 +227,7 @@ class WorkflowEngineTest : public ::testing::Test {
 
 std::string WorkflowEngineTest::skip_;
 std::string WorkflowEngineTest::model_dir_;
-EngineUnderTest* WorkflowEngineTest::engine_ = nullptr;
+slime::testing::TestEngine* WorkflowEngineTest::engine_ = nullptr;
 CalculatorEnv* WorkflowEngineTest::env_ = nullptr;
 
 TEST_F(WorkflowEngineTest, CalculatorEpisodeTokensMasksAndLogProbsAreExact) {
@@ -336,12 +314,14 @@ class SplitGenerator : public CustomGenerator {
                                           EngineSession* session) override {
     CustomGenerateResult r;
     data::Sample first = sample;
-    SLIME_ASSIGN_OR_RETURN(GenerateTurn t1, session->Generate(first.tokens, {{"max_new_tokens", 3}}));
+    SLIME_ASSIGN_OR_RETURN(GenerateTurn t1,
+                           session->Generate(first.tokens, {{"max_new_tokens", 3}}));
     SLIME_RETURN_IF_ERROR(first.AppendResponse(t1.output_ids, t1.log_probs, true, t1.text));
     first.status = data::SampleStatus::kCompleted;
     data::Sample second = sample;
     second.tokens = first.tokens;
-    SLIME_ASSIGN_OR_RETURN(GenerateTurn t2, session->Generate(second.tokens, {{"max_new_tokens", 2}}));
+    SLIME_ASSIGN_OR_RETURN(GenerateTurn t2,
+                           session->Generate(second.tokens, {{"max_new_tokens", 2}}));
     SLIME_RETURN_IF_ERROR(second.AppendResponse(t2.output_ids, t2.log_probs, true, t2.text));
     second.status = data::SampleStatus::kTruncated;
     r.rewarded = sample.index % 2 == 0;
@@ -426,15 +406,16 @@ class AbortProbe : public CustomGenerator {
     for (int turn = 0; turn < 500; ++turn) {
       const int64_t room = 500 - static_cast<int64_t>(s.tokens.size());
       if (room <= 0) s.tokens.resize(sample.tokens.size());  // start over: keep it going
-      SLIME_ASSIGN_OR_RETURN(GenerateTurn t,
-                             session->Generate(s.tokens, {{"max_new_tokens", 16}, {"ignore_eos", true}}));
+      SLIME_ASSIGN_OR_RETURN(GenerateTurn t, session->Generate(s.tokens, {{"max_new_tokens", 16},
+                                                                          {"ignore_eos", true}}));
       if (t.finish_reason == "abort") {
         const auto start = std::chrono::steady_clock::now();
         SLIME_ASSIGN_OR_RETURN(GenerateTurn again, session->Generate(s.tokens, json::object()));
         std::lock_guard<std::mutex> lock(mu);
         after_abort_reason = again.finish_reason;
         after_abort_ids = again.output_ids.size();
-        after_abort_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        after_abort_s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         aborted = true;
         s.status = data::SampleStatus::kAborted;
         return CustomGenerateResult{{s}, false};
@@ -489,12 +470,12 @@ TEST_F(WorkflowEngineTest, EnvironmentErrorsAreHandledPerPolicy) {
     const BrokenEnv* env;
     OnEnvError policy;
   };
-  for (const Case& k : {Case{"garbage/fail", &garbage, OnEnvError::kFail},
-                        Case{"garbage/drop", &garbage, OnEnvError::kDrop},
-                        Case{"garbage/zero_reward", &garbage, OnEnvError::kZeroReward},
-                        Case{"hang/fail", &hang, OnEnvError::kFail},
-                        Case{"hang/drop", &hang, OnEnvError::kDrop},
-                        Case{"hang/zero_reward", &hang, OnEnvError::kZeroReward}}) {
+  for (const Case& k :
+       {Case{"garbage/fail", &garbage, OnEnvError::kFail},
+        Case{"garbage/drop", &garbage, OnEnvError::kDrop},
+        Case{"garbage/zero_reward", &garbage, OnEnvError::kZeroReward},
+        Case{"hang/fail", &hang, OnEnvError::kFail}, Case{"hang/drop", &hang, OnEnvError::kDrop},
+        Case{"hang/zero_reward", &hang, OnEnvError::kZeroReward}}) {
     SCOPED_TRACE(k.name);
     auto source = Source(1, 2);
     rollout::PromptGroupSource groups(source.get());
