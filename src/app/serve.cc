@@ -84,6 +84,9 @@ void AddServeOptions(CLI::App* cmd, ServeOptions* o) {
   cmd->add_option("--context-length", o->context_length,
                   "Prompt + output limit (0 = the model's max_position_embeddings)");
   cmd->add_flag("--disable-radix-cache", o->disable_radix_cache, "Turn the prefix cache off");
+  cmd->add_flag("--enable-deterministic-inference", o->enable_deterministic_inference,
+                "Batch-invariant kernels: a request's tokens and log-probs do not depend on the "
+                "batch, prefill chunking or prefix-cache hits (CPU only so far)");
   cmd->add_option("--random-seed", o->random_seed, "Seed of requests without sampling_seed");
   cmd->add_option("--stream-interval", o->stream_interval, "Tokens per streamed chunk")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -142,6 +145,7 @@ int RunServe(const ServeOptions& o) {
   eo.max_batch_tokens = std::max<int64_t>(o.chunked_prefill_size, 16384);
   eo.context_length = o.context_length;
   eo.enable_prefix_cache = !o.disable_radix_cache;
+  eo.deterministic_inference = o.enable_deterministic_inference;
   eo.random_seed = static_cast<uint64_t>(o.random_seed);
   eo.stream_interval = o.stream_interval;
   eo.cuda_graph_max_bs = o.disable_cuda_graph ? 0 : o.cuda_graph_max_bs;

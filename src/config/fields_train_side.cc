@@ -779,12 +779,16 @@ void AddDebugFields(std::vector<FieldSpec<Config>>* table) {
       .Enum(std::vector<std::string>(std::begin(kLogLevels), std::end(kLogLevels)))
       .Doc("Log level of every process.");
   b.Add("deterministic_mode", &DebugConfig::deterministic_mode)
-      .ReadBy("rollout")
+      .ReadBy("rollout", "train", "workers")
       .Slime("--deterministic-mode / --sglang-enable-deterministic-inference")
       .Doc(
-          "Per-sample sampling seeds (rollout.seed + index in group), so a rollout's "
-          "sampling repeats. Unlike slime it does not switch trainer or engine kernels to "
-          "deterministic algorithms.");
+          "Per-sample sampling seeds (rollout.seed + index in group), so a rollout's sampling "
+          "repeats; and batch-invariant kernels in the engines and trainers (the engines' "
+          "--enable-deterministic-inference): a token's log-prob does not depend on its batch, "
+          "prefill chunking, prefix-cache hits or the trainer's packing, and the trainer's "
+          "log-prob equals the engine's to the bit (train_rollout_logprob_abs_diff = 0). CPU "
+          "only so far: engines and trainers on CUDA refuse it at start-up. Costs speed "
+          "(docs/operations.md, \"Deterministic mode\").");
   b.Add("ci_test", &DebugConfig::ci_test)
       .ReadBy("job")
       .Slime("--ci-test")

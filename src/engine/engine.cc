@@ -19,6 +19,7 @@
 #include "slime/comm/process_group.h"
 #include "slime/comm/weight_sender.h"
 #include "slime/engine/model_runner.h"
+#include "slime/model/batch_invariant.h"
 #include "slime/engine/output_text.h"
 #include "slime/engine/page_pool.h"
 #include "slime/engine/radix_cache.h"
@@ -713,6 +714,19 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   if (options.served_model_name.empty()) options.served_model_name = options.model_path;
   if (options.stream_interval < 1) {
     return absl::InvalidArgumentError("stream_interval must be >= 1");
+  }
+  if (options.deterministic_inference) {
+    const bool on_cuda = options.device.rfind("cuda", 0) == 0 ||
+                         (options.device == "auto" && torch::cuda::is_available());
+    if (on_cuda) {
+      return absl::InvalidArgumentError(fmt::format(
+          "deterministic inference (--enable-deterministic-inference, debug.deterministic_mode) "
+          "runs on CPU only so far: the batch-invariant CUDA kernels are not built yet; device "
+          "'{}' asked for",
+          options.device));
+    }
+    model::SetBatchInvariant(true);
+    spdlog::info("engine: deterministic inference: batch-invariant kernels on");
   }
   std::unique_ptr<Engine> engine(new Engine());
   SLIME_ASSIGN_OR_RETURN(engine->tokenizer_,

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <limits>
 
+#include "slime/model/batch_invariant.h"
+
 #ifdef SLIME_ENGINE_PAGED_KERNEL
 #include <ATen/cuda/CUDAContext.h>
 
@@ -133,8 +135,11 @@ bool PagedDecodeKernelAvailable(int64_t head_dim, int64_t heads, int64_t kv_head
 PagedLayout PagedLayout::Build(const std::vector<PagedItem>& items, int64_t page_size,
                                torch::Device device, bool decode_kernel) {
   PagedLayout layout;
-  layout.decode_kernel = decode_kernel;
-  BuildBatchedPrefill(items, page_size, device, &layout);
+  // Deterministic mode (model/batch_invariant.h): every item, decode or prefill, attends on its
+  // own through the batch-invariant kernel; no padded batches, no decode kernel.
+  const bool per_item = model::BatchInvariant() && device.is_cpu();
+  layout.decode_kernel = decode_kernel && !per_item;
+  if (!per_item) BuildBatchedPrefill(items, page_size, device, &layout);
   std::vector<int64_t> positions, write_slots, decode_rows, decode_ctx;
   int64_t row = 0;
   int64_t max_ctx = 0;
@@ -143,12 +148,12 @@ PagedLayout PagedLayout::Build(const std::vector<PagedItem>& items, int64_t page
     const int64_t start = item.context_len - item.num_new;
     for (int64_t p = start; p < item.context_len; ++p) positions.push_back(p);
     AppendSlots(*item.pages, page_size, start, item.context_len, &write_slots);
-    if (item.num_new == 1) {
+    if (item.num_new == 1 && !per_item) {
       decode_rows.push_back(row);
       decode_ctx.push_back(item.context_len);
       decodes.push_back(&item);
       max_ctx = std::max(max_ctx, item.context_len);
-    } else if (item.num_new > 1 && !layout.prefill_batched) {
+    } else if (item.num_new >= 1 && !layout.prefill_batched) {
       std::vector<int64_t> slots;
       slots.reserve(item.context_len);
       AppendSlots(*item.pages, page_size, 0, item.context_len, &slots);
@@ -159,7 +164,7 @@ PagedLayout PagedLayout::Build(const std::vector<PagedItem>& items, int64_t page
   layout.num_tokens = row;
   layout.positions = ToDevice(positions, device);
   layout.write_slots = ToDevice(write_slots, device);
-  if (!decodes.empty() && decode_kernel) {
+  if (!decodes.empty() && layout.decode_kernel) {
     const int64_t bd = static_cast<int64_t>(decodes.size());
     int64_t max_pages = 0;
     for (const PagedItem* item : decodes) {

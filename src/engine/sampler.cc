@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "slime/model/batch_invariant.h"
+
 #ifdef SLIME_ENGINE_PAGED_KERNEL
 #include <ATen/cuda/CUDAContext.h>
 
@@ -71,6 +73,9 @@ double SamplerUniform(uint64_t seed, int64_t position) {
 
 torch::Tensor TokenLogprobs(const torch::Tensor& logits, const torch::Tensor& targets,
                             double temperature) {
+  if (model::BatchInvariant() && logits.device().is_cpu()) {
+    return model::InvariantTokenLogProbs(logits, targets, temperature);
+  }
   torch::Tensor scaled = logits.to(torch::kFloat32);
   if (temperature >= 1e-6 && temperature != 1.0) scaled = scaled / temperature;
   return torch::log_softmax(scaled, -1)
@@ -233,9 +238,20 @@ SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRo
       chosen.index_copy_(0, sel_t, sampled);
     }
   }
-  torch::Tensor chosen_lp = logprobs.defined()
-                                ? logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
-                                : torch::zeros({batch}, fopts.device(device));
+  torch::Tensor chosen_lp;
+  if (logprobs.defined() && model::BatchInvariant() && device.is_cpu()) {
+    // Deterministic mode: per row, the trainer's log-prob computation on the same logits and
+    // temperature (model/batch_invariant.h), so the two agree to the bit.
+    std::vector<torch::Tensor> per_row;
+    for (int64_t b = 0; b < batch; ++b) {
+      per_row.push_back(model::InvariantTokenLogProbs(
+          logits.narrow(0, b, 1), chosen.narrow(0, b, 1), rows[b].params->temperature));
+    }
+    chosen_lp = torch::cat(per_row);
+  } else {
+    chosen_lp = logprobs.defined() ? logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
+                                   : torch::zeros({batch}, fopts.device(device));
+  }
   // One transfer: ids (exact in float64) and log-probs side by side.
   torch::Tensor packed =
       torch::stack({chosen.to(torch::kFloat64), chosen_lp.to(torch::kFloat64)}).cpu();

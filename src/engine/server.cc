@@ -337,6 +337,7 @@ json EngineServer::Impl::ServerInfo() const {
       {"chunked_prefill_size", o.chunked_prefill_size},
       {"max_prefill_tokens", o.chunked_prefill_size},
       {"disable_radix_cache", !o.enable_prefix_cache},
+      {"enable_deterministic_inference", o.deterministic_inference},
       {"random_seed", o.random_seed},
       {"stream_interval", o.stream_interval},
       {"host", options_.host},

@@ -9,6 +9,8 @@
 #include <limits>
 #include <set>
 
+#include "slime/model/batch_invariant.h"
+
 #if TORCH_VERSION_MAJOR >= 2
 #define SLIME_HAVE_SDPA 1
 #endif
@@ -81,6 +83,14 @@ torch::Tensor AttendHeadsFirst(const torch::Tensor& q, const torch::Tensor& k,
 // q [B, n, H, D], k/v [B, L, Hkv, D] -> [B, n, H, D].
 torch::Tensor AttendTokensFirst(const torch::Tensor& q, const torch::Tensor& k,
                                 const torch::Tensor& v, AttentionImpl impl) {
+  if (BatchInvariant() && q.device().is_cpu()) {
+    // Deterministic mode: each sequence through the batch-invariant kernel on its own.
+    std::vector<torch::Tensor> out;
+    for (int64_t b = 0; b < q.size(0); ++b) {
+      out.push_back(InvariantCausalAttention(q[b], k[b], v[b]));
+    }
+    return torch::stack(out);
+  }
   return AttendHeadsFirst(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), impl)
       .transpose(1, 2);
 }

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "fused_inference.h"
+#include "slime/model/batch_invariant.h"
 #include "slime/model/fused_train.h"
 
 #ifdef SLIME_MODEL_FUSED_KERNELS
@@ -38,7 +39,14 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, doubl
   }
 #endif
   torch::Tensor xf = x.to(torch::kFloat32);
-  torch::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
+  torch::Tensor var;
+  if (BatchInvariant() && x.device().is_cpu()) {
+    // The mean of squares as a sum in ascending order (batch_invariant.h): x² · 1ᵀ / D.
+    const torch::Tensor ones = torch::ones({1, x.size(-1)}, xf.options());
+    var = InvariantLinear(xf.pow(2), ones) / static_cast<double>(x.size(-1));
+  } else {
+    var = xf.pow(2).mean(-1, /*keepdim=*/true);
+  }
   xf = xf * torch::rsqrt(var + eps);
   return weight * xf.to(x.scalar_type());
 }

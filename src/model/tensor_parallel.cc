@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "slime/model/batch_invariant.h"
 #include "slime/model/pipeline_parallel.h"
 
 namespace slime::model {
@@ -243,7 +244,7 @@ at::Tensor ColumnParallelLinear(const at::Tensor& x, const at::Tensor& weight,
                                 bool gather_output, bool input_in_region) {
   // x [..., in] · W_r^T [in, out/P] -> [..., out/P]
   const at::Tensor in = input_in_region ? x : CopyToTensorParallelRegion(x, group);
-  at::Tensor y = torch::linear(in, weight, bias);
+  at::Tensor y = Linear(in, weight, bias);
   if (gather_output) y = GatherFromTensorParallelRegion(y, group);
   return y;
 }
@@ -252,14 +253,14 @@ at::Tensor RowParallelLinear(const at::Tensor& x, const at::Tensor& weight, cons
                              TensorParallelGroup& group) {
   // Partial sums [..., out] from this rank's slice of the input features, summed over ranks;
   // the bias is added once, after the sum.
-  at::Tensor y = ReduceOwned(torch::linear(x, weight), group);
+  at::Tensor y = ReduceOwned(Linear(x, weight), group);
   if (bias.defined()) y = y + bias;
   return y;
 }
 
 at::Tensor RowParallelLinearToSequenceShard(const at::Tensor& x, const at::Tensor& weight,
                                             const at::Tensor& bias, TensorParallelGroup& group) {
-  at::Tensor y = ReduceScatterToSequenceParallelRegion(torch::linear(x, weight), group);
+  at::Tensor y = ReduceScatterToSequenceParallelRegion(Linear(x, weight), group);
   if (bias.defined()) y = y + CopyToTensorParallelRegion(bias, group);
   return y;
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "slime/model/batch_invariant.h"
 #include "slime/model/fused_train.h"
 
 namespace slime::train {
@@ -26,7 +27,7 @@ torch::ScalarType ComputeDtype(torch::ScalarType input) {
 // buffer the caller may modify in place.
 torch::Tensor ShiftedLogits(const torch::Tensor& hidden, const torch::Tensor& weight,
                             double temperature, const torch::Tensor& row_max) {
-  torch::Tensor z = torch::linear(hidden, weight).to(ComputeDtype(hidden.scalar_type()));
+  torch::Tensor z = model::Linear(hidden, weight).to(ComputeDtype(hidden.scalar_type()));
   if (temperature != 1.0) z.div_(temperature);
   if (row_max.defined()) z.sub_(row_max.unsqueeze(1));
   return z;
@@ -85,6 +86,18 @@ class VocabParallelLogProbChunk : public torch::autograd::Function<VocabParallel
     }
     ctx->saved_data["fused"] = false;
     torch::Tensor z = ShiftedLogits(hidden, weight, temperature, torch::Tensor());  // [C, V/P]
+    if (!parallel && model::BatchInvariant() && z.device().is_cpu()) {
+      // Deterministic mode: the engine's sums (model/batch_invariant.h), so a token's log-prob
+      // is the engine's to the bit.
+      const model::SoftmaxStats st = model::InvariantSoftmaxStats(z, with_entropy);
+      LocalTargets t = Localize(targets, 0, vocab_local);
+      const torch::Tensor target_z = z.gather(1, t.index.unsqueeze(1)).squeeze(1) - st.max;
+      variable_list out = {target_z - st.log_sum};
+      if (with_entropy) out.push_back(st.log_sum - st.mean_shifted);
+      ctx->save_for_backward({hidden, weight, targets, st.max, st.log_sum, st.mean_shifted,
+                              keep_logits ? z.sub_(st.max.unsqueeze(1)) : torch::Tensor()});
+      return out;
+    }
     torch::Tensor m = std::get<0>(z.max(1));                                        // [C]
     if (parallel) m = std::get<0>(group->AllGather(m.unsqueeze(1), 1).max(1));      // [C, P] -> [C]
     z.sub_(m.unsqueeze(1));

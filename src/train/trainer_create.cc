@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "slime/model/batch_invariant.h"
 #include "slime/model/config.h"
 #include "slime/model/decoder.h"
 #include "slime/model/pipeline_parallel.h"
@@ -479,6 +480,16 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   SLIME_RETURN_IF_ERROR(ParseKlType(config.algorithm.kl_loss_type).status());
   SLIME_RETURN_IF_ERROR(SetUpTensorParallel(options, algorithm));
   SLIME_RETURN_IF_ERROR(SetUpPipelineParallel(options, algorithm));
+  if (config.debug.deterministic_mode) {
+    // Batch-invariant kernels (model/batch_invariant.h): the engines' log-probs to the bit.
+    if (options.device.is_cuda()) {
+      return absl::InvalidArgumentError(
+          "debug.deterministic_mode: the batch-invariant kernels run on CPU only so far (the "
+          "CUDA ones are not built yet); this trainer is on " + options.device.str());
+    }
+    model::SetBatchInvariant(true);
+    spdlog::info("trainer: debug.deterministic_mode: batch-invariant kernels on");
+  }
 
   const torch::ScalarType dtype =
       options.dtype.value_or(options.device.is_cuda() ? torch::kBFloat16 : torch::kFloat32);

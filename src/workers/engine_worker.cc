@@ -46,6 +46,7 @@ StatusOr<std::unique_ptr<EngineWorker>> EngineWorker::Start(WorkerOptions option
   eo.dtype = "auto";
   if (config.rollout.mem_fraction_static) eo.mem_fraction_static = *config.rollout.mem_fraction_static;
   eo.random_seed = static_cast<uint64_t>(config.rollout.seed + options.rank);
+  eo.deterministic_inference = config.debug.deterministic_mode;
   eo.metrics = &impl->registry;
   auto engine = engine::Engine::Create(eo);
   if (!engine.ok()) {

@@ -762,6 +762,34 @@ std::map<int64_t, Json> DriverE2eTest::TrainSavedRollouts(
   return StepValues(run / "run" / "metrics.jsonl");
 }
 
+// debug.deterministic_mode: engines and trainer run the batch-invariant kernels, so every step's
+// train_rollout_logprob_abs_diff is exactly 0 (the trainer recomputes the engines' log-probs to
+// the bit), and slime's first-step gates hold exactly (the rollouts sample at temperature 1
+// from seeds; 2 optimizer steps a rollout, so the second step's ppo_kl is not 0).
+TEST_F(DriverE2eTest, DeterministicModeTrainsOnTheEnginesLogProbsToTheBit) {
+  const fs::path config = WriteConfig(2);
+  std::string logs;
+  ASSERT_TRUE(RunToCompletion({"--config", config.string(), "--set", "debug.deterministic_mode=true",
+                               "--set", "train.global_batch_size=4"},
+                              dir_, std::chrono::seconds(600), "deterministic", &logs));
+  const std::map<int64_t, Json> steps = StepValues(dir_ / "run" / "metrics.jsonl");
+  ASSERT_EQ(steps.size(), 4u) << logs;
+  int index = 0;
+  for (const auto& [step, values] : steps) {
+    const bool first_of_rollout = index++ % 2 == 0;
+    const std::string diff = "train/train_rollout_logprob_abs_diff";
+    ASSERT_TRUE(values.contains(diff)) << values.dump();
+    EXPECT_EQ(values[diff].get<double>(), 0.0) << "step " << step << ": " << values.dump();
+    if (first_of_rollout) {
+      for (const char* gate : {"train/ppo_kl", "train/pg_clipfrac"}) {
+        ASSERT_TRUE(values.contains(gate)) << gate << ": " << values.dump();
+        EXPECT_EQ(values[gate].get<double>(), 0.0) << gate << " at step " << step;
+      }
+    }
+  }
+  EXPECT_NE(logs.find("deterministic"), std::string::npos) << logs;
+}
+
 // Tensor parallelism across trainer processes (Megatron's layout: rank = dp·TP + tp; workers.h):
 //   A. train.tensor_model_parallel_size 2 on two trainer processes with two engines: the TP
 //      group and the gathered weight sync over Gloo. After rollout 0 the trainer's updated

@@ -87,6 +87,11 @@ struct EngineOptions {
   int64_t stream_interval = 1;
   int64_t cuda_graph_max_bs = 256;       // decode steps up to this batch replay CUDA graphs; 0 = off
   bool fuse_projections = true;          // CUDA: fused q|k|v and gate|up GEMMs + fused kernels
+  // Batch-invariant kernels (model/batch_invariant.h; `serve --enable-deterministic-inference`,
+  // debug.deterministic_mode in a job): a request's tokens and log-probs do not depend on the
+  // batch, chunking or prefix-cache hits, and equal the trainer's log-probs to the bit. Turns
+  // the process-wide switch on. CPU only so far: Create fails on a CUDA device.
+  bool deterministic_inference = false;
   std::string weight_version = "default";
   metrics::Registry* metrics = nullptr;  // not owned; null = no metrics
 };

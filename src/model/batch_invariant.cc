@@ -1,0 +1,306 @@
+// Batch-invariant kernels (batch_invariant.h): plain loops with one fixed reduction order per
+// output element. Parallel over output elements only (at::parallel_for), never within a sum.
+#include "slime/model/batch_invariant.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace slime::model {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::atomic<bool>& Switch() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
+void CheckCpu(const torch::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu(), "batch-invariant ", what,
+              ": only CPU tensors are supported so far (got ", t.device().str(), ")");
+}
+
+template <typename T>
+using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// y [M, N] = x [M, K] · w [N, K]ᵀ (+ b), all contiguous. Micro-tiles of 4 rows × 8 outputs over
+// a packed panel wt [K, 8] of the weight; every y[r, n] is one chain of K multiply-adds in
+// ascending k, whichever tile and thread computes it.
+template <typename T>
+void LinearKernel(const T* x, const T* w, const T* b, T* y, int64_t m, int64_t k, int64_t n) {
+  using A = Acc<T>;
+  constexpr int64_t kCols = 8, kRows = 4;
+  const int64_t panels = (n + kCols - 1) / kCols;
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    std::vector<A> wt(static_cast<size_t>(k * kCols));
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n0 = p * kCols;
+      const int64_t cols = std::min(kCols, n - n0);
+      for (int64_t kk = 0; kk < k; ++kk) {
+        for (int64_t j = 0; j < kCols; ++j) {
+          wt[kk * kCols + j] = j < cols ? static_cast<A>(w[(n0 + j) * k + kk]) : A(0);
+        }
+      }
+      for (int64_t r0 = 0; r0 < m; r0 += kRows) {
+        const int64_t rows = std::min(kRows, m - r0);
+        A acc[kRows][kCols] = {};
+        const T* xr[kRows];
+        for (int64_t i = 0; i < kRows; ++i) xr[i] = x + (r0 + std::min(i, rows - 1)) * k;
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const A* wk = wt.data() + kk * kCols;
+          for (int64_t i = 0; i < kRows; ++i) {
+            const A xv = static_cast<A>(xr[i][kk]);
+            for (int64_t j = 0; j < kCols; ++j) acc[i][j] += xv * wk[j];
+          }
+        }
+        for (int64_t i = 0; i < rows; ++i) {
+          for (int64_t j = 0; j < cols; ++j) {
+            A v = acc[i][j];
+            if (b != nullptr) v += static_cast<A>(b[n0 + j]);
+            y[(r0 + i) * n + n0 + j] = static_cast<T>(v);
+          }
+        }
+      }
+    }
+  });
+}
+
+torch::Tensor LinearForward(const torch::Tensor& x2, const torch::Tensor& weight,
+                            const torch::Tensor& bias) {
+  const torch::Tensor xc = x2.contiguous(), wc = weight.contiguous();
+  const torch::Tensor bc = bias.defined() ? bias.contiguous() : torch::Tensor();
+  const int64_t m = xc.size(0), k = xc.size(1), n = wc.size(0);
+  torch::Tensor y = torch::empty({m, n}, xc.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::ScalarType::BFloat16, xc.scalar_type(), "invariant_linear",
+                                 [&] {
+                                   LinearKernel<scalar_t>(
+                                       xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(),
+                                       bc.defined() ? bc.data_ptr<scalar_t>() : nullptr,
+                                       y.data_ptr<scalar_t>(), m, k, n);
+                                 });
+  return y;
+}
+
+// Without a bias: LibTorch 1.13's custom functions cannot take an undefined tensor argument.
+class LinearFunction : public torch::autograd::Function<LinearFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight) {
+    ctx->save_for_backward({x, weight});
+    return LinearForward(x, weight, torch::Tensor());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& weight = saved[1];
+    const torch::Tensor& g = grads[0];
+    variable_list out(2);
+    if (ctx->needs_input_grad(0)) out[0] = g.mm(weight);
+    if (ctx->needs_input_grad(1)) out[1] = g.t().mm(x);
+    return out;
+  }
+};
+
+class BiasedLinearFunction : public torch::autograd::Function<BiasedLinearFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias) {
+    ctx->save_for_backward({x, weight});
+    return LinearForward(x, weight, bias);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out = LinearFunction::backward(ctx, grads);
+    out.push_back(ctx->needs_input_grad(2) ? grads[0].sum(0) : torch::Tensor());
+    return out;
+  }
+};
+
+// out [n, H, D] for q [n, H, D], k/v [L, Hkv, D] (any strides; read through accessors).
+template <typename T>
+void AttentionKernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     torch::Tensor& out) {
+  using A = Acc<T>;
+  const int64_t n = q.size(0), heads = q.size(1), d = q.size(2);
+  const int64_t l = k.size(0), group = heads / k.size(1);
+  const A scale = static_cast<A>(1.0 / std::sqrt(static_cast<double>(d)));
+  const auto qa = q.accessor<T, 3>();
+  const auto ka = k.accessor<T, 3>();
+  const auto va = v.accessor<T, 3>();
+  auto oa = out.accessor<T, 3>();
+  at::parallel_for(0, n * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<A> s(static_cast<size_t>(l)), qv(static_cast<size_t>(d)),
+        acc(static_cast<size_t>(d));
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t i = item / heads, h = item % heads, g = h / group;
+      const int64_t last = l - n + i;  // the query's own position: keys 0..last
+      for (int64_t c = 0; c < d; ++c) qv[c] = static_cast<A>(qa[i][h][c]);
+      A m = -std::numeric_limits<A>::infinity();
+      for (int64_t j = 0; j <= last; ++j) {
+        A dot = 0;
+        for (int64_t c = 0; c < d; ++c) dot += qv[c] * static_cast<A>(ka[j][g][c]);
+        s[j] = dot * scale;
+        m = std::max(m, s[j]);
+      }
+      A sum = 0;
+      std::fill(acc.begin(), acc.end(), A(0));
+      for (int64_t j = 0; j <= last; ++j) {
+        const A p = std::exp(s[j] - m);
+        sum += p;
+        for (int64_t c = 0; c < d; ++c) acc[c] += p * static_cast<A>(va[j][g][c]);
+      }
+      for (int64_t c = 0; c < d; ++c) oa[i][h][c] = static_cast<T>(acc[c] / sum);
+    }
+  });
+}
+
+torch::Tensor AttentionForward(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v) {
+  torch::Tensor out = torch::empty(q.sizes(), q.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::ScalarType::BFloat16, q.scalar_type(),
+                                 "invariant_attention",
+                                 [&] { AttentionKernel<scalar_t>(q, k, v, out); });
+  return out;
+}
+
+// The same function in LibTorch ops (float32 softmax, as the math path), for the backward.
+torch::Tensor AttentionReference(const torch::Tensor& q, const torch::Tensor& k,
+                                 const torch::Tensor& v) {
+  const int64_t n = q.size(0), l = k.size(0), group = q.size(1) / k.size(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+  const torch::Tensor kr = k.repeat_interleave(group, 1).transpose(0, 1);  // [H, L, D]
+  const torch::Tensor vr = v.repeat_interleave(group, 1).transpose(0, 1);
+  const torch::Tensor qh = q.transpose(0, 1);                                // [H, n, D]
+  torch::Tensor scores = torch::matmul(qh, kr.transpose(1, 2)) * scale;     // [H, n, L]
+  const torch::Tensor rows = torch::arange(n, torch::kLong).unsqueeze(1) + (l - n);
+  const torch::Tensor cols = torch::arange(l, torch::kLong).unsqueeze(0);
+  scores = scores.masked_fill((cols > rows).to(q.device()),
+                              -std::numeric_limits<double>::infinity());
+  const torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
+  return torch::matmul(probs, vr).transpose(0, 1);  // [n, H, D]
+}
+
+class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q,
+                               const torch::Tensor& k, const torch::Tensor& v) {
+    ctx->save_for_backward({q, k, v});
+    return AttentionForward(q, k, v);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    torch::Tensor q = saved[0].detach().requires_grad_(true);
+    torch::Tensor k = saved[1].detach().requires_grad_(true);
+    torch::Tensor v = saved[2].detach().requires_grad_(true);
+    torch::Tensor out;
+    {
+      torch::AutoGradMode enable(true);
+      out = AttentionReference(q, k, v);
+    }
+    const variable_list g = torch::autograd::grad({out}, {q, k, v}, {grads[0]});
+    return {g[0], g[1], g[2]};
+  }
+};
+
+template <typename T>
+void StatsKernel(const T* z, int64_t rows, int64_t cols, bool with_entropy, T* max_out,
+                 T* log_sum_out, T* mean_out) {
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* row = z + r * cols;
+      T m = -std::numeric_limits<T>::infinity();
+      for (int64_t c = 0; c < cols; ++c) m = std::max(m, row[c]);
+      T sum = 0, sum_ez = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const T shifted = row[c] - m;
+        const T e = std::exp(shifted);
+        sum += e;
+        if (with_entropy) sum_ez += e * shifted;
+      }
+      max_out[r] = m;
+      log_sum_out[r] = std::log(sum);
+      if (with_entropy) mean_out[r] = sum_ez / sum;
+    }
+  });
+}
+
+}  // namespace
+
+void SetBatchInvariant(bool on) { Switch().store(on); }
+bool BatchInvariant() { return Switch().load(); }
+
+torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight,
+                     const torch::Tensor& bias) {
+  if (BatchInvariant() && x.device().is_cpu()) return InvariantLinear(x, weight, bias);
+  return torch::linear(x, weight, bias);
+}
+
+torch::Tensor InvariantLinear(const torch::Tensor& x, const torch::Tensor& weight,
+                              const torch::Tensor& bias) {
+  CheckCpu(x, "linear");
+  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1),
+              "batch-invariant linear: x [..., ", weight.dim() == 2 ? weight.size(1) : -1,
+              "] expected for a weight of shape ", weight.sizes());
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type() &&
+                  (!bias.defined() || bias.scalar_type() == x.scalar_type()),
+              "batch-invariant linear: x, weight and bias must share a dtype");
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = weight.size(0);
+  const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
+  torch::Tensor y = bias.defined() ? BiasedLinearFunction::apply(x2, weight, bias)
+                                   : LinearFunction::apply(x2, weight);
+  return y.reshape(out_shape);
+}
+
+torch::Tensor InvariantCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                       const torch::Tensor& v) {
+  CheckCpu(q, "attention");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k.sizes() == v.sizes() &&
+                  q.size(2) == k.size(2) && k.size(1) > 0 && q.size(1) % k.size(1) == 0 &&
+                  k.size(0) >= q.size(0),
+              "batch-invariant attention: expected q [n, heads, D] and k/v [L >= n, kv_heads, D] "
+              "with heads a multiple of kv_heads; got q ",
+              q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
+              "batch-invariant attention: q, k and v must share a dtype");
+  return AttentionFunction::apply(q, k, v);
+}
+
+SoftmaxStats InvariantSoftmaxStats(const torch::Tensor& z, bool with_entropy) {
+  CheckCpu(z, "softmax statistics");
+  TORCH_CHECK(z.dim() == 2 && (z.scalar_type() == torch::kFloat32 ||
+                               z.scalar_type() == torch::kFloat64),
+              "batch-invariant softmax statistics: expected float32/float64 [C, V], got ",
+              z.sizes(), " ", c10::toString(z.scalar_type()));
+  const torch::Tensor zc = z.detach().contiguous();
+  const int64_t rows = zc.size(0), cols = zc.size(1);
+  SoftmaxStats out;
+  out.max = torch::empty({rows}, zc.options());
+  out.log_sum = torch::empty({rows}, zc.options());
+  if (with_entropy) out.mean_shifted = torch::empty({rows}, zc.options());
+  AT_DISPATCH_FLOATING_TYPES(zc.scalar_type(), "invariant_softmax_stats", [&] {
+    StatsKernel<scalar_t>(zc.data_ptr<scalar_t>(), rows, cols, with_entropy,
+                          out.max.data_ptr<scalar_t>(), out.log_sum.data_ptr<scalar_t>(),
+                          with_entropy ? out.mean_shifted.data_ptr<scalar_t>() : nullptr);
+  });
+  return out;
+}
+
+torch::Tensor InvariantTokenLogProbs(const torch::Tensor& logits, const torch::Tensor& targets,
+                                     double temperature) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor z = logits.to(logits.scalar_type() == torch::kFloat64 ? torch::kFloat64
+                                                                        : torch::kFloat32);
+  if (temperature >= 1e-6 && temperature != 1.0) z = z / temperature;
+  const SoftmaxStats stats = InvariantSoftmaxStats(z, /*with_entropy=*/false);
+  const torch::Tensor target_z =
+      z.gather(1, targets.to(z.device(), torch::kLong).unsqueeze(1)).squeeze(1) - stats.max;
+  return target_z - stats.log_sum;
+}
+
+}  // namespace slime::model
