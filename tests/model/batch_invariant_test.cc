@@ -17,9 +17,13 @@
 #include "slime/model/attention.h"
 #include "slime/model/decoder.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 namespace slime::model {
 namespace {
+
+using testing::MakeTinyModel;
+using testing::TinyConfig;
 
 // Turns the mode on for one test and restores it.
 class ModeOn {
@@ -166,30 +170,6 @@ TEST(BatchInvariantTest, CudaTensorsAreRefusedUntilTheKernelsExist) {
 
 // ---- The decoder in the mode
 
-ModelConfig ConfigFor(const std::string& arch) {
-  std::string json = arch == "qwen2"   ? testing::TinyQwen2ConfigJson()
-                     : arch == "qwen3" ? testing::TinyQwen3ConfigJson()
-                                       : testing::TinyLlama3ConfigJson();
-  auto c = ParseModelConfigJson(json, arch + ".json");
-  EXPECT_TRUE(c.ok()) << c.status();
-  return *c;
-}
-
-std::unique_ptr<DecoderModel> MakeModel(const ModelConfig& c, torch::ScalarType dtype) {
-  auto w = RandomWeights(c, 11, WeightOptions{});
-  EXPECT_TRUE(w.ok()) << w.status();
-  testing::PerturbBiasesAndNorms(*w, c, 12);
-  if (dtype != torch::kFloat32) {
-    for (const ParamSpec& spec : ParameterSpecs(c)) {
-      ParamSlot(*w, spec) = ParamSlot(*w, spec).to(dtype);
-    }
-    w->lm_head = c.tie_word_embeddings ? w->embed_tokens : w->lm_head.to(dtype);
-  }
-  auto m = DecoderModel::Create(c, *std::move(w));
-  EXPECT_TRUE(m.ok()) << m.status();
-  return *std::move(m);
-}
-
 std::vector<int64_t> Tokens(int64_t vocab, int s, int64_t len) {
   std::vector<int64_t> ids;
   for (int64_t i = 0; i < len; ++i) ids.push_back((s * 37 + i * 13 + 5) % vocab);
@@ -211,8 +191,8 @@ class BatchInvariantDecoderTest
 TEST_P(BatchInvariantDecoderTest, ASequenceIsTheSameBitsPackedAloneAndThroughTheCache) {
   ModeOn mode;
   const auto [arch, dtype] = GetParam();
-  const ModelConfig c = ConfigFor(arch);
-  auto m = MakeModel(c, dtype);
+  const ModelConfig c = TinyConfig(arch);
+  auto m = MakeTinyModel(c, dtype, 11);
   // The trainer's packed micro-batch: sequence 1 among three.
   const std::vector<std::vector<int64_t>> seqs = {
       Tokens(c.vocab_size, 0, 9), Tokens(c.vocab_size, 1, 14), Tokens(c.vocab_size, 2, 5)};

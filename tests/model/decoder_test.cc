@@ -12,9 +12,13 @@
 #include "slime/model/ffn/dense_mlp.h"
 #include "slime/model/tensor_parallel.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 namespace slime::model {
 namespace {
+
+using testing::MakeTinyModel;
+using testing::TinyConfig;
 
 using testing::MaxAbsDiff;
 using testing::ReferenceLogits;
@@ -22,32 +26,6 @@ using testing::ReferenceLogits;
 constexpr double kTol = 1e-4;  // fp32 CPU
 
 std::string Msg(const Status& s) { return std::string(s.message()); }
-
-ModelConfig ConfigFor(const std::string& arch) {
-  std::string json = arch == "qwen2"   ? testing::TinyQwen2ConfigJson()
-                     : arch == "qwen3" ? testing::TinyQwen3ConfigJson()
-                                       : testing::TinyLlama3ConfigJson();
-  auto c = ParseModelConfigJson(json, arch + ".json");
-  EXPECT_TRUE(c.ok()) << c.status();
-  return *c;
-}
-
-std::unique_ptr<DecoderModel> MakeModel(const ModelConfig& c, torch::ScalarType dtype,
-                                        uint64_t seed = 5) {
-  WeightOptions o;
-  auto w = RandomWeights(c, seed, o);
-  EXPECT_TRUE(w.ok()) << w.status();
-  testing::PerturbBiasesAndNorms(*w, c, seed + 1);
-  if (dtype != torch::kFloat32) {
-    for (const ParamSpec& spec : ParameterSpecs(c)) {
-      ParamSlot(*w, spec) = ParamSlot(*w, spec).to(dtype);
-    }
-    w->lm_head = c.tie_word_embeddings ? w->embed_tokens : w->lm_head.to(dtype);
-  }
-  auto m = DecoderModel::Create(c, *std::move(w));
-  EXPECT_TRUE(m.ok()) << m.status();
-  return *std::move(m);
-}
 
 // Deterministic token ids for sequence `s` of length `len`.
 std::vector<int64_t> Tokens(int64_t vocab, int s, int64_t len) {
@@ -87,8 +65,8 @@ torch::Tensor Seq(const std::vector<int64_t>& ids) { return torch::tensor(ids, t
 class DecoderArchTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DecoderArchTest, PackedForwardMatchesIndependentReference) {
-  ModelConfig c = ConfigFor(GetParam());
-  auto m = MakeModel(c, torch::kFloat32);
+  ModelConfig c = TinyConfig(GetParam());
+  auto m = MakeTinyModel(c, torch::kFloat32);
   Packed p = Pack(c.vocab_size, {7, 1, 12});
   torch::Tensor logits = PackedLogits(*m, p);  // [20, vocab]
   ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{20, c.vocab_size}));
@@ -101,8 +79,8 @@ TEST_P(DecoderArchTest, PackedForwardMatchesIndependentReference) {
 }
 
 TEST_P(DecoderArchTest, PackedVarlenEqualsPerSequenceForward) {
-  ModelConfig c = ConfigFor(GetParam());
-  auto m = MakeModel(c, torch::kFloat32);
+  ModelConfig c = TinyConfig(GetParam());
+  auto m = MakeTinyModel(c, torch::kFloat32);
   for (const auto& lens : {std::vector<int64_t>{5, 9, 2, 1}, std::vector<int64_t>{6, 6, 6}}) {
     Packed p = Pack(c.vocab_size, lens);
     torch::Tensor packed = PackedLogits(*m, p);
@@ -116,8 +94,8 @@ TEST_P(DecoderArchTest, PackedVarlenEqualsPerSequenceForward) {
 }
 
 TEST_P(DecoderArchTest, KvCacheIncrementalDecodeEqualsFullForward) {
-  ModelConfig c = ConfigFor(GetParam());
-  auto m = MakeModel(c, torch::kFloat32);
+  ModelConfig c = TinyConfig(GetParam());
+  auto m = MakeTinyModel(c, torch::kFloat32);
   std::vector<int64_t> ids = Tokens(c.vocab_size, 4, 13);
   auto full_h = m->ForwardPacked(Seq(ids), {0, 13});
   ASSERT_TRUE(full_h.ok());
@@ -144,8 +122,8 @@ TEST_P(DecoderArchTest, KvCacheIncrementalDecodeEqualsFullForward) {
 }
 
 TEST_P(DecoderArchTest, BatchedKvCacheForwardMatchesFullForwards) {
-  ModelConfig c = ConfigFor(GetParam());
-  auto m = MakeModel(c, torch::kFloat32);
+  ModelConfig c = TinyConfig(GetParam());
+  auto m = MakeTinyModel(c, torch::kFloat32);
   std::vector<int64_t> a = Tokens(c.vocab_size, 1, 9);
   std::vector<int64_t> b = Tokens(c.vocab_size, 2, 6);
   KvCache ca = m->NewKvCache(9);
@@ -171,9 +149,9 @@ TEST_P(DecoderArchTest, BatchedKvCacheForwardMatchesFullForwards) {
 }
 
 TEST_P(DecoderArchTest, Bfloat16ForwardTracksFloat32) {
-  ModelConfig c = ConfigFor(GetParam());
-  auto m32 = MakeModel(c, torch::kFloat32);
-  auto m16 = MakeModel(c, torch::kBFloat16);
+  ModelConfig c = TinyConfig(GetParam());
+  auto m32 = MakeTinyModel(c, torch::kFloat32);
+  auto m16 = MakeTinyModel(c, torch::kBFloat16);
   EXPECT_EQ(m16->dtype(), torch::kBFloat16);
   Packed p = Pack(c.vocab_size, {6, 3});
   torch::Tensor l32 = PackedLogits(*m32, p);
@@ -193,8 +171,8 @@ TEST_P(DecoderArchTest, Bfloat16ForwardTracksFloat32) {
 }
 
 TEST_P(DecoderArchTest, GradientsReachEveryParameter) {
-  ModelConfig c = ConfigFor(GetParam());
-  auto m = MakeModel(c, torch::kFloat32);
+  ModelConfig c = TinyConfig(GetParam());
+  auto m = MakeTinyModel(c, torch::kFloat32);
   for (const ParamSpec& spec : ParameterSpecs(c)) {
     ParamSlot(m->mutable_weights(), spec).requires_grad_(true);
   }
@@ -213,7 +191,7 @@ TEST_P(DecoderArchTest, GradientsReachEveryParameter) {
 INSTANTIATE_TEST_SUITE_P(Archs, DecoderArchTest, ::testing::Values("qwen2", "qwen3", "llama3"));
 
 TEST(RopeTest, Llama3FrequenciesCoverKeptSmoothedAndScaledRegimes) {
-  ModelConfig c = ConfigFor("llama3");
+  ModelConfig c = TinyConfig("llama3");
   torch::Tensor f = RopeInverseFrequencies(c);  // [8]
   ASSERT_EQ(f.size(0), 8);
   ModelConfig plain = c;
@@ -246,8 +224,8 @@ TEST(AttentionTest, PrefixCausalAttentionEqualsSliceOfFullAttention) {
 }
 
 TEST(AttentionTest, SdpaPathAgreesWithMathPathOrIsReportedUnavailable) {
-  ModelConfig c = ConfigFor("qwen3");
-  auto m = MakeModel(c, torch::kFloat32);
+  ModelConfig c = TinyConfig("qwen3");
+  auto m = MakeTinyModel(c, torch::kFloat32);
   Packed p = Pack(c.vocab_size, {5, 8, 8});
   m->set_attention_impl(AttentionImpl::kMath);
   torch::Tensor math = PackedLogits(*m, p);
@@ -267,8 +245,8 @@ TEST(AttentionTest, SdpaPathAgreesWithMathPathOrIsReportedUnavailable) {
 }
 
 TEST(DecoderInputTest, BadInputsAreErrorsNotCrashes) {
-  ModelConfig c = ConfigFor("qwen2");
-  auto m = MakeModel(c, torch::kFloat32);
+  ModelConfig c = TinyConfig("qwen2");
+  auto m = MakeTinyModel(c, torch::kFloat32);
   auto out_of_vocab = m->ForwardPacked(Seq({1, c.vocab_size}), {0, 2});
   ASSERT_FALSE(out_of_vocab.ok());
   EXPECT_NE(Msg(out_of_vocab.status()).find("outside the vocabulary"), std::string::npos);
@@ -304,7 +282,7 @@ TEST(DecoderInputTest, BadInputsAreErrorsNotCrashes) {
 }
 
 TEST(DecoderCreateTest, RejectsWeightsThatDoNotMatchTheConfig) {
-  ModelConfig c = ConfigFor("qwen3");
+  ModelConfig c = TinyConfig("qwen3");
   auto w = RandomWeights(c, 1, {});
   ASSERT_TRUE(w.ok());
   ModelWeights bad = *w;
@@ -324,7 +302,7 @@ TEST(DecoderCreateTest, RejectsWeightsThatDoNotMatchTheConfig) {
 // --- Random initialisation ----------------------------------------------------------------------
 
 TEST(RandomWeightsTest, SameSeedSameBytesDifferentSeedDifferent) {
-  ModelConfig c = ConfigFor("llama3");
+  ModelConfig c = TinyConfig("llama3");
   auto a = RandomWeights(c, 42, {});
   auto b = RandomWeights(c, 42, {});
   auto d = RandomWeights(c, 43, {});
@@ -347,7 +325,7 @@ TEST(RandomWeightsTest, SameSeedSameBytesDifferentSeedDifferent) {
 }
 
 TEST(RandomWeightsTest, ShardsAreSlicesOfTheFullTensorAndTiedHeadAliasesEmbedding) {
-  ModelConfig c = ConfigFor("qwen2");
+  ModelConfig c = TinyConfig("qwen2");
   c.vocab_size = 96;
   auto full = RandomWeights(c, 9, {});
   ASSERT_TRUE(full.ok());
@@ -408,9 +386,9 @@ class ThreadGroup final : public TensorParallelGroup {
 
 TEST(TensorParallelTest, TwoRankForwardMatchesSingleRank) {
   for (const std::string arch : {"qwen2", "qwen3", "llama3"}) {
-    ModelConfig c = ConfigFor(arch);
+    ModelConfig c = TinyConfig(arch);
     c.vocab_size = 96;
-    auto ref = MakeModel(c, torch::kFloat32, 21);
+    auto ref = MakeTinyModel(c, torch::kFloat32, 21);
     Packed p = Pack(c.vocab_size, {5, 3});
     torch::Tensor want = PackedLogits(*ref, p);
 

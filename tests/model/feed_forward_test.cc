@@ -15,22 +15,16 @@
 #include "slime/model/tensor_parallel.h"
 #include "slime/model/weights.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 namespace slime::model {
 namespace {
 
-ModelConfig ConfigFor(const std::string& arch) {
-  std::string json = arch == "qwen2"   ? testing::TinyQwen2ConfigJson()
-                     : arch == "qwen3" ? testing::TinyQwen3ConfigJson()
-                                       : testing::TinyLlama3ConfigJson();
-  auto c = ParseModelConfigJson(json, arch + ".json");
-  EXPECT_TRUE(c.ok()) << c.status();
-  return *c;
-}
+using testing::TinyConfig;
 
 TEST(FeedForwardTest, EveryLayerOfTheSupportedArchitecturesIsDense) {
   for (const char* arch : {"qwen2", "qwen3", "llama3"}) {
-    const ModelConfig c = ConfigFor(arch);
+    const ModelConfig c = TinyConfig(arch);
     for (int l = 0; l < c.num_hidden_layers; ++l) {
       EXPECT_EQ(FeedForwardName(c, l), "dense") << arch << " layer " << l;
       EXPECT_EQ(FeedForwardFor(c, l).name(), "dense") << arch << " layer " << l;
@@ -42,7 +36,7 @@ TEST(FeedForwardTest, EveryLayerOfTheSupportedArchitecturesIsDense) {
 // The block's specs sit where HF lists them (after the attention, before the layer norms) and
 // name the block's slots; ParamSlot reaches exactly those tensors.
 TEST(FeedForwardTest, DenseSpecsAreTheHfMlpTensorsAtTheirSlots) {
-  const ModelConfig c = ConfigFor("llama3");
+  const ModelConfig c = TinyConfig("llama3");
   const std::vector<ParamSpec> specs = ParameterSpecs(c);
   auto w = RandomWeights(c, 3, {});
   ASSERT_TRUE(w.ok()) << w.status();
@@ -82,7 +76,7 @@ TEST(FeedForwardTest, DenseSpecsAreTheHfMlpTensorsAtTheirSlots) {
 // Loading fills the block's tensors in spec order while callers keep pointers to those already
 // filled (the trainer's checkpoint load does); an absent slot reads as unset.
 TEST(FeedForwardTest, ParamSlotGrowsBlockSlotsWithoutMovingTensors) {
-  const ModelConfig c = ConfigFor("qwen3");
+  const ModelConfig c = TinyConfig("qwen3");
   ModelWeights w;
   w.layers.resize(c.num_hidden_layers);
   std::vector<ParamSpec> mlp;
@@ -106,7 +100,7 @@ TEST(FeedForwardTest, ParamSlotGrowsBlockSlotsWithoutMovingTensors) {
 }
 
 TEST(DenseMlpTest, FuseProjectionsStacksGateOverUpAsViewsAndUnfuseSeparatesThem) {
-  const ModelConfig c = ConfigFor("qwen2");
+  const ModelConfig c = TinyConfig("qwen2");
   auto w = RandomWeights(c, 11, {});
   ASSERT_TRUE(w.ok()) << w.status();
   const DenseMlp& block = dynamic_cast<const DenseMlp&>(FeedForwardFor(c, 0));
@@ -140,7 +134,7 @@ TEST(DenseMlpTest, FuseProjectionsStacksGateOverUpAsViewsAndUnfuseSeparatesThem)
 }
 
 TEST(DenseMlpTest, ForwardIsDownOfSiluGateTimesUp) {
-  const ModelConfig c = ConfigFor("llama3");
+  const ModelConfig c = TinyConfig("llama3");
   auto w = RandomWeights(c, 4, {});
   ASSERT_TRUE(w.ok()) << w.status();
   const FeedForwardWeights& ffn = w->layers[1].ffn;
@@ -156,7 +150,7 @@ TEST(DenseMlpTest, ForwardIsDownOfSiluGateTimesUp) {
 }
 
 TEST(FeedForwardTest, NumParametersCountsTheBlockParameters) {
-  const ModelConfig c = ConfigFor("qwen3");
+  const ModelConfig c = TinyConfig("qwen3");
   int64_t mlp = 0;
   for (const ParamSpec& spec : ParameterSpecs(c)) {
     if (spec.block_slot >= 0) mlp += spec.shape[0] * spec.shape[1];

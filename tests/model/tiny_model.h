@@ -1,0 +1,28 @@
+// The tiny models of the model tests: the parsed config of "qwen2", "qwen3" or "llama3" (the
+// JSON texts of test_util.h) and a DecoderModel of it with seeded random weights whose biases and
+// norms are perturbed (reference_decoder.h), on the CPU.
+#ifndef SLIME_TESTS_MODEL_TINY_MODEL_H_
+#define SLIME_TESTS_MODEL_TINY_MODEL_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "slime/model/config.h"
+#include "slime/model/decoder.h"
+
+namespace slime::model::testing {
+
+// A parse failure is a test failure.
+ModelConfig TinyConfig(const std::string& arch);
+
+// Weights converted to `dtype` (a tied LM head stays the embedding). A failure is a test
+// failure and returns null.
+std::unique_ptr<DecoderModel> MakeTinyModel(const ModelConfig& c, torch::ScalarType dtype,
+                                            uint64_t seed = 5);
+
+}  // namespace slime::model::testing
+
+#endif  // SLIME_TESTS_MODEL_TINY_MODEL_H_
