@@ -96,8 +96,8 @@ class TeacherEngineTest : public ::testing::Test {
       skip_ = "Qwen3 tokenizer missing at " + tok + ": run scripts/fetch_test_data.sh";
       return;
     }
-    root_ = (fs::temp_directory_path() / ("slime-teacher-test-" + std::to_string(::getpid())))
-                .string();
+    root_ =
+        (fs::temp_directory_path() / ("slime-teacher-test-" + std::to_string(::getpid()))).string();
     testing::RemoveTree(root_);
     const std::string config = SourceDir() + "/tests/data/model/configs/qwen3-engine-test.json";
     for (const char* name : {"student", "teacher"}) {
@@ -202,11 +202,11 @@ TEST_F(TeacherEngineTest, LogProbsMatchWhatTheTeacherReportedWhileGeneratingThem
   // prompt + that response afterwards (prefill only) gives the same numbers.
   const std::vector<int32_t> prompt = {151644, 872, 198, 2500, 151645, 198, 151644, 77091, 198};
   http::Client http("127.0.0.1", teacher_->server->port());
-  json req = {{"input_ids", prompt},
-              {"sampling_params",
-               {{"temperature", 0.8}, {"max_new_tokens", 8}, {"ignore_eos", true},
-                {"sampling_seed", 5}}},
-              {"return_logprob", true}};
+  json req = {
+      {"input_ids", prompt},
+      {"sampling_params",
+       {{"temperature", 0.8}, {"max_new_tokens", 8}, {"ignore_eos", true}, {"sampling_seed", 5}}},
+      {"return_logprob", true}};
   auto resp = http.Post("/generate", req.dump());
   ASSERT_TRUE(resp.ok()) << resp.status();
   ASSERT_EQ(resp->status, 200) << resp->body;
