@@ -63,13 +63,11 @@ StatusOr<RolloutOptions> RolloutOptionsFromConfig(const config::Config& config,
     TeacherOptions t;
     t.url = *config.reward.rm_url;
     t.temperature = config.rollout.temperature;
-    t.timeout =
-        std::chrono::milliseconds(static_cast<int64_t>(config.reward.rm_timeout_s * 1000));
+    t.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.reward.rm_timeout_s * 1000));
     t.max_attempts = config.reward.rm_max_attempts;
     o.teacher = std::move(t);
     // Without a task reward the teacher alone drives training (slime's OPD reward is 0).
-    o.score_rewards =
-        config.reward.rm_type.has_value() || config.reward.custom_rm_path.has_value();
+    o.score_rewards = config.reward.rm_type.has_value() || config.reward.custom_rm_path.has_value();
   }
   return o;
 }

@@ -41,7 +41,8 @@ struct TeacherClient::Impl {
         return c;
       }
     }
-    return std::make_unique<http::Client>(host, port, http::ClientOptions{.timeout = options.timeout});
+    return std::make_unique<http::Client>(host, port,
+                                          http::ClientOptions{.timeout = options.timeout});
   }
   void Release(std::unique_ptr<http::Client> c) {
     std::lock_guard<std::mutex> lock(mu);
@@ -75,8 +76,7 @@ struct TeacherClient::Impl {
     *retry = false;
     nlohmann::json answer = nlohmann::json::parse(r->body, nullptr, false);
     if (answer.is_discarded()) {
-      return absl::InternalError(
-          fmt::format("the answer is not JSON: {}", r->body.substr(0, 200)));
+      return absl::InternalError(fmt::format("the answer is not JSON: {}", r->body.substr(0, 200)));
     }
     return answer;
   }
@@ -92,17 +92,17 @@ StatusOr<std::unique_ptr<TeacherClient>> TeacherClient::Create(TeacherOptions op
   const std::string& url = options.url;
   const std::string_view scheme = "http://";
   if (url.rfind(scheme, 0) != 0) {
-    return absl::InvalidArgumentError(fmt::format(
-        "OPD teacher URL \"{}\" (reward.rm_url) must start with http:// (e.g. "
-        "http://host:30000 or http://host:30000/generate)",
-        url));
+    return absl::InvalidArgumentError(
+        fmt::format("OPD teacher URL \"{}\" (reward.rm_url) must start with http:// (e.g. "
+                    "http://host:30000 or http://host:30000/generate)",
+                    url));
   }
   const size_t slash = url.find('/', scheme.size());
   const std::string authority = url.substr(0, slash);
   StatusOr<std::pair<std::string, int>> hp = http::ParseHostPort(authority);
   if (!hp.ok()) {
-    return absl::InvalidArgumentError(fmt::format("OPD teacher URL \"{}\" (reward.rm_url): {}",
-                                                  url, std::string(hp.status().message())));
+    return absl::InvalidArgumentError(fmt::format("OPD teacher URL \"{}\" (reward.rm_url): {}", url,
+                                                  std::string(hp.status().message())));
   }
   impl->host = hp->first;
   impl->port = hp->second;
@@ -149,9 +149,8 @@ StatusOr<std::vector<float>> TeacherClient::ResponseLogProbs(const data::Sample&
   for (; attempt < o.max_attempts; ++attempt) {
     if (attempt > 0) {
       const auto wait = impl_->Backoff(attempt - 1);
-      spdlog::info("OPD teacher {}: sample {}: {}; retrying in {} ms ({}/{})", o.url,
-                   sample.index, std::string(last.message()), wait.count(), attempt,
-                   o.max_attempts);
+      spdlog::info("OPD teacher {}: sample {}: {}; retrying in {} ms ({}/{})", o.url, sample.index,
+                   std::string(last.message()), wait.count(), attempt, o.max_attempts);
       std::this_thread::sleep_for(wait);
     }
     bool retry = false;

@@ -69,9 +69,7 @@ struct Sample {
   nlohmann::json raw_reward;                       // the reward function's full result (null)
   std::vector<uint8_t> loss_mask;                  // [response_length]
   std::vector<float> rollout_log_probs;            // [response_length] or empty
-  // The on-policy-distillation teacher's log-probs of the response tokens ([response_length]),
-  // or empty; AppendResponse clears them (the response they scored changed).
-  std::vector<float> teacher_log_probs;
+  std::vector<float> teacher_log_probs;            // [response_length] or empty (OPD teacher)
   SampleStatus status = SampleStatus::kPending;
   nlohmann::ordered_json metadata = nlohmann::ordered_json::object();  // rm_type, tools, ...
   std::vector<std::string> weight_versions;  // engine weight version of each generated span
@@ -85,7 +83,7 @@ struct Sample {
   // (tool output, or a rollout that does not record them) append 0s when the sample already
   // has log-probs. Appending log-probs to a sample whose earlier spans had none is an error
   // (invariant 3 would break). `text` is appended to `response`; `weight_version`, when not
-  // empty, to weight_versions.
+  // empty, to weight_versions. teacher_log_probs are cleared (they scored the old response).
   Status AppendResponse(std::span<const int32_t> ids, std::span<const float> log_probs,
                         bool trainable, std::string_view text = {},
                         std::string_view weight_version = {});

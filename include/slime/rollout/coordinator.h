@@ -328,7 +328,7 @@ class RolloutCoordinator {
   bool cancelled_ = false;
   std::unique_ptr<EnginePool> pool_;
   std::unique_ptr<TeacherClient> teacher_;  // options_.teacher's client
-  std::vector<data::SampleGroup> buffer_;  // partial rollout: groups to continue
+  std::vector<data::SampleGroup> buffer_;   // partial rollout: groups to continue
   ProgressCallback progress_;
   EngineRecovery* recovery_ = nullptr;
   bool recovery_enabled_ = false;  // recovery_ was set at Configure

@@ -41,7 +41,7 @@ namespace slime::rollout {
 struct TeacherOptions {
   // "http://host:port" (POSTs to /generate) or "http://host:port/path" (POSTs to that path).
   std::string url;
-  double temperature = 1.0;  // the rollout temperature; >= 0
+  double temperature = 1.0;                                      // the rollout temperature; >= 0
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};  // per request
   int max_attempts = 10;
   std::chrono::milliseconds backoff_initial{std::chrono::seconds(1)};
