@@ -16,7 +16,7 @@
 # changed recipe) redoes the step and everything after it.
 #
 # Environment: SLIME_BIN (default build/src/app/slime_train); SLIME_WARM_START_EPOCHS (SFT
-# passes over the 80 conversations, default 16); SLIME_RUNS (default runs).
+# passes over the 80 conversations, default 28); SLIME_RUNS (default runs).
 # OPENBLAS_NUM_THREADS defaults to 1: the recipe was measured so, and one BLAS thread per
 # process keeps the two-core machine's other processes responsive.
 set -Eeuo pipefail
@@ -26,7 +26,7 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${repo_root}"
 bin="${SLIME_BIN:-build/src/app/slime_train}"
 runs="${SLIME_RUNS:-runs}"
-epochs="${SLIME_WARM_START_EPOCHS:-16}"
+epochs="${SLIME_WARM_START_EPOCHS:-28}"
 qwen3_dir="${SLIME_TEST_DATA:-.cache/testdata}/qwen3"
 tok_dir="${runs}/tiny-tokenizer"
 model_config="configs/tiny-model/config.json"
