@@ -11,31 +11,56 @@
 #       rollout) on a random tiny Qwen3 (tests/data/model/configs/qwen3-tiny.json, fp32, the full
 #       151,936-token vocabulary), prompts from data/demo/train.jsonl
 #
-# ROLLOUTS per run: default 8. Environment: SLIME_BIN (default build/src/app/slime_train);
-# BENCH_DIR (default /tmp/deterministic-bench) holds both runs (removed and remade at the
-# start). The CUDA preset comes with the CUDA batch-invariant kernels (the mode is CPU-only so
-# far).
+#   bench/train/deterministic_bench.sh gpu [ROLLOUTS]   # the GPU machine, inside
+#       scripts/device/run.sh (SLIME_BUILD set): the colocated Qwen3-0.6B job
+#       (configs/qwen3-0.6b-grpo.yaml, random weights, bf16, 32 prompts × 8 samples × up to
+#       RESPONSE_LEN tokens, default 1,024)
+#
+# ROLLOUTS per run: default 8 (gpu 4). Environment: SLIME_BIN (default $SLIME_BUILD or build,
+# /src/app/slime_train); BENCH_DIR (default /tmp/deterministic-bench) holds both runs (removed
+# and remade at the start); with SLIME_LOGS set (scripts/device/run.sh) each run's log and
+# metrics are copied there too.
+# GPU (device tool, one H200; carry the .debs and the Qwen3 tokenizer):
+#   scripts/device/run.sh --no-tests --targets slime_train \
+#     --run 'bench/train/deterministic_bench.sh gpu 4'
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
-preset="${1:?usage: $0 cpu [ROLLOUTS]}"
-[ "$preset" = cpu ] || { echo "deterministic_bench: preset '$preset' is not cpu" >&2; exit 2; }
-rollouts="${2:-8}"
+preset="${1:?usage: $0 cpu|gpu [ROLLOUTS]}"
+case "$preset" in
+  cpu) rollouts="${2:-8}" ;;
+  gpu) rollouts="${2:-4}" ;;
+  *) echo "deterministic_bench: preset '$preset' is not cpu or gpu" >&2; exit 2 ;;
+esac
 bin="${SLIME_BIN:-${SLIME_BUILD:-$repo/build}/src/app/slime_train}"
 [ -x "$bin" ] || { echo "deterministic_bench: $bin is not built" >&2; exit 2; }
 out="${BENCH_DIR:-/tmp/deterministic-bench}"
 rm -rf "$out"
 mkdir -p "$out"
 
-model="$out/tiny-qwen3"
-"$bin" init-model --config tests/data/model/configs/qwen3-tiny.json \
-  --tokenizer .cache/testdata/qwen3 --out "$model" --dtype fp32 --seed 3 > "$out/init.log" 2>&1 ||
-  { cat "$out/init.log"; exit 1; }
-job=(--config configs/grpo-tiny-cpu.yaml --set "model.hf_checkpoint=$model"
-     --set data.prompt_data=data/demo/train.jsonl --set data.input_key=input
-     --set "eval.datasets=[]" --set eval.interval=null --set checkpoint.save=null --set checkpoint.save_interval=null
-     --set checkpoint.load=null
-     --set "data.num_rollout=$rollouts")
+if [ "$preset" = cpu ]; then
+  model="$out/tiny-qwen3"
+  "$bin" init-model --config tests/data/model/configs/qwen3-tiny.json \
+    --tokenizer .cache/testdata/qwen3 --out "$model" --dtype fp32 --seed 3 > "$out/init.log" 2>&1 ||
+    { cat "$out/init.log"; exit 1; }
+  job=(--config configs/grpo-tiny-cpu.yaml --set "model.hf_checkpoint=$model"
+       --set data.prompt_data=data/demo/train.jsonl --set data.input_key=input)
+else
+  model=/tmp/qwen3-0.6b
+  if [ ! -f "$model/model.safetensors" ]; then
+    "$bin" init-model --config tests/data/model/configs/qwen3-0.6b.json \
+      --tokenizer .cache/testdata/qwen3 --out "$model" --dtype bf16 || exit 1
+  fi
+  export QWEN3_0_6B="$model" CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
+  job=(--config configs/qwen3-0.6b-grpo.yaml
+       --set data.prompt_data=data/demo/train.jsonl --set data.input_key=input
+       --set reward.rm_type=exact_match --set "rollout.max_response_len=${RESPONSE_LEN:-1024}"
+       --set data.rollout_batch_size=32 --set train.global_batch_size=256
+       --set train.max_tokens_per_gpu=16384)
+fi
+job+=(--set "eval.datasets=[]" --set eval.interval=null --set checkpoint.save=null
+      --set checkpoint.save_interval=null --set checkpoint.load=null
+      --set "data.num_rollout=$rollouts")
 
 for mode in fast deterministic; do
   run="$out/$mode"
@@ -49,6 +74,7 @@ for mode in fast deterministic; do
   echo "$mode: exit $rc, job wall time $wall s"
   [ "$rc" = 0 ] || { tail -30 "$out/$mode.log"; exit 1; }
   cp "$run/metrics.jsonl" "$out/$mode.jsonl"
+  [ -n "${SLIME_LOGS:-}" ] && cp "$out/$mode.log" "$out/$mode.jsonl" "$SLIME_LOGS/"
 done
 
 python3 - "$out/fast.jsonl" "$out/deterministic.jsonl" <<'EOF'

@@ -86,7 +86,7 @@ void AddServeOptions(CLI::App* cmd, ServeOptions* o) {
   cmd->add_flag("--disable-radix-cache", o->disable_radix_cache, "Turn the prefix cache off");
   cmd->add_flag("--enable-deterministic-inference", o->enable_deterministic_inference,
                 "Batch-invariant kernels: a request's tokens and log-probs do not depend on the "
-                "batch, prefill chunking or prefix-cache hits (CPU only so far)");
+                "batch, prefill chunking or prefix-cache hits (CPU and CUDA)");
   cmd->add_option("--random-seed", o->random_seed, "Seed of requests without sampling_seed");
   cmd->add_option("--stream-interval", o->stream_interval, "Tokens per streamed chunk")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));

@@ -25,6 +25,7 @@
 #include "slime/comm/process_group.h"
 #include "slime/comm/tensor_parallel_group.h"
 #include "slime/comm/weight_checksum.h"
+#include "slime/model/batch_invariant.h"
 #include "slime/model/checkpoint.h"
 #include "slime/model/weights.h"
 
@@ -677,7 +678,8 @@ Status ModelRunner::CaptureDecodeGraphs(int64_t max_batch, int64_t context_lengt
 #ifdef SLIME_WITH_CUDA
   model::DecoderModel* const m = ranks_.front()->model.get();
   PagedKvCache* const cache = ranks_.front()->kv.get();
-  if (max_batch <= 0 || !device().is_cuda() ||
+  // Deterministic mode attends item by item (paged_kv.h): no fixed-shape step to capture.
+  if (max_batch <= 0 || !device().is_cuda() || model::BatchInvariant() ||
       m->attention_impl() == model::AttentionImpl::kMath ||
       !PagedDecodeKernelAvailable(config().head_dim, m->local_heads(),
                                   m->local_kv_heads(), device())) {

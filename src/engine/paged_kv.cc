@@ -137,7 +137,7 @@ PagedLayout PagedLayout::Build(const std::vector<PagedItem>& items, int64_t page
   PagedLayout layout;
   // Deterministic mode (model/batch_invariant.h): every item, decode or prefill, attends on its
   // own through the batch-invariant kernel; no padded batches, no decode kernel.
-  const bool per_item = model::BatchInvariant() && device.is_cpu();
+  const bool per_item = model::BatchInvariant() && model::InvariantKernelsServe(device);
   layout.decode_kernel = decode_kernel && !per_item;
   if (!per_item) BuildBatchedPrefill(items, page_size, device, &layout);
   std::vector<int64_t> positions, write_slots, decode_rows, decode_ctx;

@@ -73,7 +73,7 @@ double SamplerUniform(uint64_t seed, int64_t position) {
 
 torch::Tensor TokenLogprobs(const torch::Tensor& logits, const torch::Tensor& targets,
                             double temperature) {
-  if (model::BatchInvariant() && logits.device().is_cpu()) {
+  if (model::BatchInvariant() && model::InvariantKernelsServe(logits.device())) {
     return model::InvariantTokenLogProbs(logits, targets, temperature);
   }
   torch::Tensor scaled = logits.to(torch::kFloat32);
@@ -177,7 +177,8 @@ SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRo
     max_top = std::max(max_top, row.top_logprobs_num);
   }
 #ifdef SLIME_ENGINE_PAGED_KERNEL
-  if (path == SamplerPath::kAuto && device.is_cuda() && !any_filter && max_top == 0 &&
+  if (path == SamplerPath::kAuto && device.is_cuda() && !model::BatchInvariant() && !any_filter &&
+      max_top == 0 &&
       logits.stride(1) == 1 && vocab <= std::numeric_limits<int>::max()) {
     return SampleFused(logits, rows);
   }
@@ -239,7 +240,7 @@ SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRo
     }
   }
   torch::Tensor chosen_lp;
-  if (logprobs.defined() && model::BatchInvariant() && device.is_cpu()) {
+  if (logprobs.defined() && model::BatchInvariant() && model::InvariantKernelsServe(device)) {
     // Deterministic mode: per row, the trainer's log-prob computation on the same logits and
     // temperature (model/batch_invariant.h), so the two agree to the bit.
     std::vector<torch::Tensor> per_row;

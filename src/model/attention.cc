@@ -83,7 +83,7 @@ torch::Tensor AttendHeadsFirst(const torch::Tensor& q, const torch::Tensor& k,
 // q [B, n, H, D], k/v [B, L, Hkv, D] -> [B, n, H, D].
 torch::Tensor AttendTokensFirst(const torch::Tensor& q, const torch::Tensor& k,
                                 const torch::Tensor& v, AttentionImpl impl) {
-  if (BatchInvariant() && q.device().is_cpu()) {
+  if (BatchInvariant() && InvariantKernelsServe(q.device())) {
     // Deterministic mode: each sequence through the batch-invariant kernel on its own.
     std::vector<torch::Tensor> out;
     for (int64_t b = 0; b < q.size(0); ++b) {

@@ -1,14 +1,22 @@
-// Batch-invariant kernels (batch_invariant.h): plain loops with one fixed reduction order per
-// output element. Parallel over output elements only (at::parallel_for), never within a sum.
+// Batch-invariant kernels (batch_invariant.h). On CPU: plain loops with one fixed reduction
+// order per output element, parallel over output elements only (at::parallel_for), never within
+// a sum. On CUDA: the kernels of cuda/invariant_ops.h.
 #include "slime/model/batch_invariant.h"
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
+
+#ifdef SLIME_MODEL_FUSED_KERNELS
+#include "cuda/invariant_ops.h"
+#include "fused_inference.h"  // KernelDType, CurrentStream
+#endif
 
 namespace slime::model {
 namespace {
@@ -21,10 +29,61 @@ std::atomic<bool>& Switch() {
   return on;
 }
 
-void CheckCpu(const torch::Tensor& t, const char* what) {
-  TORCH_CHECK(t.device().is_cpu(), "batch-invariant ", what,
-              ": only CPU tensors are supported so far (got ", t.device().str(), ")");
+void CheckDevice(const torch::Tensor& t, const char* what) {
+  TORCH_CHECK(InvariantKernelsServe(t.device()), "batch-invariant ", what,
+              ": no kernels for ", t.device().str(), " tensors in this build");
 }
+
+#ifdef SLIME_MODEL_FUSED_KERNELS
+void CheckCuda(int err, const char* what, const std::string& detail = "") {
+  TORCH_CHECK(err == 0, "batch-invariant ", what, " on CUDA failed (error ", err,
+              detail.empty() ? "" : ": ", detail, ")");
+}
+
+// q [n, H, D] and k/v [L, Hkv, D] on CUDA -> [n, H, D]: row i sees keys 0..L - n + i.
+torch::Tensor CudaAttentionForward(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v) {
+  const int64_t n = q.size(0), l = k.size(0);
+  const torch::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(q.device());
+  const torch::Tensor meta =
+      torch::stack({torch::zeros({n}, long_opts), torch::arange(l - n, l, long_opts)}, 1)
+          .contiguous();
+  torch::Tensor out = torch::empty(q.sizes(), qc.options());
+  cuda::InvariantAttentionArgs a;
+  a.q = qc.data_ptr();
+  a.q_row_stride = qc.stride(0);
+  a.k = kc.data_ptr();
+  a.v = vc.data_ptr();
+  a.kv_row_stride = kc.stride(0);
+  a.row_meta = meta.data_ptr<int64_t>();
+  a.out = out.data_ptr();
+  a.rows = n;
+  a.heads = static_cast<int>(q.size(1));
+  a.kv_heads = static_cast<int>(k.size(1));
+  a.head_dim = static_cast<int>(q.size(2));
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(q.size(2))));
+  a.dtype = internal::KernelDType(qc);
+  CheckCuda(cuda::LaunchInvariantAttention(a, internal::CurrentStream()), "attention");
+  return out;
+}
+
+// Per row of z [rows, V] float32 on CUDA: Σ z² (sum_sq) or the softmax statistics.
+void CudaRowStats(const torch::Tensor& z, torch::Tensor* sum_sq, SoftmaxStats* stats) {
+  cuda::InvariantRowStatsArgs a;
+  a.z = z.data_ptr<float>();
+  a.rows = z.size(0);
+  a.v = z.size(1);
+  if (sum_sq != nullptr) {
+    a.sum_sq = sum_sq->data_ptr<float>();
+  } else {
+    a.max = stats->max.data_ptr<float>();
+    a.log_sum = stats->log_sum.data_ptr<float>();
+    if (stats->mean_shifted.defined()) a.mean_shifted = stats->mean_shifted.data_ptr<float>();
+  }
+  CheckCuda(cuda::LaunchInvariantRowStats(a, internal::CurrentStream()), "row statistics");
+}
+#endif
 
 template <typename T>
 using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -77,6 +136,23 @@ torch::Tensor LinearForward(const torch::Tensor& x2, const torch::Tensor& weight
   const torch::Tensor bc = bias.defined() ? bias.contiguous() : torch::Tensor();
   const int64_t m = xc.size(0), k = xc.size(1), n = wc.size(0);
   torch::Tensor y = torch::empty({m, n}, xc.options());
+#ifdef SLIME_MODEL_FUSED_KERNELS
+  if (xc.is_cuda()) {
+    cuda::InvariantGemmArgs a;
+    a.x = xc.data_ptr();
+    a.ldx = k;
+    a.w = wc.data_ptr();
+    a.y = y.data_ptr();
+    a.m = m;
+    a.n = n;
+    a.k = k;
+    a.dtype = internal::KernelDType(xc);
+    a.device = xc.device().index();
+    std::string error;
+    CheckCuda(cuda::LaunchInvariantGemm(a, internal::CurrentStream(), &error), "linear", error);
+    return bc.defined() ? y + bc : y;
+  }
+#endif
   AT_DISPATCH_FLOATING_TYPES_AND(at::ScalarType::BFloat16, xc.scalar_type(), "invariant_linear",
                                  [&] {
                                    LinearKernel<scalar_t>(
@@ -161,6 +237,9 @@ void AttentionKernel(const torch::Tensor& q, const torch::Tensor& k, const torch
 
 torch::Tensor AttentionForward(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v) {
+#ifdef SLIME_MODEL_FUSED_KERNELS
+  if (q.is_cuda()) return CudaAttentionForward(q, k, v);
+#endif
   torch::Tensor out = torch::empty(q.sizes(), q.options());
   AT_DISPATCH_FLOATING_TYPES_AND(at::ScalarType::BFloat16, q.scalar_type(),
                                  "invariant_attention",
@@ -176,6 +255,15 @@ torch::Tensor AttentionReference(const torch::Tensor& q, const torch::Tensor& k,
   const torch::Tensor kr = k.repeat_interleave(group, 1).transpose(0, 1);  // [H, L, D]
   const torch::Tensor vr = v.repeat_interleave(group, 1).transpose(0, 1);
   const torch::Tensor qh = q.transpose(0, 1);                                // [H, n, D]
+#if TORCH_VERSION_MAJOR >= 2
+  if (q.is_cuda() && n == l) {
+    // LibTorch's fused attention: its backward needs no [H, L, L] scores in memory.
+    return at::scaled_dot_product_attention(qh.unsqueeze(0), kr.unsqueeze(0), vr.unsqueeze(0),
+                                            {}, 0.0, /*is_causal=*/true)
+        .squeeze(0)
+        .transpose(0, 1);
+  }
+#endif
   torch::Tensor scores = torch::matmul(qh, kr.transpose(1, 2)) * scale;     // [H, n, L]
   const torch::Tensor rows = torch::arange(n, torch::kLong).unsqueeze(1) + (l - n);
   const torch::Tensor cols = torch::arange(l, torch::kLong).unsqueeze(0);
@@ -229,20 +317,66 @@ void StatsKernel(const T* z, int64_t rows, int64_t cols, bool with_entropy, T* m
   });
 }
 
+// Σ_d x_d² / D per row of x [rows, D] float32: on CPU as x² · 1ᵀ through the linear kernel, on
+// CUDA by the row-statistics kernel.
+torch::Tensor MeanSquareForward(const torch::Tensor& x2) {
+#ifdef SLIME_MODEL_FUSED_KERNELS
+  if (x2.is_cuda()) {
+    const torch::Tensor xc = x2.contiguous();
+    torch::Tensor sum_sq = torch::empty({xc.size(0)}, xc.options());
+    CudaRowStats(xc, &sum_sq, nullptr);
+    return (sum_sq / static_cast<double>(xc.size(1))).unsqueeze(1);
+  }
+#endif
+  const torch::Tensor ones = torch::ones({1, x2.size(1)}, x2.options());
+  return LinearForward(x2.pow(2), ones, torch::Tensor()) / static_cast<double>(x2.size(1));
+}
+
+class MeanSquareFunction : public torch::autograd::Function<MeanSquareFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x2) {
+    ctx->save_for_backward({x2});
+    return MeanSquareForward(x2);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const torch::Tensor x2 = ctx->get_saved_variables()[0];
+    return {grads[0] * x2 * (2.0 / static_cast<double>(x2.size(1)))};
+  }
+};
+
 }  // namespace
+
+bool InvariantKernelsServe(const torch::Device& device) {
+#ifdef SLIME_MODEL_FUSED_KERNELS
+  if (device.is_cuda()) return true;
+#endif
+  return device.is_cpu();
+}
+
+torch::Tensor InvariantMeanSquare(const torch::Tensor& x) {
+  CheckDevice(x, "mean of squares");
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == torch::kFloat32,
+              "batch-invariant mean of squares: expected float32 [..., D], got ",
+              c10::toString(x.scalar_type()), " ", x.sizes());
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = 1;
+  return MeanSquareFunction::apply(x.reshape({-1, x.size(-1)})).reshape(out_shape);
+}
 
 void SetBatchInvariant(bool on) { Switch().store(on); }
 bool BatchInvariant() { return Switch().load(); }
 
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight,
                      const torch::Tensor& bias) {
-  if (BatchInvariant() && x.device().is_cpu()) return InvariantLinear(x, weight, bias);
+  if (BatchInvariant() && InvariantKernelsServe(x.device())) {
+    return InvariantLinear(x, weight, bias);
+  }
   return torch::linear(x, weight, bias);
 }
 
 torch::Tensor InvariantLinear(const torch::Tensor& x, const torch::Tensor& weight,
                               const torch::Tensor& bias) {
-  CheckCpu(x, "linear");
+  CheckDevice(x, "linear");
   TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1),
               "batch-invariant linear: x [..., ", weight.dim() == 2 ? weight.size(1) : -1,
               "] expected for a weight of shape ", weight.sizes());
@@ -259,7 +393,7 @@ torch::Tensor InvariantLinear(const torch::Tensor& x, const torch::Tensor& weigh
 
 torch::Tensor InvariantCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                                        const torch::Tensor& v) {
-  CheckCpu(q, "attention");
+  CheckDevice(q, "attention");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k.sizes() == v.sizes() &&
                   q.size(2) == k.size(2) && k.size(1) > 0 && q.size(1) % k.size(1) == 0 &&
                   k.size(0) >= q.size(0),
@@ -272,10 +406,10 @@ torch::Tensor InvariantCausalAttention(const torch::Tensor& q, const torch::Tens
 }
 
 SoftmaxStats InvariantSoftmaxStats(const torch::Tensor& z, bool with_entropy) {
-  CheckCpu(z, "softmax statistics");
+  CheckDevice(z, "softmax statistics");
   TORCH_CHECK(z.dim() == 2 && (z.scalar_type() == torch::kFloat32 ||
-                               z.scalar_type() == torch::kFloat64),
-              "batch-invariant softmax statistics: expected float32/float64 [C, V], got ",
+                               (z.scalar_type() == torch::kFloat64 && z.device().is_cpu())),
+              "batch-invariant softmax statistics: expected float32 [C, V] (or float64 on CPU), got ",
               z.sizes(), " ", c10::toString(z.scalar_type()));
   const torch::Tensor zc = z.detach().contiguous();
   const int64_t rows = zc.size(0), cols = zc.size(1);
@@ -283,6 +417,12 @@ SoftmaxStats InvariantSoftmaxStats(const torch::Tensor& z, bool with_entropy) {
   out.max = torch::empty({rows}, zc.options());
   out.log_sum = torch::empty({rows}, zc.options());
   if (with_entropy) out.mean_shifted = torch::empty({rows}, zc.options());
+#ifdef SLIME_MODEL_FUSED_KERNELS
+  if (zc.is_cuda()) {
+    CudaRowStats(zc, nullptr, &out);
+    return out;
+  }
+#endif
   AT_DISPATCH_FLOATING_TYPES(zc.scalar_type(), "invariant_softmax_stats", [&] {
     StatsKernel<scalar_t>(zc.data_ptr<scalar_t>(), rows, cols, with_entropy,
                           out.max.data_ptr<scalar_t>(), out.log_sum.data_ptr<scalar_t>(),

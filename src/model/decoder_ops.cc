@@ -40,10 +40,8 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, doubl
 #endif
   torch::Tensor xf = x.to(torch::kFloat32);
   torch::Tensor var;
-  if (BatchInvariant() && x.device().is_cpu()) {
-    // The mean of squares as a sum in ascending order (batch_invariant.h): x² · 1ᵀ / D.
-    const torch::Tensor ones = torch::ones({1, x.size(-1)}, xf.options());
-    var = InvariantLinear(xf.pow(2), ones) / static_cast<double>(x.size(-1));
+  if (BatchInvariant() && InvariantKernelsServe(x.device())) {
+    var = InvariantMeanSquare(xf);  // a fixed summation order (batch_invariant.h)
   } else {
     var = xf.pow(2).mean(-1, /*keepdim=*/true);
   }

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "decoder_ops.h"
+#include "slime/model/batch_invariant.h"
 #include "slime/model/decoder.h"
 
 #ifdef SLIME_MODEL_FUSED_KERNELS
@@ -24,7 +25,8 @@ namespace internal {
 
 bool InferenceKernelsApply(const torch::Tensor& x) {
 #ifdef SLIME_MODEL_FUSED_KERNELS
-  return x.is_cuda() && c10::InferenceMode::is_enabled() && x.is_contiguous() &&
+  // Deterministic mode takes the eager ops and batch-invariant kernels instead.
+  return x.is_cuda() && !BatchInvariant() && c10::InferenceMode::is_enabled() && x.is_contiguous() &&
          (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat32 ||
           x.scalar_type() == torch::kHalf);
 #else

@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include <atomic>
+
+#include "slime/model/batch_invariant.h"
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -153,7 +155,8 @@ void SetFusedTraining(bool enabled) { Switch().store(enabled); }
 
 bool FusedTrainingApplies(const torch::Tensor& x) {
 #ifdef SLIME_MODEL_FUSED_KERNELS
-  return FusedTrainingEnabled() && x.defined() && x.is_cuda() &&
+  // Deterministic mode takes the eager ops and batch-invariant kernels instead.
+  return FusedTrainingEnabled() && !BatchInvariant() && x.defined() && x.is_cuda() &&
          !c10::InferenceMode::is_enabled() &&
          (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat32 ||
           x.scalar_type() == torch::kHalf);

@@ -86,7 +86,7 @@ class VocabParallelLogProbChunk : public torch::autograd::Function<VocabParallel
     }
     ctx->saved_data["fused"] = false;
     torch::Tensor z = ShiftedLogits(hidden, weight, temperature, torch::Tensor());  // [C, V/P]
-    if (!parallel && model::BatchInvariant() && z.device().is_cpu()) {
+    if (!parallel && model::BatchInvariant() && model::InvariantKernelsServe(z.device())) {
       // Deterministic mode: the engine's sums (model/batch_invariant.h), so a token's log-prob
       // is the engine's to the bit.
       const model::SoftmaxStats st = model::InvariantSoftmaxStats(z, with_entropy);

@@ -482,10 +482,10 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   SLIME_RETURN_IF_ERROR(SetUpPipelineParallel(options, algorithm));
   if (config.debug.deterministic_mode) {
     // Batch-invariant kernels (model/batch_invariant.h): the engines' log-probs to the bit.
-    if (options.device.is_cuda()) {
+    if (!model::InvariantKernelsServe(options.device)) {
       return absl::InvalidArgumentError(
-          "debug.deterministic_mode: the batch-invariant kernels run on CPU only so far (the "
-          "CUDA ones are not built yet); this trainer is on " + options.device.str());
+          "debug.deterministic_mode: this build has no batch-invariant kernels for " +
+          options.device.str());
     }
     model::SetBatchInvariant(true);
     spdlog::info("trainer: debug.deterministic_mode: batch-invariant kernels on");

@@ -162,28 +162,7 @@ TEST(BatchInvariantSoftmaxTest, RowStatisticsAreRowInvariantAndGiveTheLogSoftmax
             1e-4);
 }
 
-TEST(BatchInvariantTest, CudaTensorsAreRefusedUntilTheKernelsExist) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const torch::Tensor x = torch::randn({2, 4}, torch::kCUDA);
-  EXPECT_THROW(InvariantLinear(x, torch::randn({3, 4}, torch::kCUDA)), c10::Error);
-}
-
 // ---- The decoder in the mode
-
-std::vector<int64_t> Tokens(int64_t vocab, int s, int64_t len) {
-  std::vector<int64_t> ids;
-  for (int64_t i = 0; i < len; ++i) ids.push_back((s * 37 + i * 13 + 5) % vocab);
-  return ids;
-}
-
-torch::Tensor Ids(const std::vector<int64_t>& ids) { return torch::tensor(ids, torch::kLong); }
-
-torch::Tensor LogitsOf(DecoderModel& m, const StatusOr<torch::Tensor>& hidden) {
-  EXPECT_TRUE(hidden.ok()) << hidden.status();
-  auto logits = m.Logits(*hidden);
-  EXPECT_TRUE(logits.ok()) << logits.status();
-  return *logits;
-}
 
 class BatchInvariantDecoderTest
     : public ::testing::TestWithParam<std::tuple<std::string, torch::ScalarType>> {};
@@ -193,37 +172,8 @@ TEST_P(BatchInvariantDecoderTest, ASequenceIsTheSameBitsPackedAloneAndThroughThe
   const auto [arch, dtype] = GetParam();
   const ModelConfig c = TinyConfig(arch);
   auto m = MakeTinyModel(c, dtype, 11);
-  // The trainer's packed micro-batch: sequence 1 among three.
-  const std::vector<std::vector<int64_t>> seqs = {
-      Tokens(c.vocab_size, 0, 9), Tokens(c.vocab_size, 1, 14), Tokens(c.vocab_size, 2, 5)};
-  std::vector<int64_t> all, cu{0};
-  for (const auto& s : seqs) {
-    all.insert(all.end(), s.begin(), s.end());
-    cu.push_back(cu.back() + static_cast<int64_t>(s.size()));
-  }
-  const torch::Tensor packed = LogitsOf(*m, m->ForwardPacked(Ids(all), cu)).narrow(0, 9, 14);
-  // Alone.
-  const torch::Tensor alone = LogitsOf(*m, m->ForwardPacked(Ids(seqs[1]), {0, 14}));
-  EXPECT_TRUE(torch::equal(alone, packed)) << "alone vs packed";
-  // The engine's way: a 6-token prefill chunk, a 3-token chunk, then decode steps, while
-  // another sequence shares the forwards.
-  KvCache cache = m->NewKvCache(16), other = m->NewKvCache(32);
-  const std::vector<int64_t>& s = seqs[1];
-  std::vector<torch::Tensor> steps;
-  const std::vector<std::pair<int64_t, int64_t>> chunks = {{0, 6}, {6, 3}, {9, 1}, {10, 1},
-                                                           {11, 1}, {12, 2}};
-  int64_t other_len = 0;
-  for (auto [start, n] : chunks) {
-    std::vector<int64_t> ids(s.begin() + start, s.begin() + start + n);
-    const int64_t other_n = 1 + start % 3;
-    const std::vector<int64_t> extra = Tokens(c.vocab_size, 7, other_len + other_n);
-    ids.insert(ids.end(), extra.end() - other_n, extra.end());
-    other_len += other_n;
-    steps.push_back(
-        LogitsOf(*m, m->ForwardWithCache(Ids(ids), {0, n, n + other_n}, {&cache, &other}))
-            .narrow(0, 0, n));
-  }
-  EXPECT_TRUE(torch::equal(torch::cat(steps), packed)) << "cached steps vs packed";
+  ASSERT_NE(m, nullptr);
+  testing::ExpectASequenceIsTheSameBitsPackedAloneAndThroughTheCache(*m, c.vocab_size);
 }
 
 INSTANTIATE_TEST_SUITE_P(

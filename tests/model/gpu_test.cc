@@ -8,18 +8,25 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <iostream>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "hf_fixture.h"
 #include "reference_decoder.h"
+#include "slime/model/batch_invariant.h"
 #include "slime/model/decoder.h"
 #include "slime/model/fused_train.h"
 #include "slime/model/offload.h"
 #include "test_util.h"
+#include "tiny_model.h"
 #ifdef SLIME_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 
 #include "fused_ops.h"  // internal src/model/cuda/fused_ops.h: the decode GEMMs, called below
+#include "invariant_ops.h"  // internal: which GEMM deterministic mode took per shape
 #endif
 
 namespace slime::model {
@@ -638,6 +645,155 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndWidths, NormGemmTest,
                                            NormGemmCase{torch::kBFloat16, 2560},
                                            NormGemmCase{torch::kFloat32, 1024},
                                            NormGemmCase{torch::kFloat32, 4096}));
+
+// ---- Deterministic mode on CUDA (model/batch_invariant.h, src/model/cuda/invariant_ops.h)
+
+class ModeOn {
+ public:
+  ModeOn() : was_(BatchInvariant()) { SetBatchInvariant(true); }
+  ~ModeOn() { SetBatchInvariant(was_); }
+
+ private:
+  bool was_;
+};
+
+TEST(BatchInvariantCudaTest, LinearRowsAreTheSameBitsForEveryRowCount) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(3);
+  // Qwen3-0.6B's and -4B's projection shapes, the 0.6B LM head, and an odd small one.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1024, 2048}, {1024, 1024}, {2048, 1024}, {1024, 3072}, {3072, 1024},
+      {2560, 9728}, {9728, 2560}, {1024, 151936}, {96, 40}};
+  for (auto [k, n] : shapes) {
+    for (torch::ScalarType dtype : {torch::kBFloat16, torch::kFloat32}) {
+      const int64_t rows = n > 100000 ? 512 : 2048;
+      const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dtype);
+      const torch::Tensor x = torch::randn({rows, k}, opts);
+      const torch::Tensor w = torch::randn({n, k}, opts) * 0.03;
+      const torch::Tensor first = InvariantLinear(x.narrow(0, 0, 1), w);
+      const torch::Tensor last = InvariantLinear(x.narrow(0, rows - 1, 1), w);
+      for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{64}, int64_t{255},
+                        int64_t{256}, int64_t{1000}, rows}) {
+        if (m > rows) continue;
+        const torch::Tensor y = InvariantLinear(x.narrow(0, 0, m), w);
+        EXPECT_TRUE(torch::equal(y.narrow(0, 0, 1), first))
+            << "k " << k << " n " << n << " " << c10::toString(dtype) << ": row 0 of " << m;
+        if (m == rows) {
+          EXPECT_TRUE(torch::equal(y.narrow(0, rows - 1, 1), last))
+              << "k " << k << " n " << n << ": the last row";
+          const torch::Tensor ref = torch::linear(x.to(torch::kFloat64), w.to(torch::kFloat64));
+          EXPECT_LE((y.to(torch::kFloat64) - ref).abs().max().item<double>(),
+                    (dtype == torch::kBFloat16 ? 2e-2 : 1e-3) *
+                        std::max(1.0, ref.abs().max().item<double>()))
+              << "k " << k << " n " << n << " " << c10::toString(dtype);
+        }
+      }
+    }
+  }
+#ifdef SLIME_WITH_CUDA
+  std::cout << "deterministic-mode GEMMs:\n" << cuda::InvariantGemmReport();
+#endif
+}
+
+TEST(BatchInvariantCudaTest, AttentionQueriesAreTheSameBitsAloneInAChunkOrInTheWholeSequence) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(4);
+  for (torch::ScalarType dtype : {torch::kBFloat16, torch::kFloat32}) {
+    for (int64_t d : {64, 128}) {
+      const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dtype);
+      const int64_t l = 300, heads = 16, kv_heads = 8;
+      const torch::Tensor q = torch::randn({l, heads, d}, opts);
+      const torch::Tensor k = torch::randn({l, kv_heads, d}, opts);
+      const torch::Tensor v = torch::randn({l, kv_heads, d}, opts);
+      const torch::Tensor whole = InvariantCausalAttention(q, k, v);
+      // The last 37 queries as a chunk over the cached prefix, and single decode steps.
+      const torch::Tensor chunk = InvariantCausalAttention(q.narrow(0, l - 37, 37), k, v);
+      EXPECT_TRUE(torch::equal(chunk, whole.narrow(0, l - 37, 37))) << "chunk, D " << d;
+      for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{150}, l - 1}) {
+        const torch::Tensor step = InvariantCausalAttention(
+            q.narrow(0, i, 1), k.narrow(0, 0, i + 1), v.narrow(0, 0, i + 1));
+        EXPECT_TRUE(torch::equal(step, whole.narrow(0, i, 1))) << "step " << i << ", D " << d;
+      }
+      // The values are attention's: the math path in float64.
+      const torch::Tensor kr = k.to(torch::kFloat64).repeat_interleave(heads / kv_heads, 1);
+      const torch::Tensor vr = v.to(torch::kFloat64).repeat_interleave(heads / kv_heads, 1);
+      torch::Tensor s = torch::einsum("ihd,jhd->hij", {q.to(torch::kFloat64), kr}) /
+                        std::sqrt(static_cast<double>(d));
+      const torch::Tensor mask = torch::ones({l, l}, torch::kBool).triu(1).to(torch::kCUDA);
+      s = s.masked_fill(mask, -std::numeric_limits<double>::infinity());
+      const torch::Tensor ref = torch::einsum("hij,jhd->ihd", {torch::softmax(s, -1), vr});
+      EXPECT_LE((whole.to(torch::kFloat64) - ref).abs().max().item<double>(),
+                dtype == torch::kBFloat16 ? 2e-2 : 1e-4);
+      // Differentiable (the backward recomputes through LibTorch's attention).
+      const torch::Tensor qg = q.to(torch::kFloat32).detach().requires_grad_(true);
+      InvariantCausalAttention(qg, k.to(torch::kFloat32), v.to(torch::kFloat32)).sum().backward();
+      ASSERT_TRUE(qg.grad().defined());
+      EXPECT_TRUE(torch::isfinite(qg.grad()).all().item<bool>());
+    }
+  }
+}
+
+TEST(BatchInvariantCudaTest, RowStatisticsAreTheSameBitsForEveryRowCount) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(5);
+  const torch::Tensor z = torch::randn({64, 151936}, torch::kCUDA) * 3;
+  const SoftmaxStats all = InvariantSoftmaxStats(z, /*with_entropy=*/true);
+  for (int64_t r : {0, 17, 63}) {
+    const SoftmaxStats one = InvariantSoftmaxStats(z.narrow(0, r, 1), true);
+    EXPECT_TRUE(torch::equal(one.max, all.max.narrow(0, r, 1)));
+    EXPECT_TRUE(torch::equal(one.log_sum, all.log_sum.narrow(0, r, 1)));
+    EXPECT_TRUE(torch::equal(one.mean_shifted, all.mean_shifted.narrow(0, r, 1)));
+  }
+  const torch::Tensor targets =
+      torch::randint(0, 151936, {64}, torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA));
+  const torch::Tensor want = torch::log_softmax(z.to(torch::kFloat64) / 0.7, -1)
+                                 .gather(1, targets.unsqueeze(1))
+                                 .squeeze(1);
+  const torch::Tensor got = InvariantTokenLogProbs(z, targets, 0.7);
+  EXPECT_LT((got.to(torch::kFloat64) - want).abs().max().item<double>(), 1e-4);
+  const torch::Tensor x = torch::randn({300, 1024}, torch::kCUDA);
+  const torch::Tensor ms = InvariantMeanSquare(x);
+  EXPECT_TRUE(torch::equal(InvariantMeanSquare(x.narrow(0, 5, 1)), ms.narrow(0, 5, 1)));
+  EXPECT_LT((ms - x.pow(2).mean(-1, true)).abs().max().item<double>(), 1e-5);
+}
+
+class BatchInvariantCudaDecoderTest
+    : public ::testing::TestWithParam<std::tuple<std::string, torch::ScalarType>> {};
+
+TEST_P(BatchInvariantCudaDecoderTest, ASequenceIsTheSameBitsPackedAloneAndThroughTheCache) {
+  SKIP_WITHOUT_CUDA();
+  ModeOn mode;
+  const auto [arch, dtype] = GetParam();
+  const ModelConfig c = testing::TinyConfig(arch);
+  auto m = testing::MakeTinyModel(c, dtype, 11, torch::kCUDA);
+  ASSERT_NE(m, nullptr);
+  testing::ExpectASequenceIsTheSameBitsPackedAloneAndThroughTheCache(*m, c.vocab_size);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Archs, BatchInvariantCudaDecoderTest,
+    ::testing::Combine(::testing::Values("qwen2", "qwen3", "llama3"),
+                       ::testing::Values(torch::kFloat32, torch::kBFloat16)),
+    [](const auto& info) {
+      return std::get<0>(info.param) +
+             (std::get<1>(info.param) == torch::kFloat32 ? "_fp32" : "_bf16");
+    });
+
+TEST(BatchInvariantCudaDecoderTest, Qwen3_0_6bShapeBf16) {
+  SKIP_WITHOUT_CUDA();
+  ModeOn mode;
+  auto c = LoadModelConfig(testing::ModelTestDataDir() + "/configs/qwen3-0.6b.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  WeightOptions o;
+  o.dtype = torch::kBFloat16;
+  o.device = torch::kCUDA;
+  auto w = RandomWeights(*c, 1, o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto m = DecoderModel::Create(*c, *std::move(w));
+  ASSERT_TRUE(m.ok()) << m.status();
+  testing::ExpectASequenceIsTheSameBitsPackedAloneAndThroughTheCache(**m, c->vocab_size,
+                                                                     {100, 300, 57});
+}
 
 }  // namespace
 }  // namespace slime::model

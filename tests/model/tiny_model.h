@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "slime/model/config.h"
 #include "slime/model/decoder.h"
@@ -18,10 +19,19 @@ namespace slime::model::testing {
 // A parse failure is a test failure.
 ModelConfig TinyConfig(const std::string& arch);
 
-// Weights converted to `dtype` (a tied LM head stays the embedding). A failure is a test
-// failure and returns null.
+// Weights converted to `dtype` on `device` (a tied LM head stays the embedding). A failure is a
+// test failure and returns null.
 std::unique_ptr<DecoderModel> MakeTinyModel(const ModelConfig& c, torch::ScalarType dtype,
-                                            uint64_t seed = 5);
+                                            uint64_t seed = 5,
+                                            torch::Device device = torch::kCPU);
+
+// Deterministic mode's promise on `m` (the mode must be on): a sequence's logits are the same
+// bits packed among others (the trainer's micro-batch), alone, and through the K/V cache in
+// prefill chunks and decode steps that other sequences share (the engine's way). `lengths` are
+// the three packed sequences' lengths; the middle one is checked. Failures are test failures.
+void ExpectASequenceIsTheSameBitsPackedAloneAndThroughTheCache(DecoderModel& m, int64_t vocab,
+                                                               std::vector<int64_t> lengths = {
+                                                                   9, 14, 5});
 
 }  // namespace slime::model::testing
 

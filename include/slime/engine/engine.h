@@ -90,7 +90,8 @@ struct EngineOptions {
   // Batch-invariant kernels (model/batch_invariant.h; `serve --enable-deterministic-inference`,
   // debug.deterministic_mode in a job): a request's tokens and log-probs do not depend on the
   // batch, chunking or prefix-cache hits, and equal the trainer's log-probs to the bit. Turns
-  // the process-wide switch on. CPU only so far: Create fails on a CUDA device.
+  // the process-wide switch on. CPU and CUDA (the CUDA kernels in CUDA builds); decode CUDA
+  // graphs and the fused decode kernels are off in the mode.
   bool deterministic_inference = false;
   std::string weight_version = "default";
   metrics::Registry* metrics = nullptr;  // not owned; null = no metrics

@@ -26,7 +26,10 @@
 // micro-batches) call these same functions when the mode is on, so a token's log-prob is the
 // same bits in both (docs/architecture.md, "Deterministic mode").
 //
-// CPU only for now: the CUDA kernels are still to come (they throw c10::Error on CUDA tensors).
+// CPU tensors in every build, CUDA tensors in CUDA builds (src/model/cuda/invariant_ops.h: a
+// cuBLASLt GEMM with one pinned algorithm per weight shape and no split-K, one warp per query
+// and head walking its keys in order, one block per row in a fixed tree). CPU and CUDA sum in
+// different orders; each is fixed, so on one device engine and trainer agree bit for bit.
 // Differentiable in the inputs that require grad: the backward uses LibTorch's ordinary ops (the
 // gradients need not be batch-invariant, only the forward values).
 #ifndef SLIME_MODEL_BATCH_INVARIANT_H_
@@ -41,6 +44,10 @@ namespace slime::model {
 void SetBatchInvariant(bool on);
 bool BatchInvariant();
 
+// Whether this build has batch-invariant kernels for tensors on `device` (CPU: always; CUDA: in
+// CUDA builds).
+bool InvariantKernelsServe(const torch::Device& device);
+
 // The model's linear layers: InvariantLinear when the mode is on (CPU tensors), else
 // torch::linear.
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight,
@@ -50,6 +57,9 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight,
 torch::Tensor InvariantLinear(const torch::Tensor& x, const torch::Tensor& weight,
                               const torch::Tensor& bias = torch::Tensor());
 
+// Σ_d x_d² / D per row of float32 x [..., D] -> [..., 1] (RMSNorm's variance); differentiable.
+torch::Tensor InvariantMeanSquare(const torch::Tensor& x);
+
 // Causal attention of one sequence's last n positions over its L >= n positions (query i sits
 // at position L - n + i and sees keys 0..L - n + i), scale 1/sqrt(head_dim):
 //   q [n, heads, D], k/v [L, kv_heads, D] (heads % kv_heads == 0; strided views allowed)
@@ -57,7 +67,7 @@ torch::Tensor InvariantLinear(const torch::Tensor& x, const torch::Tensor& weigh
 torch::Tensor InvariantCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                                        const torch::Tensor& v);
 
-// Per row of z [C, V] (float32 or float64): the max, log S and, with `with_entropy`, E / S
+// Per row of z [C, V] (float32, or float64 on CPU): the max, log S and, with `with_entropy`, E / S
 // (the softmax mean of z - m). Not differentiable (the log-prob op has its own backward).
 struct SoftmaxStats {
   torch::Tensor max;           // [C]

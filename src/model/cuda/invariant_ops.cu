@@ -1,0 +1,432 @@
+// Batch-invariant CUDA kernels (invariant_ops.h).
+#include "invariant_ops.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "slime/model/cuda/dtype.cuh"
+
+namespace slime::model::cuda {
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// ---- GEMM: cuBLASLt with one pinned algorithm per shape --------------------------------------
+
+cudaDataType_t CudaType(DType d) {
+  switch (d) {
+    case DType::kFloat32:
+      return CUDA_R_32F;
+    case DType::kFloat16:
+      return CUDA_R_16F;
+    case DType::kBFloat16:
+      return CUDA_R_16BF;
+  }
+  return CUDA_R_32F;
+}
+
+// The m the algorithm is chosen for: the engine's prefill and the trainer's micro-batches are
+// hundreds to thousands of rows, decode steps 1-256; the algorithm then serves every m.
+constexpr int64_t kReferenceRows = 512;
+
+struct Pinned {
+  bool cublas = false;  // else the tiled fallback
+  cublasLtMatmulAlgo_t algo;
+};
+
+// The descriptors of one y = x wᵀ call in cuBLASLt's column-major terms: D [n, m] = op(A) B
+// with A = w as a column-major [k, n] (op T), B = x as a column-major [k, m].
+class GemmDescs {
+ public:
+  GemmDescs(cudaDataType_t type, int64_t m, int64_t n, int64_t k, int64_t ldx) {
+    ok_ = cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS;
+    const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
+    ok_ = ok_ &&
+          cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)) ==
+              CUBLAS_STATUS_SUCCESS &&
+          cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)) ==
+              CUBLAS_STATUS_SUCCESS &&
+          cublasLtMatrixLayoutCreate(&a_, type, k, n, k) == CUBLAS_STATUS_SUCCESS &&
+          cublasLtMatrixLayoutCreate(&b_, type, k, m, ldx) == CUBLAS_STATUS_SUCCESS &&
+          cublasLtMatrixLayoutCreate(&d_, type, n, m, n) == CUBLAS_STATUS_SUCCESS;
+  }
+  ~GemmDescs() {
+    if (d_ != nullptr) cublasLtMatrixLayoutDestroy(d_);
+    if (b_ != nullptr) cublasLtMatrixLayoutDestroy(b_);
+    if (a_ != nullptr) cublasLtMatrixLayoutDestroy(a_);
+    if (op_ != nullptr) cublasLtMatmulDescDestroy(op_);
+  }
+  GemmDescs(const GemmDescs&) = delete;
+  GemmDescs& operator=(const GemmDescs&) = delete;
+
+  bool ok() const { return ok_; }
+  cublasLtMatmulDesc_t op() const { return op_; }
+  cublasLtMatrixLayout_t a() const { return a_; }
+  cublasLtMatrixLayout_t b() const { return b_; }
+  cublasLtMatrixLayout_t d() const { return d_; }
+
+ private:
+  bool ok_ = false;
+  cublasLtMatmulDesc_t op_ = nullptr;
+  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
+};
+
+// One handle per device and the pinned algorithms, behind one mutex (the lookups are per GEMM
+// call, cheap next to the GEMM).
+struct GemmRegistry {
+  std::mutex mu;
+  std::map<int, cublasLtHandle_t> handles;
+  std::map<std::tuple<int, int64_t, int64_t, int>, Pinned> pinned;
+  std::string report;
+};
+
+GemmRegistry& Registry() {
+  static GemmRegistry* r = new GemmRegistry();  // never destroyed: used until exit
+  return *r;
+}
+
+// The first heuristic candidate for kReferenceRows that runs with split-K = 1 and no reduction
+// scheme (read from the algorithm, set where needed) and without workspace. `why` collects each
+// rejected candidate's reason.
+bool PinAlgorithm(cublasLtHandle_t handle, const InvariantGemmArgs& a, Pinned* out,
+                  std::string* why) {
+  const cudaDataType_t type = CudaType(a.dtype);
+  GemmDescs ref(type, kReferenceRows, a.n, a.k, a.k);
+  if (!ref.ok()) {
+    *why = "creating the cuBLASLt descriptors failed";
+    return false;
+  }
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasLtMatmulPreferenceCreate(&pref);
+  const uint64_t workspace = 0;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                       sizeof(workspace));
+  constexpr int kCandidates = 16;
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle, ref.op(), ref.a(), ref.b(), ref.d(), ref.d(), pref,
+                                     kCandidates, results, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    *why = "no heuristic result (status " + std::to_string(static_cast<int>(st)) + ")";
+    return false;
+  }
+  auto reject = [&](int i, const std::string& reason) {
+    *why += (why->empty() ? "" : "; ") + std::string("candidate ") + std::to_string(i) + ": " +
+            reason;
+  };
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS) {
+      reject(i, "state " + std::to_string(static_cast<int>(results[i].state)));
+      continue;
+    }
+    cublasLtMatmulAlgo_t algo = results[i].algo;
+    int32_t splits = 0;
+    uint32_t scheme = 0;
+    size_t written = 0;
+    const cublasStatus_t gs = cublasLtMatmulAlgoConfigGetAttribute(
+        &algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits), &written);
+    const cublasStatus_t gr = cublasLtMatmulAlgoConfigGetAttribute(
+        &algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme), &written);
+    if (gs != CUBLAS_STATUS_SUCCESS || gr != CUBLAS_STATUS_SUCCESS) {
+      reject(i, "split-K/reduction attributes unreadable");
+      continue;
+    }
+    if (splits > 1) {
+      const int32_t one = 1;
+      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
+                                               sizeof(one)) != CUBLAS_STATUS_SUCCESS) {
+        reject(i, "split-K " + std::to_string(splits) + " cannot be set to 1");
+        continue;
+      }
+    }
+    if (scheme != CUBLASLT_REDUCTION_SCHEME_NONE) {
+      const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                               &none, sizeof(none)) != CUBLAS_STATUS_SUCCESS) {
+        reject(i, "reduction scheme " + std::to_string(scheme) + " cannot be turned off");
+        continue;
+      }
+    }
+    cublasLtMatmulHeuristicResult_t check = {};
+    const cublasStatus_t cs = cublasLtMatmulAlgoCheck(handle, ref.op(), ref.a(), ref.b(),
+                                                      ref.d(), ref.d(), &algo, &check);
+    if (cs != CUBLAS_STATUS_SUCCESS || check.workspaceSize > 0) {
+      reject(i, "check status " + std::to_string(static_cast<int>(cs)) + ", workspace " +
+                    std::to_string(check.workspaceSize));
+      continue;
+    }
+    GemmDescs one(type, 1, a.n, a.k, a.k);
+    const cublasStatus_t c1 = one.ok() ? cublasLtMatmulAlgoCheck(handle, one.op(), one.a(),
+                                                                 one.b(), one.d(), one.d(),
+                                                                 &algo, &check)
+                                       : CUBLAS_STATUS_INTERNAL_ERROR;
+    if (c1 != CUBLAS_STATUS_SUCCESS || check.workspaceSize > 0) {
+      reject(i, "one-row check status " + std::to_string(static_cast<int>(c1)) +
+                    ", workspace " + std::to_string(check.workspaceSize));
+      continue;
+    }
+    out->algo = algo;
+    return true;
+  }
+  return false;
+}
+
+// The fallback where no cuBLASLt algorithm can be pinned: a shared-memory tiled GEMM on the CUDA
+// cores, one thread per output element summing k in ascending order in float32.
+constexpr int kTile = 16;
+
+template <typename T>
+__global__ void __launch_bounds__(kTile* kTile) TiledGemmKernel(InvariantGemmArgs a) {
+  __shared__ float xs[kTile][kTile + 1];
+  __shared__ float ws[kTile][kTile + 1];
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * kTile + ty;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kTile + tx;
+  const int64_t wrow = static_cast<int64_t>(blockIdx.x) * kTile + ty;  // w's row loaded by ty
+  const T* x = static_cast<const T*>(a.x);
+  const T* w = static_cast<const T*>(a.w);
+  float acc = 0.f;
+  for (int64_t k0 = 0; k0 < a.k; k0 += kTile) {
+    const int64_t kk = k0 + tx;
+    xs[ty][tx] = row < a.m && kk < a.k ? F(x[row * a.ldx + kk]) : 0.f;
+    ws[ty][tx] = wrow < a.n && kk < a.k ? F(w[wrow * a.k + kk]) : 0.f;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kTile; ++j) acc += xs[ty][j] * ws[tx][j];
+    __syncthreads();
+  }
+  if (row < a.m && col < a.n) static_cast<T*>(a.y)[row * a.n + col] = To<T>(acc);
+}
+
+template <typename T>
+struct TiledGemmLauncher {
+  static int Run(InvariantGemmArgs a, cudaStream_t s) {
+    const dim3 grid(static_cast<unsigned>((a.n + kTile - 1) / kTile),
+                    static_cast<unsigned>((a.m + kTile - 1) / kTile));
+    TiledGemmKernel<T><<<grid, kTile * kTile, 0, s>>>(a);
+    return static_cast<int>(cudaGetLastError());
+  }
+};
+
+// ---- attention -------------------------------------------------------------------------------
+
+constexpr int kAttnWarps = 4;
+
+template <typename T, int kPer>
+__global__ void __launch_bounds__(kAttnWarps * 32)
+    InvariantAttentionKernel(InvariantAttentionArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kAttnWarps + (threadIdx.x >> 5);
+  if (item >= a.rows * a.heads) return;
+  const int64_t r = item / a.heads;
+  const int h = static_cast<int>(item % a.heads);
+  const int g = h / (a.heads / a.kv_heads);
+  const int d = a.head_dim;
+  const T* q = static_cast<const T*>(a.q) + r * a.q_row_stride + static_cast<int64_t>(h) * d;
+  const T* k = static_cast<const T*>(a.k) + static_cast<int64_t>(g) * d;
+  const T* v = static_cast<const T*>(a.v) + static_cast<int64_t>(g) * d;
+  const int64_t first = a.row_meta[2 * r];
+  const int64_t last = a.row_meta[2 * r + 1];
+  float qv[kPer], acc[kPer];
+#pragma unroll
+  for (int t = 0; t < kPer; ++t) {
+    const int c = lane + 32 * t;
+    qv[t] = c < d ? F(q[c]) : 0.f;
+    acc[t] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  for (int64_t j = 0; j <= last; ++j) {
+    const int64_t row = a.key_rows != nullptr ? a.key_rows[first + j] : first + j;
+    const T* kr = k + row * a.kv_row_stride;
+    float part = 0.f;
+#pragma unroll
+    for (int t = 0; t < kPer; ++t) {
+      const int c = lane + 32 * t;
+      if (c < d) part += qv[t] * F(kr[c]);
+    }
+    // A butterfly: every lane ends with the same bits (each step adds a commuting pair).
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(kFullMask, part, off);
+    const float s = part * a.scale;
+    const float m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new);
+    const float p = expf(s - m_new);
+    l = l * corr + p;
+    const T* vr = v + row * a.kv_row_stride;
+#pragma unroll
+    for (int t = 0; t < kPer; ++t) {
+      const int c = lane + 32 * t;
+      if (c < d) acc[t] = acc[t] * corr + p * F(vr[c]);
+    }
+    m = m_new;
+  }
+  T* out = static_cast<T*>(a.out) + (r * a.heads + h) * static_cast<int64_t>(d);
+#pragma unroll
+  for (int t = 0; t < kPer; ++t) {
+    const int c = lane + 32 * t;
+    if (c < d) out[c] = To<T>(acc[t] / l);
+  }
+}
+
+template <typename T>
+struct AttentionLauncher {
+  static int Run(InvariantAttentionArgs a, cudaStream_t s) {
+    const int64_t items = a.rows * a.heads;
+    if (items == 0) return 0;
+    const dim3 grid(static_cast<unsigned>((items + kAttnWarps - 1) / kAttnWarps));
+    const int per = (a.head_dim + 31) / 32;
+    if (per <= 2) {
+      InvariantAttentionKernel<T, 2><<<grid, kAttnWarps * 32, 0, s>>>(a);
+    } else if (per <= 4) {
+      InvariantAttentionKernel<T, 4><<<grid, kAttnWarps * 32, 0, s>>>(a);
+    } else {
+      InvariantAttentionKernel<T, 8><<<grid, kAttnWarps * 32, 0, s>>>(a);
+    }
+    return static_cast<int>(cudaGetLastError());
+  }
+};
+
+// ---- row statistics --------------------------------------------------------------------------
+
+constexpr int kStatThreads = 256;
+
+// Sums `x` over the block in a fixed tree; every thread gets the total.
+__device__ float BlockSum(float x, float* shared) {
+  shared[threadIdx.x] = x;
+  __syncthreads();
+  for (int half = kStatThreads / 2; half > 0; half >>= 1) {
+    if (static_cast<int>(threadIdx.x) < half) shared[threadIdx.x] += shared[threadIdx.x + half];
+    __syncthreads();
+  }
+  const float total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+__device__ float BlockMax(float x, float* shared) {
+  shared[threadIdx.x] = x;
+  __syncthreads();
+  for (int half = kStatThreads / 2; half > 0; half >>= 1) {
+    if (static_cast<int>(threadIdx.x) < half) {
+      shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + half]);
+    }
+    __syncthreads();
+  }
+  const float total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+__global__ void __launch_bounds__(kStatThreads) InvariantRowStatsKernel(InvariantRowStatsArgs a) {
+  __shared__ float shared[kStatThreads];
+  const float* z = a.z + static_cast<int64_t>(blockIdx.x) * a.v;
+  if (a.sum_sq != nullptr) {
+    float sq = 0.f;
+    for (int64_t c = threadIdx.x; c < a.v; c += kStatThreads) sq += z[c] * z[c];
+    sq = BlockSum(sq, shared);
+    if (threadIdx.x == 0) a.sum_sq[blockIdx.x] = sq;
+    return;
+  }
+  float m = -INFINITY;
+  for (int64_t c = threadIdx.x; c < a.v; c += kStatThreads) m = fmaxf(m, z[c]);
+  m = BlockMax(m, shared);
+  float sum = 0.f, sum_ez = 0.f;
+  for (int64_t c = threadIdx.x; c < a.v; c += kStatThreads) {
+    const float shifted = z[c] - m;
+    const float e = expf(shifted);
+    sum += e;
+    sum_ez += e * shifted;
+  }
+  sum = BlockSum(sum, shared);
+  if (a.mean_shifted != nullptr) sum_ez = BlockSum(sum_ez, shared);
+  if (threadIdx.x == 0) {
+    a.max[blockIdx.x] = m;
+    a.log_sum[blockIdx.x] = logf(sum);
+    if (a.mean_shifted != nullptr) a.mean_shifted[blockIdx.x] = sum_ez / sum;
+  }
+}
+
+}  // namespace
+
+int LaunchInvariantGemm(const InvariantGemmArgs& a, void* stream, std::string* error) {
+  if (a.m == 0 || a.n == 0) return 0;
+  GemmRegistry& reg = Registry();
+  cublasLtHandle_t handle = nullptr;
+  Pinned pinned;
+  {
+    std::lock_guard<std::mutex> lock(reg.mu);
+    auto h = reg.handles.find(a.device);
+    if (h == reg.handles.end()) {
+      cublasLtHandle_t created = nullptr;
+      const cublasStatus_t st = cublasLtCreate(&created);
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        *error = "cublasLtCreate failed";
+        return static_cast<int>(st);
+      }
+      h = reg.handles.emplace(a.device, created).first;
+    }
+    handle = h->second;
+    const auto key = std::make_tuple(a.device, a.n, a.k, static_cast<int>(a.dtype));
+    auto p = reg.pinned.find(key);
+    if (p == reg.pinned.end()) {
+      Pinned chosen;
+      std::string why;
+      chosen.cublas = PinAlgorithm(handle, a, &chosen, &why);
+      reg.report += "[n " + std::to_string(a.n) + ", k " + std::to_string(a.k) + ", dtype " +
+                    std::to_string(static_cast<int>(a.dtype)) + "] " +
+                    (chosen.cublas ? "cuBLASLt, pinned" : "tiled fallback: " + why) + "\n";
+      p = reg.pinned.emplace(key, chosen).first;
+    }
+    pinned = p->second;
+  }
+  if (!pinned.cublas) {
+    return Dispatch<TiledGemmLauncher>(a.dtype, a, static_cast<cudaStream_t>(stream));
+  }
+  GemmDescs descs(CudaType(a.dtype), a.m, a.n, a.k, a.ldx);
+  if (!descs.ok()) {
+    *error = "creating the cuBLASLt descriptors failed";
+    return static_cast<int>(CUBLAS_STATUS_INTERNAL_ERROR);
+  }
+  const float alpha = 1.f, beta = 0.f;
+  const cublasStatus_t st =
+      cublasLtMatmul(handle, descs.op(), &alpha, a.w, descs.a(), a.x, descs.b(), &beta, a.y,
+                     descs.d(), a.y, descs.d(), &pinned.algo, nullptr, 0,
+                     static_cast<cudaStream_t>(stream));
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    *error = "cublasLtMatmul with the pinned algorithm failed (status " +
+             std::to_string(static_cast<int>(st)) + ") for m = " + std::to_string(a.m);
+    return static_cast<int>(st);
+  }
+  return 0;
+}
+
+std::string InvariantGemmReport() {
+  GemmRegistry& reg = Registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  return reg.report;
+}
+
+int LaunchInvariantAttention(const InvariantAttentionArgs& args, void* stream) {
+  if (args.head_dim <= 0 || args.head_dim > 256 || args.kv_heads <= 0 ||
+      args.heads % args.kv_heads != 0) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  return Dispatch<AttentionLauncher>(args.dtype, args, static_cast<cudaStream_t>(stream));
+}
+
+int LaunchInvariantRowStats(const InvariantRowStatsArgs& args, void* stream) {
+  if (args.rows == 0) return 0;
+  InvariantRowStatsKernel<<<static_cast<unsigned>(args.rows), kStatThreads, 0,
+                            static_cast<cudaStream_t>(stream)>>>(args);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace slime::model::cuda

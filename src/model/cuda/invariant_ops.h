@@ -1,0 +1,81 @@
+// Batch-invariant CUDA kernels of deterministic mode (../batch_invariant.cc calls them; CUDA
+// builds only; raw pointers, no LibTorch headers). Every output element is computed by one fixed
+// sequence of operations on its own row's inputs, whatever the launch shape:
+//
+//   InvariantGemm        y [m, n] = x [m, k] · w [n, k]ᵀ through cuBLASLt with one algorithm
+//                        pinned per (n, k, dtype, device) — chosen once, split-K off — and used
+//                        for every m, so m (the batch) never changes the kernel or its K order
+//                        (a tiled CUDA-core kernel where no algorithm can be pinned);
+//   InvariantAttention   per query row and head, one warp walks the row's keys j = 0..last in
+//                        ascending order: s = (Σ_d q_d k_jd, a fixed butterfly over the lanes)
+//                        · scale, then the online softmax m' = max(m, s), c = exp(m - m'),
+//                        p = exp(s - m'), l = l c + p, o_d = o_d c + p v_jd; out = o / l;
+//   InvariantRowStats    per row of float32 z [rows, v], 256 threads in a fixed stride and a
+//                        fixed tree: sum of squares (RMSNorm), or the softmax statistics
+//                        max, log Σ exp(z - max) and Σ exp(z - max)(z - max) / Σ exp(z - max).
+//
+// These are not the CPU kernels' orders (fp32 sums differ between them), only fixed ones: on one
+// device the engine and the trainer call the same kernels and agree bit for bit.
+#ifndef SLIME_SRC_MODEL_CUDA_INVARIANT_OPS_H_
+#define SLIME_SRC_MODEL_CUDA_INVARIANT_OPS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "slime/model/cuda/launch.h"  // DType
+
+namespace slime::model::cuda {
+
+// y [m, n] (row stride n) = x [m, k] (row stride ldx) · w [n, k]ᵀ (row stride k), float32
+// accumulation, all of `dtype`. Returns 0, or a cuBLAS/CUDA status with `error` set.
+struct InvariantGemmArgs {
+  const void* x = nullptr;
+  int64_t ldx = 0;
+  const void* w = nullptr;
+  void* y = nullptr;
+  int64_t m = 0, n = 0, k = 0;
+  DType dtype = DType::kBFloat16;
+  int device = 0;
+};
+// Shapes whose algorithm cannot be pinned (cuBLASLt offers none that runs without split-K and
+// workspace) take a tiled CUDA-core kernel instead, one thread per element in ascending k.
+int LaunchInvariantGemm(const InvariantGemmArgs& args, void* stream, std::string* error);
+// One line per (n, k, dtype) served so far: pinned cuBLASLt or the fallback and why.
+std::string InvariantGemmReport();
+
+// Causal attention of `rows` query rows. Query row r (q + r * q_row_stride, its heads
+// head_dim apart) attends over keys j = 0..row_meta[2r + 1] of its sequence, key j being row
+// key_rows[row_meta[2r] + j] of k/v (or row row_meta[2r] + j when key_rows is null); a key row
+// holds kv_heads heads head_dim apart, rows kv_row_stride apart. out [rows, heads, head_dim]
+// contiguous. head_dim <= 256; heads a multiple of kv_heads.
+struct InvariantAttentionArgs {
+  const void* q = nullptr;
+  int64_t q_row_stride = 0;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t kv_row_stride = 0;
+  const int64_t* key_rows = nullptr;  // device, may be null
+  const int64_t* row_meta = nullptr;  // device, [rows, 2]: first key index, last key
+  void* out = nullptr;
+  int64_t rows = 0;
+  int heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 1.f;
+  DType dtype = DType::kBFloat16;
+};
+int LaunchInvariantAttention(const InvariantAttentionArgs& args, void* stream);
+
+// Per row of z [rows, v] float32 (row stride v): sum_sq[r] = Σ z², or, when sum_sq is null,
+// max[r], log_sum[r] and (if mean_shifted is non-null) mean_shifted[r].
+struct InvariantRowStatsArgs {
+  const float* z = nullptr;
+  int64_t rows = 0, v = 0;
+  float* sum_sq = nullptr;
+  float* max = nullptr;
+  float* log_sum = nullptr;
+  float* mean_shifted = nullptr;
+};
+int LaunchInvariantRowStats(const InvariantRowStatsArgs& args, void* stream);
+
+}  // namespace slime::model::cuda
+
+#endif  // SLIME_SRC_MODEL_CUDA_INVARIANT_OPS_H_
