@@ -28,16 +28,12 @@ bool ValidSessionId(const std::string& id) {
 
 ToolCallSyntax SyntaxOf(const tokenizer::Tokenizer& tok) {
   if (!tok.chat_template().ok()) return ToolCallSyntax::kNone;
-  switch (tok.chat_template()->family()) {
-    case tokenizer::ChatTemplateFamily::kQwen25:
-    case tokenizer::ChatTemplateFamily::kQwen3:
-      return ToolCallSyntax::kHermes;
-    case tokenizer::ChatTemplateFamily::kLlama31:
-    case tokenizer::ChatTemplateFamily::kLlama32:
-      return ToolCallSyntax::kLlamaJson;
-    default:
-      return ToolCallSyntax::kNone;
+  switch (tok.chat_template()->tool_call_format()) {
+    case tokenizer::ToolCallFormat::kHermes: return ToolCallSyntax::kHermes;
+    case tokenizer::ToolCallFormat::kLlamaJson: return ToolCallSyntax::kLlamaJson;
+    case tokenizer::ToolCallFormat::kNone: return ToolCallSyntax::kNone;
   }
+  return ToolCallSyntax::kNone;
 }
 
 void SendError(const std::shared_ptr<http::ResponseWriter>& w, int status, std::string_view message,
@@ -276,10 +272,9 @@ StatusOr<std::unique_ptr<AgentSessionServer>> AgentSessionServer::Start(
   if (tokenizer == nullptr) return absl::InvalidArgumentError("agent session server: no tokenizer");
   if (!tokenizer->chat_template().ok()) {
     return absl::FailedPreconditionError(fmt::format(
-        "agent session server: tokenizer {} has no usable chat template ({}); agents need one "
-        "of the supported families: {}",
-        tokenizer->source(), std::string(tokenizer->chat_template().status().message()),
-        tokenizer::SupportedChatTemplateFamilies()));
+        "agent session server: tokenizer {} has no usable chat template ({}); agents need the "
+        "model's chat template (tokenizer_config.json \"chat_template\" or chat_template.jinja)",
+        tokenizer->source(), std::string(tokenizer->chat_template().status().message())));
   }
   std::unique_ptr<AgentSessionServer> server(
       new AgentSessionServer(std::move(options), std::move(tokenizer)));

@@ -169,7 +169,7 @@ StatusOr<rollout::CustomGenerateResult> EnvGenerator::Generate(const data::Sampl
     SLIME_RETURN_IF_ERROR(ep.out.AppendResponse(turn.output_ids, turn.log_probs,
                                                 /*trainable=*/true, turn.text,
                                                 turn.weight_version));
-    const ojson calls = ParseToolCalls(turn.text, renderer_.family(), ep.turns);
+    const ojson calls = ParseToolCalls(turn.text, renderer_.tool_call_format(), ep.turns);
     const ojson action = {{"text", turn.text}, {"tool_calls", calls}};
     StatusOr<EnvStep> step = client.Step(ep.episode_id, action, ep.Left());
     if (!step.ok()) return env_error(step.status());

@@ -8,7 +8,7 @@
 namespace slime::workflow {
 
 using ojson = nlohmann::ordered_json;
-using tokenizer::ChatTemplateFamily;
+using tokenizer::ToolCallFormat;
 
 namespace {
 
@@ -49,14 +49,9 @@ ojson ToolCallFromJson(std::string_view text, int turn, size_t k) {
   return ojson{{"id", fmt::format("call_{}_{}", turn, k)}, {"name", *name}, {"arguments", args}};
 }
 
-bool IsLlama(ChatTemplateFamily f) {
-  return f == ChatTemplateFamily::kLlama3 || f == ChatTemplateFamily::kLlama31 ||
-         f == ChatTemplateFamily::kLlama32;
-}
-
 }  // namespace
 
-ojson ParseToolCalls(std::string_view text, ChatTemplateFamily family, int turn) {
+ojson ParseToolCalls(std::string_view text, ToolCallFormat format, int turn) {
   ojson calls = ojson::array();
   constexpr std::string_view kOpen = "<tool_call>";
   constexpr std::string_view kClose = "</tool_call>";
@@ -69,7 +64,7 @@ ojson ParseToolCalls(std::string_view text, ChatTemplateFamily family, int turn)
     if (!call.is_null()) calls.push_back(std::move(call));
     pos = end + kClose.size();
   }
-  if (calls.empty() && IsLlama(family)) {
+  if (calls.empty() && format == ToolCallFormat::kLlamaJson) {
     std::string_view body = Trim(text);
     while (StripSuffix(&body, "<|eot_id|>") || StripSuffix(&body, "<|eom_id|>")) body = Trim(body);
     constexpr std::string_view kPythonTag = "<|python_tag|>";
@@ -89,13 +84,10 @@ StatusOr<EpisodeRenderer> EpisodeRenderer::Create(const tokenizer::Tokenizer* to
   }
   EpisodeRenderer r;
   r.tokenizer_ = tokenizer;
-  r.family_ = tokenizer->chat_template()->family();
+  r.tool_call_format_ = tokenizer->chat_template()->tool_call_format();
+  r.has_tool_role_ = tokenizer->chat_template()->has_tool_role();
   r.kwargs_ = chat_template_kwargs.is_object() ? std::move(chat_template_kwargs) : ojson::object();
   return r;
-}
-
-bool EpisodeRenderer::has_tool_role() const {
-  return family_ != ChatTemplateFamily::kQwen2 && family_ != ChatTemplateFamily::kLlama3;
 }
 
 ojson EpisodeRenderer::InitialMessages(const ojson& observation) {
@@ -146,8 +138,7 @@ StatusOr<std::string> EpisodeRenderer::ObservationText(const ojson& messages) co
   const size_t at = full->rfind(kMarker);
   if (at == std::string::npos) {
     return absl::InternalError(
-        fmt::format("the {} chat template dropped the assistant turn's content",
-                    tokenizer::ChatTemplateFamilyName(family_)));
+        "the chat template dropped the assistant turn's content");
   }
   return full->substr(at + kMarker.size());
 }

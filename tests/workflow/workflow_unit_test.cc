@@ -25,7 +25,7 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 using json = nlohmann::json;
-using tokenizer::ChatTemplateFamily;
+using tokenizer::ToolCallFormat;
 using namespace std::chrono_literals;
 
 using slime::testing::SourceDir;
@@ -36,7 +36,7 @@ TEST(ParseToolCallsTest, HermesBlocksAndLlamaJson) {
       "\"2 + 3\"}}\n</tool_call>\n<tool_call>{\"name\": \"calculator\", \"arguments\": "
       "\"{\\\"expression\\\": \\\"4*5\\\"}\"}</tool_call><tool_call>not json</tool_call>"
       "<tool_call>{\"name\": \"x\"",
-      ChatTemplateFamily::kQwen3, 2);
+      ToolCallFormat::kHermes, 2);
   ASSERT_EQ(calls.size(), 2u) << calls.dump();
   EXPECT_EQ(calls[0]["id"].get<std::string>(), "call_2_0");
   EXPECT_EQ(calls[0]["name"].get<std::string>(), "calculator");
@@ -45,11 +45,11 @@ TEST(ParseToolCallsTest, HermesBlocksAndLlamaJson) {
   // Llama 3.1: the whole turn is one JSON object with "parameters".
   const ojson llama = ParseToolCalls(
       " {\"name\": \"calculator\", \"parameters\": {\"expression\": \"7-1\"}}<|eot_id|>",
-      ChatTemplateFamily::kLlama31, 1);
+      ToolCallFormat::kLlamaJson, 1);
   ASSERT_EQ(llama.size(), 1u);
   EXPECT_EQ(llama[0]["arguments"]["expression"].get<std::string>(), "7-1");
-  EXPECT_TRUE(ParseToolCalls("{\"name\": \"calculator\"}", ChatTemplateFamily::kQwen3, 1).empty());
-  EXPECT_TRUE(ParseToolCalls("Answer: 5", ChatTemplateFamily::kLlama31, 1).empty());
+  EXPECT_TRUE(ParseToolCalls("{\"name\": \"calculator\"}", ToolCallFormat::kHermes, 1).empty());
+  EXPECT_TRUE(ParseToolCalls("Answer: 5", ToolCallFormat::kLlamaJson, 1).empty());
 }
 
 TEST(CalculatorTest, ArithmeticAndAnswers) {
@@ -255,7 +255,7 @@ TEST_F(RendererTest, Llama3WithoutToolRoleGetsToolResultsAsUserTurns) {
   if (tok == nullptr) GTEST_SKIP() << "Llama-3 tokenizer missing: run scripts/fetch_test_data.sh";
   auto r = EpisodeRenderer::Create(tok.get(), ojson::object());
   ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_EQ(r->family(), ChatTemplateFamily::kLlama3);
+  ASSERT_EQ(r->tool_call_format(), ToolCallFormat::kNone);
   EXPECT_FALSE(r->has_tool_role());
   auto text = r->ObservationText(r->ObservationMessages("calculator(2 + 3) = 5", true));
   ASSERT_TRUE(text.ok()) << text.status();

@@ -1,116 +1,83 @@
-// ChatTemplate: native renderers for the chat templates of the model families slime-cpp
-// supports. There is no Jinja engine: the `chat_template` string of tokenizer_config.json is
-// inspected once, recognised as one of the families below, and rendered by C++ code written to
-// produce exactly what Hugging Face `apply_chat_template(..., tokenize=False)` produces with that
-// template. Unrecognised templates are refused (an error naming the supported families) rather
-// than approximated.
+// ChatTemplate: a model's Hugging Face chat template, rendered by slime-cpp's Jinja interpreter
+// (jinja.h) exactly as transformers' `apply_chat_template(..., tokenize=False)` renders it.
 //
-// Supported families (ChatTemplateFamily):
-//   qwen2     ChatML without tools (Qwen1.5/Qwen2-Instruct); the default system prompt, when the
-//             template inserts one, is read from the template.
-//   qwen2.5   ChatML with Hermes-style <tools>/<tool_call>/<tool_response> (Qwen2.5-Instruct,
-//             Qwen2.5-Coder/Math); default system prompt read from the template.
-//   qwen3     Qwen3 hybrid thinking: <think> blocks from `reasoning_content` or from the
-//             content, dropped for turns before the last user query; `enable_thinking=false`
-//             adds the empty think block to the generation prompt; tools as in qwen2.5.
-//   llama3    Llama-3(.0)-Instruct: header tokens, trimmed contents, BOS before the first turn.
-//             (Early versions always add the assistant header; this is read from the template.)
-//   llama3.1  Llama-3.1/3.3-Instruct: system header with "Cutting Knowledge Date" and
-//             "Today Date" (kwarg `date_string`, default "26 Jul 2024"), tools as JSON in the
-//             first user turn (or the system turn with `tools_in_user_message=false`),
-//             `builtin_tools` with <|python_tag|> calls and <|eom_id|>.
-//   llama3.2  Llama-3.2-Instruct: as llama3.1 without builtin tools; the default date is today
-//             (strftime "%d %b %Y", local time), like transformers' strftime_now.
+// FromJinja parses the `chat_template` of tokenizer_config.json (or chat_template.jinja) once;
+// Apply renders a conversation with the variables transformers passes to the template:
+//   messages               the conversation as given (OpenAI-style dicts, any extra keys kept)
+//   tools                  ChatTemplateOptions::tools, or none
+//   documents              none
+//   add_generation_prompt  ChatTemplateOptions::add_generation_prompt
+//   bos_token, eos_token   the tokenizer's special tokens (absent when the tokenizer has none)
+//   every key of ChatTemplateOptions::kwargs (e.g. enable_thinking, date_string)
+// The template decides everything else — null contents, unknown roles, what it rejects with
+// raise_exception — and its errors come back as InvalidArgument naming the template line.
 //
-// Inputs are OpenAI-style messages: [{"role", "content", "tool_calls"?, "reasoning_content"?}].
-// They are nlohmann::ordered_json because key order is visible in the output (`tojson` of tools
-// and tool-call arguments keeps insertion order, as Python dicts do). `content` must be a string
-// or null; multimodal content lists are rejected (llama3.1/3.2 tool results may be JSON).
+// Besides rendering, the template text tells how a model writes tool calls (tool_call_format)
+// and whether it has a `tool` role (has_tool_role); agents and multi-turn rollouts use these to
+// parse replies and to phrase tool results.
 //
-// Deliberate differences from Hugging Face, all where HF would fail or silently lose input:
-//   * null content renders as "" (HF's templates raise or print "None");
-//   * qwen2 and llama3 templates cannot express tools, so tools / tool_calls are an error
-//     instead of being dropped;
-//   * llama3.1/3.2: "tool_calls": null or [] counts as no tool call (HF raises);
-//   * tool calls may be {"function": {"name", "arguments"}} or flat {"name", "arguments"}.
-// Verified against Hugging Face renderings (tests/tokenizer/real_tokenizer_test.cc) for qwen3
-// and llama3; the others against their templates' logic (chat_template_test.cc).
-//
-// Ownership: value type. Thread-safety: immutable; Apply may run concurrently.
+// Ownership: value type (copies share the parsed template). Thread-safety: immutable; Apply may
+// run concurrently from any number of threads.
 #ifndef SLIME_TOKENIZER_CHAT_TEMPLATE_H_
 #define SLIME_TOKENIZER_CHAT_TEMPLATE_H_
 
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "slime/common/status.h"
+#include "slime/tokenizer/jinja.h"
 
 namespace slime::tokenizer {
 
-enum class ChatTemplateFamily { kQwen2, kQwen25, kQwen3, kLlama3, kLlama31, kLlama32 };
-
-// "qwen2", "qwen2.5", "qwen3", "llama3", "llama3.1", "llama3.2".
-std::string_view ChatTemplateFamilyName(ChatTemplateFamily family);
-// "qwen2, qwen2.5, ..." for error messages.
-std::string SupportedChatTemplateFamilies();
-StatusOr<ChatTemplateFamily> ParseChatTemplateFamily(std::string_view name);
+// How the model writes a tool call, read from its template's text.
+enum class ToolCallFormat {
+  kNone,       // the template shows no tool calls
+  kHermes,     // <tool_call>{"name": ..., "arguments": ...}</tool_call> (Qwen2.5, Qwen3, Hermes)
+  kLlamaJson,  // a bare JSON object {"name", "parameters"}, maybe after <|python_tag|> (Llama 3.x)
+};
+std::string_view ToolCallFormatName(ToolCallFormat format);
 
 struct ChatTemplateOptions {
   // Append the header that starts the assistant's turn.
   bool add_generation_prompt = false;
   // Tool (function) definitions, an array of objects as in the OpenAI API; null for none.
   nlohmann::ordered_json tools = nullptr;
-  // Extra template variables, an object. Used keys: enable_thinking (qwen3, bool),
-  // date_string (llama3.1/3.2), tools_in_user_message (llama3.1/3.2, default true),
-  // builtin_tools (llama3.1, array of names), custom_tools (llama3.x, alias of tools).
+  // Extra template variables, an object (transformers' **kwargs of apply_chat_template), e.g.
+  // enable_thinking (Qwen3), date_string / tools_in_user_message / builtin_tools (Llama 3.x).
   nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
 };
 
 class ChatTemplate {
  public:
-  // Recognises the family of a Jinja chat template. Error: the template matches no supported
-  // family (the message lists them).
+  // Parses a Jinja chat template. `bos_token` / `eos_token` are passed to the template (an
+  // empty one is left undefined, as transformers leaves an unset special token). Error: a
+  // syntax error or an unsupported construct, naming the template line.
   static StatusOr<ChatTemplate> FromJinja(std::string_view jinja, std::string bos_token,
                                           std::string eos_token);
-  // A template of a known family with its default settings (for tests and explicit overrides).
-  static ChatTemplate ForFamily(ChatTemplateFamily family, std::string bos_token,
-                                std::string eos_token);
 
-  // Renders `messages` (an array). Errors: malformed messages (naming the index and field), or
-  // conversations the template itself rejects (e.g. llama3.1 with two tool calls in one turn).
+  // Renders `messages` (an array of objects). Errors: malformed input (naming the index or the
+  // option), or the template failing (naming its line; raise_exception messages verbatim).
   StatusOr<std::string> Apply(const nlohmann::ordered_json& messages,
                               const ChatTemplateOptions& options) const;
 
-  ChatTemplateFamily family() const { return family_; }
-  // The system prompt inserted when the conversation has none ("" when the template adds none).
-  const std::string& default_system() const { return default_system_; }
+  ToolCallFormat tool_call_format() const { return tool_call_format_; }
+  // Whether the template renders `tool` messages as tool results (else callers send tool
+  // results as user turns).
+  bool has_tool_role() const { return has_tool_role_; }
+  const std::string& source() const { return source_; }
 
  private:
   ChatTemplate() = default;
-  StatusOr<std::string> ApplyQwen(const nlohmann::ordered_json& messages,
-                                  const ChatTemplateOptions& options) const;
-  StatusOr<std::string> ApplyQwen3(const nlohmann::ordered_json& messages,
-                                   const ChatTemplateOptions& options) const;
-  StatusOr<std::string> ApplyLlama3(const nlohmann::ordered_json& messages,
-                                    const ChatTemplateOptions& options) const;
-  StatusOr<std::string> ApplyLlama31(const nlohmann::ordered_json& messages,
-                                     const ChatTemplateOptions& options) const;
 
-  ChatTemplateFamily family_ = ChatTemplateFamily::kQwen2;
+  jinja::Template template_;
+  std::string source_;
   std::string bos_token_;
   std::string eos_token_;
-  std::string default_system_;
-  bool has_default_system_ = false;
-  bool generation_prompt_always_ = false;  // llama3: early template without the condition
+  ToolCallFormat tool_call_format_ = ToolCallFormat::kNone;
+  bool has_tool_role_ = false;
 };
-
-// Python's json.dumps(value, ensure_ascii=False, indent=indent) — the `tojson` filter of
-// transformers' chat templates: ", " / ": " separators without indent, "," / ": " with it;
-// keys in insertion order. indent < 0 means no indent.
-std::string PyJsonDumps(const nlohmann::ordered_json& value, int indent = -1);
 
 }  // namespace slime::tokenizer
 

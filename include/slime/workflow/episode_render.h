@@ -16,9 +16,10 @@
 //     between the end of an assistant's content and the next assistant's content.
 //
 // Tool calls in a model turn are parsed from its text: Hermes-style
-// <tool_call>{"name", "arguments"}</tool_call> blocks (Qwen2.5/Qwen3), or — for the Llama 3.x
-// families — a turn that is a single JSON object {"name", "parameters" | "arguments"}.
-// Families whose template has no tool role (qwen2, llama3) get tool results as user messages.
+// <tool_call>{"name", "arguments"}</tool_call> blocks (templates that write <tool_call>, e.g.
+// Qwen2.5/Qwen3), or — for Llama 3.x templates with tool calls — a turn that is a single JSON
+// object {"name", "parameters" | "arguments"} (ChatTemplate::tool_call_format). Templates
+// without a tool role (e.g. Qwen2, Llama 3.0) get tool results as user messages.
 //
 // Ownership: borrows the tokenizer (it must outlive the renderer). Thread-safety: immutable;
 // all methods may run concurrently.
@@ -43,7 +44,8 @@ namespace slime::workflow {
 
 // [{"id": "call_<turn>_<k>", "name", "arguments": object}] parsed from a model turn's text;
 // blocks that are not valid JSON with a string "name" are skipped (the text still carries them).
-nlohmann::ordered_json ParseToolCalls(std::string_view text, tokenizer::ChatTemplateFamily family,
+// `format` kLlamaJson also reads a bare JSON call (after <|python_tag|>) when no tags are found.
+nlohmann::ordered_json ParseToolCalls(std::string_view text, tokenizer::ToolCallFormat format,
                                       int turn);
 
 class EpisodeRenderer {
@@ -71,13 +73,14 @@ class EpisodeRenderer {
   // The text between the marker assistant content and the next assistant content (for tests).
   StatusOr<std::string> ObservationText(const nlohmann::ordered_json& messages) const;
 
-  tokenizer::ChatTemplateFamily family() const { return family_; }
-  bool has_tool_role() const;
+  tokenizer::ToolCallFormat tool_call_format() const { return tool_call_format_; }
+  bool has_tool_role() const { return has_tool_role_; }
 
  private:
   EpisodeRenderer() = default;
   const tokenizer::Tokenizer* tokenizer_ = nullptr;
-  tokenizer::ChatTemplateFamily family_ = tokenizer::ChatTemplateFamily::kQwen2;
+  tokenizer::ToolCallFormat tool_call_format_ = tokenizer::ToolCallFormat::kNone;
+  bool has_tool_role_ = false;
   nlohmann::ordered_json kwargs_ = nlohmann::ordered_json::object();
 };
 
