@@ -11,6 +11,7 @@
 #include "slime/app/runtime_commands.h"
 #include "slime/app/convert.h"
 #include "slime/app/demo_data.h"
+#include "slime/app/render_chat.h"
 #include "slime/app/serve.h"
 #include "slime/app/sft.h"
 #include "slime/app/version.h"
@@ -27,7 +28,7 @@ namespace {
 
 constexpr const char* kSubcommands[] = {"train", "serve", "agent", "worker", "status",
                                         "runtime-check", "convert", "init-model", "sft",
-                                        "make-demo-data", "make-byte-tokenizer"};
+                                        "make-demo-data", "make-byte-tokenizer", "render-chat"};
 
 bool IsSubcommand(const char* arg) {
   for (const char* name : kSubcommands) {
@@ -152,6 +153,10 @@ int RunCli(int argc, char** argv) {
   CLI::App* make_byte_tokenizer = cli.add_subcommand(
       "make-byte-tokenizer", "Write the byte-level subset of a tokenizer (the tiny model's)");
   AddMakeByteTokenizerOptions(make_byte_tokenizer, &byte_tokenizer_options);
+  RenderChatOptions render_chat_options;
+  CLI::App* render_chat = cli.add_subcommand(
+      "render-chat", "Render a conversation with a tokenizer's chat template (or its ids)");
+  AddRenderChatOptions(render_chat, &render_chat_options);
   CLI::App* init_model =
       cli.add_subcommand("init-model", "Write a random-weight HF model directory");
   init_model->add_option("--config", init_config, "HF config.json")->required();
@@ -178,6 +183,7 @@ int RunCli(int argc, char** argv) {
   if (sft->parsed()) return RunSftCommand(sft_options);
   if (make_demo_data->parsed()) return RunMakeDemoData(demo_data_options);
   if (make_byte_tokenizer->parsed()) return RunMakeByteTokenizer(byte_tokenizer_options);
+  if (render_chat->parsed()) return RunRenderChat(render_chat_options);
   if (init_model->parsed()) {
     if (Status s = InitLogging({.role = "init-model"}); !s.ok()) return UsageError(std::string(s.message()));
     Status s = model::InitRandomModel(init_config, init_tokenizer, init_out,
