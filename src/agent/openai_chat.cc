@@ -19,10 +19,12 @@ bool Fail(ChatRequestError* error, std::string param, std::string message) {
 
 std::string_view TypeName(const ojson& v) { return v.type_name(); }
 
-// content: string, null, or [{"type": "text", "text"}] (joined). Returns false on error.
+// content: string, null, or [{"type": "text", "text"}] (joined). null becomes "" (as OpenAI
+// servers pass it to chat templates, many of which fail on None). Returns false on error.
 bool NormalizeContent(ojson* message, const std::string& where, ChatRequestError* error) {
   auto it = message->find("content");
-  if (it == message->end() || it->is_null() || it->is_string()) return true;
+  if (it != message->end() && it->is_null()) *it = "";
+  if (it == message->end() || it->is_string()) return true;
   if (!it->is_array()) {
     return Fail(error, where + ".content",
                 fmt::format("must be a string, null or a list of text parts, not {}",

@@ -56,7 +56,13 @@ StatusOr<std::string> TokenizerChatCodec::Render(const ojson& messages,
                                                  bool add_generation_prompt) const {
   tokenizer::ChatTemplateOptions options = options_;
   options.add_generation_prompt = add_generation_prompt;
-  return tokenizer_->ApplyChatTemplate(messages, options);
+  // A null content (the session's own tool-call replies) renders as "", as OpenAI servers
+  // pass it to chat templates, many of which fail on None.
+  ojson normalized = messages;
+  for (auto& m : normalized) {
+    if (auto it = m.find("content"); m.is_object() && it != m.end() && it->is_null()) *it = "";
+  }
+  return tokenizer_->ApplyChatTemplate(normalized, options);
 }
 
 std::vector<int32_t> TokenizerChatCodec::Encode(std::string_view text) const {

@@ -358,8 +358,12 @@ StatusOr<ParsedOpenAi> ParseChatCompletionRequest(const Json& body, const OpenAi
                                                           "object, got {}",
                                                           kwargs.type_name()));
   }
-  // Key order inside messages (tool-call arguments) is that of nlohmann::json: sorted.
-  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(messages.dump());
+  // Key order inside messages (tool-call arguments) is that of nlohmann::json: sorted. A null
+  // content becomes "", as OpenAI servers pass it to chat templates (many fail on None).
+  nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(messages.dump());
+  for (auto& m : ordered) {
+    if (auto it = m.find("content"); it != m.end() && it->is_null()) *it = "";
+  }
   StatusOr<std::string> rendered = ctx.tok->ApplyChatTemplate(ordered, options);
   if (!rendered.ok()) {
     return FieldError("messages",

@@ -10,8 +10,10 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,12 +40,25 @@ constexpr int32_t kHeaderEnd = 262;    // <|end_header_id|>
 constexpr int32_t kEot = 263;          // <|eot_id|>
 constexpr int32_t kBot = 264;          // <|begin_of_text|>
 
-// Chat templates are recognised by family markers (chat_template.h), so these stand-ins select
-// the native renderers of the real templates.
-constexpr char kQwen3Template[] =
-    "{# <|im_start|> <|im_end|> <think> enable_thinking reasoning_content <tool_response> #}";
-constexpr char kChatMlTemplate[] = "{# <|im_start|> <|im_end|> (qwen2) #}";
-constexpr char kLlama3Template[] = "{# <|start_header_id|> <|eot_id|> add_generation_prompt #}";
+// Chat templates: Qwen3's own (tests/data/tokenizer/qwen3_chat_template.jinja, as shipped with
+// the model), a ChatML template without a default system prompt, and Llama-3-Instruct's.
+std::string Qwen3Template() {
+  std::ifstream in(slime::testing::SourceDir() + "/tests/data/tokenizer/qwen3_chat_template.jinja");
+  std::stringstream s;
+  s << in.rdbuf();
+  EXPECT_FALSE(s.str().empty()) << "tests/data/tokenizer/qwen3_chat_template.jinja missing";
+  return s.str();
+}
+constexpr char kChatMlTemplate[] =
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}";
+constexpr char kLlama3Template[] =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | "
+    "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
+    "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
 
 // The tiny tokenizer with `chat_template` ("" for none).
 std::unique_ptr<Tokenizer> TinyTokenizer(const std::string& chat_template) {
@@ -243,7 +258,7 @@ TEST(SftTiny, TwoTurnChatMlExactMask) {
 }
 
 TEST(SftTiny, Qwen3SingleTurnTrainsTheThinkBlock) {
-  auto tok = TinyTokenizer(kQwen3Template);
+  auto tok = TinyTokenizer(Qwen3Template());
   ASSERT_NE(tok, nullptr);
   // <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nYo<|im_end|>\n
   // The generation prompt is "<|im_start|>assistant\n"; the empty think block the template puts
@@ -263,7 +278,7 @@ TEST(SftTiny, Qwen3SingleTurnTrainsTheThinkBlock) {
 }
 
 TEST(SftTiny, Qwen3EnableThinkingFalsePutsTheEmptyThinkBlockInThePrompt) {
-  auto tok = TinyTokenizer(kQwen3Template);
+  auto tok = TinyTokenizer(Qwen3Template());
   ASSERT_NE(tok, nullptr);
   // Same text as above, but the generation prompt now ends with "<think>\n\n</think>\n\n"
   // (the engine sends it as part of the prompt), so those tokens are 0.
@@ -293,7 +308,7 @@ TEST(SftTiny, Qwen3EnableThinkingFalsePutsTheEmptyThinkBlockInThePrompt) {
 }
 
 TEST(SftTiny, Qwen3TwoTurnSplitsIntoOneSamplePerTurn) {
-  auto tok = TinyTokenizer(kQwen3Template);
+  auto tok = TinyTokenizer(Qwen3Template());
   ASSERT_NE(tok, nullptr);
   // messages[0..1] renders the first answer with the empty think block (it is the final turn);
   // messages[0..2] renders it without (a later user query exists). Not a prefix: split.
@@ -421,7 +436,7 @@ TEST(SftTiny, RetokenizationDriftIsDetected) {
 }
 
 TEST(SftTiny, ToolConversationWithQwen3Splits) {
-  auto tok = TinyTokenizer(kQwen3Template);
+  auto tok = TinyTokenizer(Qwen3Template());
   ASSERT_NE(tok, nullptr);
   const OJson tools =
       OJson::parse(R"([{"type": "function", "function": {"name": "add", "parameters": {}}}])");
@@ -531,15 +546,16 @@ std::vector<BadLine> BadLines() {
        "\"tools\": a string that is not JSON"},
       {R"({"messages": [{"role": "assistant", "content": "x"}]})",
        "messages[0]: a trained assistant message needs a message before it"},
-      // Errors of the chat template itself come through with its field names.
+      // Errors of the chat template itself come through with the template line (Qwen3's
+      // template pipes the missing arguments to tojson).
       {R"({"messages": [)" + ok_user +
            R"(, {"role": "assistant", "content": "", "tool_calls": [{"function": {}}]}]})",
-       "messages[1].tool_calls[0]: missing function name"},
+       "chat template line 62: 'dict object' has no attribute 'arguments'"},
   };
 }
 
 TEST(SftTiny, EachBadLineFailsNamingFileLineAndField) {
-  auto tok = TinyTokenizer(kQwen3Template);
+  auto tok = TinyTokenizer(Qwen3Template());
   ASSERT_NE(tok, nullptr);
   const std::string good = Line(OJson::array({Msg("user", "Hi"), Msg("assistant", "Yo")}));
   for (const BadLine& b : BadLines()) {
@@ -554,7 +570,7 @@ TEST(SftTiny, EachBadLineFailsNamingFileLineAndField) {
 }
 
 TEST(SftTiny, BadLinesAreSkippedAndCounted) {
-  auto tok = TinyTokenizer(kQwen3Template);
+  auto tok = TinyTokenizer(Qwen3Template());
   ASSERT_NE(tok, nullptr);
   const std::string good = Line(OJson::array({Msg("user", "Hi"), Msg("assistant", "Yo")}));
   std::string text = good + "\n\n   \n";  // blank lines are not lines of data
@@ -628,7 +644,7 @@ TEST(SftTiny, MessagesKeyIsConfigurable) {
 }
 
 TEST(SftTiny, SampleFileLoads) {
-  auto tok = TinyTokenizer(kQwen3Template);
+  auto tok = TinyTokenizer(Qwen3Template());
   ASSERT_NE(tok, nullptr);
   const std::string path = SourceDir() + "/tests/data/sft/chat.jsonl";
   auto data = LoadSftDataset(path, *tok, SftDatasetOptions());
