@@ -54,6 +54,10 @@ class Lexer {
         trim_newline = true;
         continue;
       }
+      if (kind == '%' && LexRaw(&strip_next)) {
+        trim_newline = true;
+        continue;
+      }
       tokens_.push_back(Token{kind == '{' ? Tok::kVarBegin : Tok::kBlockBegin, "", line_});
       strip_next = LexTag(kind == '{' ? '}' : '%');
       trim_newline = kind == '%';
@@ -103,6 +107,50 @@ class Lexer {
     if (end == std::string_view::npos) Fail(start_line, "unclosed comment '{#'");
     *strip_next = end > pos_ && src_[end - 1] == '-';
     Advance(end + 2);
+  }
+
+  // `{% raw %}...{% endraw %}` (the opening `{%` already consumed): its body becomes text as
+  // written. Returns false, consuming nothing, when the tag is not `raw`.
+  bool LexRaw(bool* strip_next) {
+    size_t p = pos_;
+    auto skip_spaces = [&] {
+      while (p < src_.size() && IsSpace(src_[p])) ++p;
+    };
+    skip_spaces();
+    if (src_.substr(p, 3) != "raw") return false;
+    p += 3;
+    skip_spaces();
+    const bool strip_body_start = p < src_.size() && src_[p] == '-';
+    if (strip_body_start) ++p;
+    if (src_.substr(p, 2) != "%}") return false;
+    const int start_line = line_;
+    const size_t body = p + 2;
+    for (size_t at = src_.find("{%", body); at != std::string_view::npos; at = src_.find("{%", at + 2)) {
+      size_t q = at + 2;
+      const bool strip_body_end = q < src_.size() && src_[q] == '-';
+      if (strip_body_end) ++q;
+      while (q < src_.size() && IsSpace(src_[q])) ++q;
+      if (src_.substr(q, 6) != "endraw") continue;
+      q += 6;
+      while (q < src_.size() && IsSpace(src_[q])) ++q;
+      const bool strip_after = q < src_.size() && src_[q] == '-';
+      if (strip_after) ++q;
+      if (src_.substr(q, 2) != "%}") continue;
+      std::string text(src_.substr(body, at - body));
+      if (strip_body_start) {
+        size_t n = 0;
+        while (n < text.size() && IsSpace(text[n])) ++n;
+        text.erase(0, n);
+      }
+      if (strip_body_end) {
+        while (!text.empty() && IsSpace(text.back())) text.pop_back();
+      }
+      if (!text.empty()) tokens_.push_back(Token{Tok::kText, std::move(text), start_line});
+      *strip_next = strip_after;
+      Advance(q + 2);
+      return true;
+    }
+    Fail(start_line, "'raw' is never closed (expected 'endraw')");
   }
 
   // The tokens of one tag up to its closing `}}` / `%}`; returns whether it closed with `-`.
