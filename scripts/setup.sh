@@ -12,6 +12,7 @@ packages=(
   prometheus-cpp-dev  # metrics registry and text exposition (we link its core library only)
   nodejs npm python3 curl ca-certificates
   python3-matplotlib  # scripts/plot_metrics
+  python3-torch  # tests/comm/torch_interop_test: real PyTorch peers of the weight plane
   # An optimized BLAS behind Debian's LibTorch (the reference BLAS is ~6x slower on the tiny
   # models' 151k-vocabulary output layer); it becomes the libblas.so.3 alternative.
   libopenblas0-pthread

@@ -66,6 +66,30 @@ Status Guard(const std::string& context, absl::StatusCode code, Fn&& fn) {
   }
 }
 
+// The store a backend of group `group_name` is built on: the chain of PrefixStores that
+// torch.distributed builds in the torch version we are compiled against when a group is made the
+// way slime's trainer and SGLang make it (init_custom_process_group: PrefixStore(group_name,
+// store) handed to _new_process_group_helper(..., group_name=group_name)), so a Python peer's
+// keys and ours meet (docs/operations.md, "Interoperability with PyTorch peers"):
+//   1.13: TCPStore -> PrefixStore(G) -> PrefixStore(G)                  (the helper adds G)
+//   2.x:  TCPStore -> PrefixStore(G) -> PrefixStore(G + "/") -> PrefixStore("cpu/" | "cuda/")
+//         (the helper adds G + "/", then one prefix per device it makes a backend for: a
+//         single backend named "gloo" is made once, for "cpu"; "nccl" for "cuda")
+c10::intrusive_ptr<c10d::Store> BackendStore(const c10::intrusive_ptr<c10d::Store>& base,
+                                             const std::string& group_name,
+                                             const std::string& backend) {
+  c10::intrusive_ptr<c10d::Store> store =
+      c10::make_intrusive<c10d::PrefixStore>(group_name, base);
+#if TORCH_VERSION_MAJOR >= 2
+  store = c10::make_intrusive<c10d::PrefixStore>(group_name + "/", store);
+  store = c10::make_intrusive<c10d::PrefixStore>(backend == "nccl" ? "cuda/" : "cpu/", store);
+#else
+  (void)backend;
+  store = c10::make_intrusive<c10d::PrefixStore>(group_name, store);
+#endif
+  return store;
+}
+
 bool LooksLikeTimeout(const Status& s) {
   const std::string m(s.message());
   return m.find("imed out") != std::string::npos || m.find("imeout") != std::string::npos ||
@@ -165,7 +189,13 @@ StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Open(const ProcessGroupOpt
     c10d::TCPStoreOptions so;
     so.port = static_cast<std::uint16_t>(options.master_port);
     so.isServer = options.rank == 0;
-    so.waitWorkers = false;  // Join() is where peers are awaited
+    // torch.distributed's tcp:// rendezvous makes rank 0 a server that waits in its constructor
+    // until world_size ranks have counted themselves in (the store's "init/" key), and every
+    // client counts itself in. Our clients count themselves in the same way, so a Python rank 0
+    // gets past its rendezvous; our server does not wait here (Join() is where peers are
+    // awaited, and rank 0 must be able to tell its peers the port first).
+    so.numWorkers = static_cast<std::size_t>(options.world_size);
+    so.waitWorkers = options.rank != 0;
     so.timeout = Millis(options.timeout_s);
     // The server binds every interface; master_address is what clients dial.
     pg->state_->store = c10::make_intrusive<c10d::TCPStore>(options.master_address, so);
@@ -179,8 +209,8 @@ Status ProcessGroup::Join() {
   const std::string what = fmt::format("joining {} (waited up to {} s for all {} ranks)",
                                        Describe(), options_.timeout_s, options_.world_size);
   Status s = Guard(what, absl::StatusCode::kDeadlineExceeded, [&] {
-    c10::intrusive_ptr<c10d::Store> base = state_->store;
-    auto prefix = c10::make_intrusive<c10d::PrefixStore>(options_.group_name, base);
+    const c10::intrusive_ptr<c10d::Store> prefix =
+        BackendStore(state_->store, options_.group_name, backend_);
     const auto timeout = Millis(options_.timeout_s);
     if (backend_ == "gloo") {
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -207,9 +237,20 @@ Status ProcessGroup::Join() {
     }
   });
   if (!s.ok()) return s;
+#if TORCH_VERSION_MAJOR >= 2
+  // torch's helper calls _set_sequence_number_for_group() on the backend it created; so do we
+  // (a no-op in recent versions; older 2.x Gloo shares rank 0's number through the store).
+  s = Guard(what, absl::StatusCode::kDeadlineExceeded,
+            [&] { state_->backend->setSequenceNumberForGroup(); });
+  if (!s.ok()) {
+    state_->backend.reset();
+    return s;
+  }
+#endif
   spdlog::info("comm: joined {}", Describe());
-  // NCCL creates its communicator lazily; meet once so Join() means "everyone is here".
-  if (backend_ == "nccl") return Barrier();
+  // NCCL creates its communicator lazily, at the first collective. No barrier here: a Python
+  // peer (slime's trainer, SGLang) issues no collective when it joins, so one of ours would
+  // pair with its first weight broadcast.
   return absl::OkStatus();
 }
 

@@ -1,12 +1,15 @@
 // ProcessGroup: one torch c10d process group for the weight plane (trainer rank 0 + every engine
 // GPU), the way SGLang's /init_weights_update_group builds it: rank 0 hosts a c10d TCPStore at
-// master_address:master_port, every rank wraps it in PrefixStore(group_name), and the backend is
-// ProcessGroupGloo (CPU tensors) or ProcessGroupNCCL (CUDA tensors; NCCL builds only).
+// master_address:master_port, every rank wraps it in the PrefixStores torch adds for
+// group_name (see Compatibility), and the backend is ProcessGroupGloo (CPU tensors) or
+// ProcessGroupNCCL (CUDA tensors; NCCL builds only).
 //
 // Two phases, so rank 0 can tell its peers the port before it blocks:
 //   Open()  rank 0 starts the store (master_port 0 picks a free port: read port()); other ranks
 //           connect to it, retrying until the timeout. Does not wait for peers.
-//   Join()  creates the backend; blocks until every rank has joined or the timeout passes.
+//   Join()  creates the backend; with Gloo it blocks until every rank has joined or the timeout
+//           passes. NCCL forms its communicator at the first collective (as in torch; no
+//           barrier, which a Python peer would not match), so there that collective waits.
 // Create() does both.
 //
 // Watchdog: every collective waits for its work with a deadline (the group's timeout unless a
@@ -19,9 +22,18 @@
 // (timeout = the group's) also aborts the communicator.
 //
 // Compatibility: compiles against LibTorch 1.13 (c10d ProcessGroup backends) and 2.x (c10d
-// Backend); the differences are confined to process_group.cc. The store key layout is c10d's
-// own plus the group_name prefix; interop with a Python torch.distributed peer additionally
-// depends on that torch version's key conventions (see docs/architecture.md, weight plane).
+// Backend); the differences are confined to process_group.cc. Interop with Python peers that
+// create the group as slime's trainer and SGLang do (tcp:// rendezvous, PrefixStore(group_name),
+// torch's _new_process_group_helper; docs/operations.md, "Interoperability with PyTorch peers"):
+// the backend's store is the chain that helper builds in the torch we are compiled against —
+// 1.13: TCPStore -> PrefixStore(G) -> PrefixStore(G); 2.x: TCPStore -> PrefixStore(G) ->
+// PrefixStore(G + "/") -> PrefixStore("cpu/" for gloo | "cuda/" for nccl), then
+// setSequenceNumberForGroup() as the helper does; store clients count themselves in under
+// "init/" (numWorkers = world_size) as torch's do, so a Python rank 0 waiting for its workers
+// gets past its rendezvous. The Python peer must run the same torch version (the TCPStore wire
+// protocol and the key layout are only stable within one). Verified with torch 1.13 on CPU/Gloo
+// (tests/comm/torch_interop_test.cc); composite backends ("cpu:gloo,cuda:nccl", where torch 2.x
+// makes both backends) do not interoperate.
 //
 // Model parallelism: comm/tensor_parallel_group.h adapts a ProcessGroup to the model's
 // TensorParallelGroup and PipelineParallelGroup interfaces (the model does not depend on comm).
