@@ -466,7 +466,7 @@ Value Evaluator::EvalBinary(const Node& node) {
   if (op == "not in") return Value::Bool(!Contains(b, a, line));
   if (op == "~") return Value::Str(ToStr(a) + ToStr(b));
   if (a.kind == Kind::kString && op == "%") {
-    Fail(line, "string formatting with '%' is not supported; use ~ or format()");
+    return Value::Str(PercentFormat(a.s, b.kind == Kind::kList && b.is_tuple ? *b.list : List{b}, line));
   }
   return Arithmetic(op, a, b, line);
 }

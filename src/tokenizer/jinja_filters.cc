@@ -402,6 +402,11 @@ Value FEscape(Evaluator&, const Value& v, Args&, int) {
 }
 
 // attr looks up attributes only: a dict's items are not attributes (a namespace's are).
+// "%s and %s"|format(a, b): Python's % formatting.
+Value FFormat(Evaluator&, const Value& v, Args& a, int l) {
+  return Value::Str(PercentFormat(ToStr(v), a.positional, l));
+}
+
 Value FAttr(Evaluator&, const Value& v, Args& a, int l) {
   const std::string name = ToStr(Arg(a, 0, "name", std::nullopt, "attr", l));
   if (v.kind == Kind::kDict && v.dict->is_namespace) {
@@ -415,7 +420,7 @@ const std::map<std::string, FilterFn, std::less<>>& Filters() {
       {"abs", FAbs},         {"attr", FAttr},           {"capitalize", FCapitalize},
       {"count", FLength},    {"d", FDefault},           {"default", FDefault},
       {"dictsort", FDictSort}, {"e", FEscape},          {"escape", FEscape},
-      {"first", FFirst},     {"float", FFloat},         {"indent", FIndent},
+      {"first", FFirst},     {"float", FFloat},         {"format", FFormat},         {"indent", FIndent},
       {"int", FInt},         {"items", FItems},         {"join", FJoin},
       {"last", FLast},       {"length", FLength},       {"list", FList},
       {"lower", FLower},     {"map", FMap},             {"max", FMax},

@@ -94,6 +94,9 @@ List Iterate(const Value& v, int line);
 // Error for an undefined value used where a value is needed.
 void RequireDefined(const Value& v, int line);
 
+// Python's `format % args` for %s, %r, %d, %i and %%.
+std::string PercentFormat(const std::string& format, const List& args, int line);
+
 // UTF-8 helpers: Python strings index code points.
 std::vector<std::string> CodePoints(std::string_view s);
 std::string PyFloatRepr(double v);

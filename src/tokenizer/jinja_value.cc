@@ -337,6 +337,38 @@ OJson ToJson(const Value& v, int line) {
   Fail(line, fmt::format("Object of type {} is not JSON serializable", TypeName(v)));
 }
 
+std::string PercentFormat(const std::string& format, const List& args, int line) {
+  std::string out;
+  size_t next = 0;
+  for (size_t k = 0; k < format.size(); ++k) {
+    if (format[k] != '%') {
+      out += format[k];
+      continue;
+    }
+    if (++k >= format.size()) Fail(line, "incomplete format");
+    const char spec = format[k];
+    if (spec == '%') {
+      out += '%';
+      continue;
+    }
+    if (next >= args.size()) Fail(line, "not enough arguments for format string");
+    const Value& v = args[next++];
+    switch (spec) {
+      case 's': out += ToStr(v); break;
+      case 'r': out += Repr(v); break;
+      case 'd':
+      case 'i':
+        if (!v.is_number()) Fail(line, fmt::format("%{} format: a number is required, not {}", spec, TypeName(v)));
+        out += std::to_string(v.kind == Kind::kFloat ? static_cast<int64_t>(v.f)
+                                                     : (v.kind == Kind::kBool ? v.b : v.i));
+        break;
+      default: Fail(line, fmt::format("unsupported format character '{}'", spec));
+    }
+  }
+  if (next < args.size()) Fail(line, "not all arguments converted during string formatting");
+  return out;
+}
+
 std::vector<std::string> CodePoints(std::string_view s) {
   std::vector<std::string> out;
   for (size_t k = 0; k < s.size();) {
