@@ -307,6 +307,22 @@ class Engine::Impl {
     return list;
   }
 
+  StatusOr<Engine::WeightSlice> WeightByName(const std::string& name, int64_t truncate_size) {
+    SLIME_ASSIGN_OR_RETURN(torch::Tensor full, runner_->WeightByName(name));
+    try {
+      torch::Tensor t = full.dim() == 0 ? full.reshape({1}) : full;
+      t = t.narrow(0, 0, std::min<int64_t>(std::max<int64_t>(truncate_size, 0), t.size(0)))
+              .to(torch::kFloat32)
+              .contiguous();
+      Engine::WeightSlice slice;
+      slice.shape = t.sizes().vec();
+      slice.values.assign(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+      return slice;
+    } catch (const std::exception& e) {
+      return absl::InternalError(fmt::format("reading weight {}: {}", name, e.what()));
+    }
+  }
+
   Status HealthCheck() {
     if (kv_released_ || runner_->weights_offloaded()) return absl::OkStatus();
     if (!live_.empty() && Seconds(Clock::now() - last_step_end_) < 30.0) return absl::OkStatus();
@@ -985,6 +1001,16 @@ std::future<StatusOr<Engine::WeightChecksumList>> Engine::WeightChecksums() {
   auto promise = std::make_shared<std::promise<StatusOr<WeightChecksumList>>>();
   auto f = promise->get_future();
   Post([promise](Impl& impl) { promise->set_value(impl.WeightChecksums()); });
+  return f;
+}
+
+std::future<StatusOr<Engine::WeightSlice>> Engine::WeightByName(std::string hf_name,
+                                                                int64_t truncate_size) {
+  auto promise = std::make_shared<std::promise<StatusOr<WeightSlice>>>();
+  auto f = promise->get_future();
+  Post([promise, name = std::move(hf_name), truncate_size](Impl& impl) {
+    promise->set_value(impl.WeightByName(name, truncate_size));
+  });
   return f;
 }
 

@@ -592,6 +592,20 @@ Status ModelRunner::UpdateWeights(const std::vector<model::NamedTensor>& tensors
   });
 }
 
+// The full tensor of `spec` on the CPU: the ranks' shards joined along their split dimension.
+StatusOr<torch::Tensor> ModelRunner::FullWeight(const model::ParamSpec& spec) const {
+  std::vector<torch::Tensor> shards;
+  for (const auto& rank : ranks_) {
+    const torch::Tensor& t = model::ParamSlot(rank->model->weights(), spec);
+    if (!t.defined()) {
+      return absl::InternalError(fmt::format("weight {} is not loaded", spec.hf_name));
+    }
+    shards.push_back(t.to(torch::kCPU));
+    if (spec.shard == model::ShardDim::kReplicated) break;  // every rank holds it whole
+  }
+  return shards.size() == 1 ? shards[0] : torch::cat(shards, static_cast<int64_t>(spec.shard));
+}
+
 StatusOr<std::vector<std::pair<std::string, std::string>>> ModelRunner::WeightChecksums() {
   if (weights_offloaded_) {
     return absl::FailedPreconditionError(
@@ -601,22 +615,30 @@ StatusOr<std::vector<std::pair<std::string, std::string>>> ModelRunner::WeightCh
   const std::vector<model::ParamSpec> specs = model::ParameterSpecs(config());
   return Guard("weight checksums", [&]() -> StatusOr<std::vector<std::pair<std::string, std::string>>> {
     for (const model::ParamSpec& spec : specs) {
-      std::vector<torch::Tensor> shards;
-      for (const auto& rank : ranks_) {
-        const torch::Tensor& t = model::ParamSlot(rank->model->weights(), spec);
-        if (!t.defined()) {
-          return absl::InternalError(fmt::format("weight {} is not loaded", spec.hf_name));
-        }
-        shards.push_back(t.to(torch::kCPU));
-        if (spec.shard == model::ShardDim::kReplicated) break;  // every rank holds it whole
-      }
-      const torch::Tensor full =
-          shards.size() == 1 ? shards[0] : torch::cat(shards, static_cast<int64_t>(spec.shard));
+      SLIME_ASSIGN_OR_RETURN(torch::Tensor full, FullWeight(spec));
       SLIME_ASSIGN_OR_RETURN(std::string checksum, comm::TensorChecksum(full, dtype()));
       out.emplace_back(spec.hf_name, std::move(checksum));
     }
     return out;
   });
+}
+
+StatusOr<torch::Tensor> ModelRunner::WeightByName(const std::string& hf_name) {
+  if (weights_offloaded_) {
+    return absl::FailedPreconditionError(
+        "the weights are released (/release_memory_occupation); resume them first");
+  }
+  const std::vector<model::ParamSpec> specs = model::ParameterSpecs(config());
+  std::string name = hf_name;
+  if (config().tie_word_embeddings && name == "lm_head.weight") name = "model.embed_tokens.weight";
+  for (const model::ParamSpec& spec : specs) {
+    if (spec.hf_name != name) continue;
+    return Guard("reading weight " + hf_name,
+                 [&]() -> StatusOr<torch::Tensor> { return FullWeight(spec); });
+  }
+  return absl::NotFoundError(fmt::format(
+      "parameter '{}' is not a weight of this {} model (names look like '{}')", hf_name,
+      config().model_type, specs.size() > 1 ? specs[1].hf_name : specs[0].hf_name));
 }
 
 Status ModelRunner::UpdateRankWeights(int rank, const std::vector<model::NamedTensor>& tensors) {
@@ -678,8 +700,10 @@ Status ModelRunner::CaptureDecodeGraphs(int64_t max_batch, int64_t context_lengt
 #ifdef SLIME_WITH_CUDA
   model::DecoderModel* const m = ranks_.front()->model.get();
   PagedKvCache* const cache = ranks_.front()->kv.get();
-  // Deterministic mode attends item by item (paged_kv.h): no fixed-shape step to capture.
-  if (max_batch <= 0 || !device().is_cuda() || model::BatchInvariant() ||
+  // Deterministic mode captures too: its attention reads the graphs' page table
+  // (model::InvariantPagedDecodeAttention) and its other kernels are batch-invariant, so a
+  // padded graph batch gives every sequence the bits of an eager step.
+  if (max_batch <= 0 || !device().is_cuda() ||
       m->attention_impl() == model::AttentionImpl::kMath ||
       !PagedDecodeKernelAvailable(config().head_dim, m->local_heads(),
                                   m->local_kv_heads(), device())) {

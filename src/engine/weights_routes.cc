@@ -17,6 +17,7 @@
 #include "slime/engine/protocol.h"
 #include "slime/http/response_writer.h"
 #include "slime/http/router.h"
+#include "slime/http/util.h"
 
 namespace slime::engine {
 namespace {
@@ -170,6 +171,49 @@ StatusOr<TensorWeightsUpdate> ParseTensorUpdate(const json& body) {
   return u;
 }
 
+// GET|POST /get_weights_by_name {"name": str, "truncate_size": int = 100} (GET may pass both
+// as query parameters instead): SGLang's answer, the parameter's first truncate_size rows in
+// float32 as a bare JSON (nested) list; 400 {"error": {"message"}} otherwise.
+struct WeightsByNameQuery {
+  std::string name;
+  int64_t truncate_size = 100;
+};
+
+StatusOr<WeightsByNameQuery> ParseWeightsByName(const http::Request& req) {
+  json body = json::object();
+  if (req.body.find_first_not_of(" \t\r\n") != std::string::npos) {
+    SLIME_ASSIGN_OR_RETURN(body, Body(req, "/get_weights_by_name"));
+  } else {
+    for (const auto& [k, v] : req.query) {
+      if (k == "name") body["name"] = v;
+      if (k == "truncate_size") {
+        json n = json::parse(v, nullptr, false);
+        body["truncate_size"] = n.is_discarded() ? json(v) : n;
+      }
+    }
+  }
+  WeightsByNameQuery q;
+  SLIME_ASSIGN_OR_RETURN(q.name, String(body, "name"));
+  if (!Member(body, "truncate_size").is_null()) {
+    SLIME_ASSIGN_OR_RETURN(q.truncate_size, Int(body, "truncate_size", 0, int64_t{1} << 40));
+  }
+  return q;
+}
+
+// values[offset ...] shaped as shape[dim ...], as nested JSON lists (numpy's tolist()).
+json NestedList(const std::vector<int64_t>& shape, const std::vector<float>& values, size_t dim,
+                size_t& offset) {
+  json out = json::array();
+  for (int64_t i = 0; i < shape[dim]; ++i) {
+    if (dim + 1 == shape.size()) {
+      out.push_back(values[offset++]);
+    } else {
+      out.push_back(NestedList(shape, values, dim + 1, offset));
+    }
+  }
+  return out;
+}
+
 // A weight-update route: parse the body (`parse`), abort everything in flight when asked
 // (abort_all_requests), queue the update on the engine (`start`) and answer once it is done.
 template <typename Parse, typename Start>
@@ -239,6 +283,22 @@ void AddWeightsRoutes(http::Router& r, Engine* engine, WeightsRoutesOptions opti
                         {"tensors", std::move(tensors)}});
     });
   });
+  auto weights_by_name = [engine, on_worker](const http::Request& req, Writer w) {
+    StatusOr<WeightsByNameQuery> q = ParseWeightsByName(req);
+    if (!q.ok()) return w->SendJson(400, http::ErrorBody(std::string(q.status().message())));
+    auto f = std::make_shared<std::future<StatusOr<Engine::WeightSlice>>>(
+        engine->WeightByName(q->name, q->truncate_size));
+    on_worker([f, w] {
+      StatusOr<Engine::WeightSlice> slice = f->get();
+      if (!slice.ok()) {
+        return w->SendJson(400, http::ErrorBody(std::string(slice.status().message())));
+      }
+      size_t offset = 0;
+      w->SendJson(200, NestedList(slice->shape, slice->values, 0, offset));
+    });
+  };
+  r.Add("GET", "/get_weights_by_name", weights_by_name);
+  r.Add("POST", "/get_weights_by_name", weights_by_name);
   r.Add("POST", "/destroy_weights_update_group",
         [engine, on_worker](const http::Request& req, Writer w) {
           StatusOr<json> body = Body(req, "/destroy_weights_update_group");

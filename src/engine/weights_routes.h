@@ -2,9 +2,11 @@
 // /init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group,
 // and /update_weights_from_tensor (a colocated trainer's CUDA IPC buffer; comm/cuda_ipc.h); and
 // ours, GET /weights_checksum (per-tensor checksums, comm/weight_checksum.h), which the trainer
-// compares after a sync with weight_sync.check_weight_update_equal.
+// compares after a sync with weight_sync.check_weight_update_equal; and SGLang's
+// GET|POST /get_weights_by_name (a parameter's first rows in float32, as a bare JSON list).
 // Request and response JSON follow SGLang (docs/http-api.md, "Weight sync"): every answer is
-// {"success": bool, "message": str}, 200 on success and 400 on failure.
+// {"success": bool, "message": str}, 200 on success and 400 on failure, except
+// /get_weights_by_name (the list, or 400 {"error": {"message"}}).
 //
 // Handlers run on HTTP I/O threads only to parse; the blocking waits (joining a group, the
 // broadcast of a bucket) run through `on_worker` on the server's worker pool.

@@ -18,6 +18,7 @@
 #include "slime/engine/server.h"
 #include "slime/http/client.h"
 #include "slime/metrics/registry.h"
+#include "slime/model/checkpoint.h"
 #include "slime/model/decoder.h"
 #include "slime/model/init_random_model.h"
 #include "slime/tokenizer/tokenizer.h"
@@ -540,6 +541,55 @@ TEST_F(EngineServerTest, UpdateWeightsFromDiskChangesOutputAndVersion) {
   json again = Generate(body);
   EXPECT_EQ(Ids(again), Ids(before));
   EXPECT_EQ(logprobs(again), logprobs(before));
+}
+
+// SGLang's /get_weights_by_name: the first truncate_size rows of the full parameter in float32
+// as a bare (nested) JSON list, by POST body, GET body or GET query; lm_head.weight of a tied
+// model is embed_tokens.weight; an unknown or missing name is a 400 that says so.
+TEST_F(EngineServerTest, GetWeightsByNameReturnsTheParameterTruncated) {
+  auto reader = model::CheckpointReader::Open(ModelDir::Get(0));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const std::string q = "model.layers.0.self_attn.q_proj.weight";
+  auto loaded = reader->Load(q);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const torch::Tensor want = loaded->to(torch::kFloat32).narrow(0, 0, 3).contiguous();
+  auto [s, j] = Post("/get_weights_by_name", {{"name", q}, {"truncate_size", 3}});
+  ASSERT_EQ(s, 200) << j.dump();
+  ASSERT_TRUE(j.is_array()) << j.dump().substr(0, 300);
+  ASSERT_EQ(j.size(), 3u);
+  ASSERT_EQ(j[0].size(), static_cast<size_t>(want.size(1)));
+  for (int64_t r = 0; r < 3; ++r) {
+    for (int64_t c = 0; c < want.size(1); ++c) {
+      ASSERT_EQ(j[r][c].get<float>(), want[r][c].item<float>()) << r << "," << c;
+    }
+  }
+  // GET with the same JSON body, and with query parameters.
+  auto body = client_->Request("GET", "/get_weights_by_name",
+                               json{{"name", q}, {"truncate_size", 3}}.dump());
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(json::parse(body->body), j);
+  auto [gs, gj] = Get("/get_weights_by_name?name=" + q + "&truncate_size=3");
+  EXPECT_EQ(gs, 200);
+  EXPECT_EQ(gj, j);
+  // A 1-D parameter is a flat list; the default truncate_size is 100 (more than its 64 values).
+  auto [ns, nj] = Post("/get_weights_by_name", {{"name", "model.norm.weight"}});
+  ASSERT_EQ(ns, 200) << nj.dump();
+  EXPECT_EQ(nj.size(), 64u);
+  EXPECT_TRUE(nj[0].is_number()) << nj.dump().substr(0, 200);
+  // Tied embeddings: lm_head.weight reads embed_tokens.weight.
+  auto [ts, tj] = Post("/get_weights_by_name", {{"name", "lm_head.weight"}, {"truncate_size", 2}});
+  auto [es, ej] = Post("/get_weights_by_name",
+                       {{"name", "model.embed_tokens.weight"}, {"truncate_size", 2}});
+  EXPECT_EQ(ts, 200);
+  EXPECT_EQ(tj, ej);
+  // Unknown and missing names.
+  auto [us, uj] = Post("/get_weights_by_name", {{"name", "model.nope.weight"}});
+  EXPECT_EQ(us, 400);
+  EXPECT_NE(uj["error"]["message"].get<std::string>().find("model.nope.weight"), std::string::npos)
+      << uj.dump();
+  auto [ms, mj] = Post("/get_weights_by_name", json::object());
+  EXPECT_EQ(ms, 400);
+  EXPECT_NE(mj["error"]["message"].get<std::string>().find("name"), std::string::npos) << mj.dump();
 }
 
 TEST_F(EngineServerTest, ReleaseAndResumeMemoryOccupation) {

@@ -178,6 +178,15 @@ class Engine {
     std::vector<std::pair<std::string, std::string>> checksums;
   };
   std::future<StatusOr<WeightChecksumList>> WeightChecksums();
+  // SGLang's /get_weights_by_name: the first `truncate_size` entries along dim 0 of the full
+  // parameter `hf_name` (an HF name), read on the engine thread between steps and converted to
+  // float32; `shape` is that slice's shape ([min(truncate_size, rows), ...]), `values` its
+  // elements in row-major order. NotFound for a name the model does not have.
+  struct WeightSlice {
+    std::vector<int64_t> shape;
+    std::vector<float> values;
+  };
+  std::future<StatusOr<WeightSlice>> WeightByName(std::string hf_name, int64_t truncate_size);
   // Resolves when the engine thread is responsive and a one-token forward succeeds (or the
   // engine is demonstrably generating); never waits behind queued requests.
   std::future<Status> HealthCheck();

@@ -128,6 +128,10 @@ class ModelRunner {
   // shards joined along their split dimension (in host memory, one tensor at a time).
   // FailedPrecondition while the weights are offloaded. For weight_sync.check_weight_update_equal.
   StatusOr<std::vector<std::pair<std::string, std::string>>> WeightChecksums();
+  // The full parameter `hf_name` (an HF name, as WeightChecksums lists them; lm_head.weight of
+  // a tied model is embed_tokens.weight) on the CPU in the engine's dtype, the ranks' shards
+  // joined as above. NotFound names a valid name; FailedPrecondition while offloaded.
+  StatusOr<torch::Tensor> WeightByName(const std::string& hf_name);
   // The same for rank `rank` alone (full tensors in, its shard kept); for a caller that
   // received the full tensors on every rank (a weight broadcast inside OnEveryRank). Safe to
   // call for different ranks concurrently.
@@ -150,6 +154,8 @@ class ModelRunner {
   ~ModelRunner();
 
  private:
+  // The full tensor of `spec` on the CPU (the ranks' shards joined along their split dim).
+  StatusOr<torch::Tensor> FullWeight(const model::ParamSpec& spec) const;
   struct DecodeGraphs;
   class RankThreads;
   // One tensor-parallel rank: its model shard, K/V cache, weight offloader and its member of
