@@ -43,6 +43,7 @@ TEST(TorchInteropGpuTest, PythonTrainerUpdatesRealServeOverNccl) {
                                 {"--device", "cuda:0", "--dtype", "bfloat16",
                                  "--enable-deterministic-inference"},
                                 "nccl",
+                                1,
                                 {{"CUDA_VISIBLE_DEVICES", "1"}}});
 }
 

@@ -10,6 +10,7 @@
 //     weights, /get_weights_by_name and greedy tokens equal those of a fresh `serve` started
 //     from the checkpoint the Python side wrote of the same weights, and /get_weight_version
 //     reports the version.
+//   PythonTrainerUpdatesTensorParallelServe: the same against `serve --tp 2` (world 3).
 //   PythonEngineReceivesOurSenderByteForByte: the Python peer plays an SGLang engine (rank 1)
 //     and our comm::WeightSender (rank 0, this process) syncs HF-named tensors of several dtypes
 //     in several buckets; every tensor arrives byte for byte, in order, with the version.
@@ -52,7 +53,15 @@ class TorchInteropTest : public ::testing::Test {
 };
 
 TEST_F(TorchInteropTest, PythonTrainerUpdatesRealServe) {
-  RunPythonTrainerAgainstServe({python_, {"--device", "cpu", "--dtype", "float32"}, "gloo", {}});
+  RunPythonTrainerAgainstServe({python_, {"--device", "cpu", "--dtype", "float32"}, "gloo", 1, {}});
+}
+
+// The same with an engine of two tensor-parallel ranks (two Gloo ranks in the serve process):
+// a world of 3, the engine's ranks rank_offset + 0 and rank_offset + 1, each receiving every
+// broadcast and keeping its shard.
+TEST_F(TorchInteropTest, PythonTrainerUpdatesTensorParallelServe) {
+  RunPythonTrainerAgainstServe(
+      {python_, {"--device", "cpu", "--dtype", "float32", "--tp", "2"}, "gloo", 2, {}});
 }
 
 // ---- our WeightSender (rank 0) to a Python SGLang-like engine (rank 1)

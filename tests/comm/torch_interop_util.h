@@ -138,6 +138,7 @@ struct TrainerRun {
   std::string python;                       // the interpreter (FindTorchPython)
   std::vector<std::string> serve_args;      // device, dtype, ... of both `serve` processes
   std::string backend = "gloo";             // of the weight-update group
+  int engine_ranks = 1;                     // the engine's tp_size: the group has 1 + this ranks
   std::map<std::string, std::string> python_env;  // e.g. CUDA_VISIBLE_DEVICES for the trainer
 };
 
@@ -173,7 +174,8 @@ inline void RunPythonTrainerAgainstServe(const TrainerRun& run) {
   Child trainer({PeerScript(), "trainer", "--engine-url",
                  "http://" + engine.host + ":" + std::to_string(engine.port), "--checkpoint",
                  model.string(), "--out", updated.string(), "--group-name", "torch-interop",
-                 "--backend", run.backend, "--weight-version", "torch-peer-7", "--timeout",
+                 "--backend", run.backend, "--world-size", std::to_string(1 + run.engine_ranks),
+                 "--weight-version", "torch-peer-7", "--timeout",
                  std::to_string(kGroupTimeoutS), "--deadline", "240"},
                 dir.path(), po);
   const auto code = trainer.Wait(std::chrono::seconds(260));
