@@ -6,7 +6,7 @@
 //   engine_bench --model DIR [--device auto|cpu|cuda|cuda:N] [--dtype auto|bfloat16|float32]
 //                [--tp 1] (tensor-parallel ranks: devices from --device on)
 //                [--prompt-len 128] [--new-tokens 256,1024] [--concurrency 64,256,1024]
-//                [--batch1] [--grpo 64x8] [--greedy] [--warmup 8] [--seed 0]
+//                [--deterministic] [--batch1] [--grpo 64x8] [--greedy] [--warmup 8] [--seed 0]
 //                [--max-seconds 300] [--budget-seconds 0] [--json OUT]
 //                [engine sizing: --page-size --max-total-tokens --mem-fraction-static
 //                 --max-running-requests --chunked-prefill-size --max-batch-tokens]
@@ -82,6 +82,7 @@ struct Options {
   int64_t max_running_requests = 256;
   int64_t cuda_graph_max_bs = 256;
   bool unfused = false;
+  bool deterministic = false;
   int64_t chunked_prefill_size = 8192;
   int64_t max_batch_tokens = 16384;
   int64_t prompt_len = 128;
@@ -117,6 +118,8 @@ Options ParseArgs(int argc, char** argv) {
       ->check(CLI::Range(0.05, 0.99));
   app.add_flag("--unfused", o.unfused,
                "separate q/k/v and gate/up GEMMs and unfused kernels (the previous path, to compare)");
+  app.add_flag("--deterministic", o.deterministic,
+               "batch-invariant kernels (serve --enable-deterministic-inference)");
   app.add_option("--cuda-graph-max-bs", o.cuda_graph_max_bs,
                  "CUDA: decode batches up to this size replay captured graphs (0 = off)");
   app.add_option("--max-running-requests", o.max_running_requests,
@@ -308,6 +311,7 @@ class EngineHolder {
     eo.max_running_requests = o_.max_running_requests;
     eo.cuda_graph_max_bs = o_.cuda_graph_max_bs;
     eo.fuse_projections = !o_.unfused;
+    eo.deterministic_inference = o_.deterministic;
     eo.chunked_prefill_size = o_.chunked_prefill_size;
     eo.max_batch_tokens = o_.max_batch_tokens;
     eo.enable_prefix_cache = prefix_cache;

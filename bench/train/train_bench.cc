@@ -7,7 +7,7 @@
 //               [--seq-len 4096] [--max-tokens-per-gpu 8192] [--samples-per-step 16]
 //               [--steps 5] [--warmup 2] [--mode rl,sft] [--seed 0]
 //               [--log-probs-chunk-size -1] [--peak-tflops 989]
-//               [--write-data FILE] [--json OUT] [--log-level warn] [--tp N]
+//               [--write-data FILE] [--json OUT] [--log-level warn] [--tp N] [--deterministic]
 //               [--recompute none,full:uniform:1,full:block:N,selective]
 //               [--find-max-seq-len CAP] [--search-steps 2] [--search-chunk-size 8192]
 //
@@ -128,6 +128,7 @@ struct Options {
   std::string json;
   std::string log_level = "warn";
   int tp = 1;
+  bool deterministic = false;
   std::vector<std::string> recompute = {"none"};
   int64_t find_max_seq_len = 0;
   int64_t search_steps = 2;
@@ -214,6 +215,8 @@ Options ParseArgs(int argc, char** argv) {
   app.add_option("--write-data", o.write_data,
                  "write the token ids of one mode (warm-up + timed steps) for "
                  "bench_train_hf.py --data");
+  app.add_flag("--deterministic", o.deterministic,
+               "debug.deterministic_mode: batch-invariant kernels");
   app.add_option("--json", o.json, "also write the results as JSON to this file");
   app.add_option("--log-level", o.log_level, "trainer log level (stderr)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
@@ -697,6 +700,7 @@ int main(int argc, char** argv) {
   c.train.use_dynamic_batch_size = true;
   c.train.max_tokens_per_gpu = static_cast<int>(o.max_tokens_per_gpu);
   c.train.log_probs_chunk_size = static_cast<int>(o.log_probs_chunk_size);
+  c.debug.deterministic_mode = o.deterministic;
   slime::train::TrainerOptions to;
   to.model_dir = o.model;
   to.dtype = o.dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;

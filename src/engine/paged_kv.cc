@@ -121,6 +121,49 @@ void BuildBatchedPrefill(const std::vector<PagedItem>& items, int64_t page_size,
 
 }  // namespace
 
+namespace {
+
+// Deterministic mode on CUDA (PagedLayout::invariant_key_rows): positions, write slots, each
+// item's context slots back to back and one (first key, last key) pair per new token, in one
+// host buffer and one copy to the device.
+void BuildInvariantRows(const std::vector<PagedItem>& items, int64_t page_size,
+                        torch::Device device, PagedLayout* layout) {
+  int64_t tokens = 0, keys = 0;
+  for (const PagedItem& item : items) {
+    tokens += item.num_new;
+    keys += item.context_len;
+  }
+  // [positions T | write slots T | row meta 2T | key rows K]
+  std::vector<int64_t> host(4 * tokens + keys);
+  int64_t* positions = host.data();
+  int64_t* write_slots = positions + tokens;
+  int64_t* meta = write_slots + tokens;
+  int64_t* key_rows = meta + 2 * tokens;
+  int64_t row = 0, first = 0;
+  for (const PagedItem& item : items) {
+    const int64_t start = item.context_len - item.num_new;
+    for (int64_t p = 0; p < item.context_len; ++p) {
+      key_rows[first + p] = static_cast<int64_t>((*item.pages)[p / page_size]) * page_size +
+                            p % page_size;
+    }
+    for (int64_t p = start; p < item.context_len; ++p, ++row) {
+      positions[row] = p;
+      write_slots[row] = key_rows[first + p];
+      meta[2 * row] = first;
+      meta[2 * row + 1] = p;
+    }
+    first += item.context_len;
+  }
+  torch::Tensor all = ToDevice(host, device);
+  layout->num_tokens = tokens;
+  layout->positions = all.narrow(0, 0, tokens);
+  layout->write_slots = all.narrow(0, tokens, tokens);
+  layout->invariant_row_meta = all.narrow(0, 2 * tokens, 2 * tokens).view({tokens, 2});
+  layout->invariant_key_rows = all.narrow(0, 4 * tokens, keys);
+}
+
+}  // namespace
+
 bool PagedDecodeKernelAvailable(int64_t head_dim, int64_t heads, int64_t kv_heads,
                                 const torch::Device& device) {
 #ifdef SLIME_ENGINE_PAGED_KERNEL
@@ -140,6 +183,10 @@ PagedLayout PagedLayout::Build(const std::vector<PagedItem>& items, int64_t page
   const bool per_item = model::BatchInvariant() && model::InvariantKernelsServe(device);
   layout.decode_kernel = decode_kernel && !per_item;
   if (!per_item) BuildBatchedPrefill(items, page_size, device, &layout);
+  if (per_item && device.is_cuda()) {
+    BuildInvariantRows(items, page_size, device, &layout);
+    return layout;
+  }
   std::vector<int64_t> positions, write_slots, decode_rows, decode_ctx;
   int64_t row = 0;
   int64_t max_ctx = 0;
@@ -363,6 +410,16 @@ torch::Tensor PagedAttention::Attend(int layer, const torch::Tensor& q, const to
   }
 
   const PagedLayout& lay = *layout_;
+  if (lay.invariant_row_meta.defined()) {
+    return model::InvariantPagedAttention(q, kp, vp, lay.invariant_key_rows,
+                                          lay.invariant_row_meta);
+  }
+  if (lay.decode_kernel && model::BatchInvariant() && lay.decode_rows_are_prefix &&
+      lay.decode_page_table.defined() && lay.num_tokens == lay.decode_page_table.size(0)) {
+    // Deterministic mode inside a decode CUDA graph (ModelRunner::CaptureDecodeGraphs).
+    return model::InvariantPagedDecodeAttention(q, kp, vp, lay.decode_page_table,
+                                                lay.decode_seq_lens, cache_->page_size());
+  }
   const bool only_decodes = lay.prefills.empty() && !lay.prefill_batched &&
                             lay.decode_rows.defined() &&
                             lay.decode_rows_are_prefix &&

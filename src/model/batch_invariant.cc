@@ -40,25 +40,35 @@ void CheckCuda(int err, const char* what, const std::string& detail = "") {
               detail.empty() ? "" : ": ", detail, ")");
 }
 
-// q [n, H, D] and k/v [L, Hkv, D] on CUDA -> [n, H, D]: row i sees keys 0..L - n + i.
-torch::Tensor CudaAttentionForward(const torch::Tensor& q, const torch::Tensor& k,
-                                   const torch::Tensor& v) {
-  const int64_t n = q.size(0), l = k.size(0);
-  const torch::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
-  const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(q.device());
-  const torch::Tensor meta =
-      torch::stack({torch::zeros({n}, long_opts), torch::arange(l - n, l, long_opts)}, 1)
-          .contiguous();
-  torch::Tensor out = torch::empty(q.sizes(), qc.options());
+// The attention kernel over q [rows, H, D] (each row's heads packed) and k/v rows of Hkv heads:
+// row r sees keys row_meta[r] = (first, last) as cuda/invariant_ops.h says, through key_rows
+// when defined.
+// With a page table (and seq_lens) instead: the paged form of cuda/invariant_ops.h.
+torch::Tensor CudaAttentionRows(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, const torch::Tensor& key_rows,
+                                const torch::Tensor& row_meta,
+                                const torch::Tensor& page_table = torch::Tensor(),
+                                const torch::Tensor& seq_lens = torch::Tensor(),
+                                int64_t page_size = 0) {
+  const torch::Tensor qc = q.stride(2) == 1 && q.stride(1) == q.size(2) ? q : q.contiguous();
+  torch::Tensor out = torch::empty(q.sizes(), q.options());
   cuda::InvariantAttentionArgs a;
   a.q = qc.data_ptr();
   a.q_row_stride = qc.stride(0);
-  a.k = kc.data_ptr();
-  a.v = vc.data_ptr();
-  a.kv_row_stride = kc.stride(0);
-  a.row_meta = meta.data_ptr<int64_t>();
+  a.k = k.data_ptr();
+  a.v = v.data_ptr();
+  a.kv_row_stride = k.stride(0);
+  a.key_rows = key_rows.defined() ? key_rows.data_ptr<int64_t>() : nullptr;
+  if (page_table.defined()) {
+    a.page_table = page_table.data_ptr<int32_t>();
+    a.seq_lens = seq_lens.data_ptr<int32_t>();
+    a.max_pages = page_table.size(1);
+    a.page_size = static_cast<int>(page_size);
+  } else {
+    a.row_meta = row_meta.data_ptr<int64_t>();
+  }
   a.out = out.data_ptr();
-  a.rows = n;
+  a.rows = q.size(0);
   a.heads = static_cast<int>(q.size(1));
   a.kv_heads = static_cast<int>(k.size(1));
   a.head_dim = static_cast<int>(q.size(2));
@@ -66,6 +76,17 @@ torch::Tensor CudaAttentionForward(const torch::Tensor& q, const torch::Tensor& 
   a.dtype = internal::KernelDType(qc);
   CheckCuda(cuda::LaunchInvariantAttention(a, internal::CurrentStream()), "attention");
   return out;
+}
+
+// q [n, H, D] and k/v [L, Hkv, D] on CUDA -> [n, H, D]: row i sees keys 0..L - n + i.
+torch::Tensor CudaAttentionForward(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v) {
+  const int64_t n = q.size(0), l = k.size(0);
+  const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(q.device());
+  const torch::Tensor meta =
+      torch::stack({torch::zeros({n}, long_opts), torch::arange(l - n, l, long_opts)}, 1)
+          .contiguous();
+  return CudaAttentionRows(q, k.contiguous(), v.contiguous(), torch::Tensor(), meta);
 }
 
 // Per row of z [rows, V] float32 on CUDA: Σ z² (sum_sq) or the softmax statistics.
@@ -403,6 +424,64 @@ torch::Tensor InvariantCausalAttention(const torch::Tensor& q, const torch::Tens
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
               "batch-invariant attention: q, k and v must share a dtype");
   return AttentionFunction::apply(q, k, v);
+}
+
+torch::Tensor InvariantPagedAttention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                      const torch::Tensor& v_cache, const torch::Tensor& key_rows,
+                                      const torch::Tensor& row_meta) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.strides() == v_cache.strides() && k_cache.stride(2) == 1 &&
+                  k_cache.stride(1) == k_cache.size(2) && q.size(2) == k_cache.size(2) &&
+                  q.size(1) % k_cache.size(1) == 0,
+              "batch-invariant paged attention: expected q [T, heads, D] and k/v caches "
+              "[slots, kv_heads, D] with packed rows; got q ",
+              q.sizes(), ", k ", k_cache.sizes(), ", v ", v_cache.sizes());
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() &&
+                  k_cache.scalar_type() == v_cache.scalar_type(),
+              "batch-invariant paged attention: q and the caches must share a dtype");
+  TORCH_CHECK(key_rows.dim() == 1 && key_rows.scalar_type() == torch::kLong &&
+                  key_rows.is_contiguous() && row_meta.dim() == 2 && row_meta.size(1) == 2 &&
+                  row_meta.size(0) == q.size(0) && row_meta.scalar_type() == torch::kLong &&
+                  row_meta.is_contiguous(),
+              "batch-invariant paged attention: expected key_rows [K] and row_meta [T, 2] int64");
+#ifdef SLIME_MODEL_FUSED_KERNELS
+  if (q.is_cuda() && k_cache.is_cuda() && key_rows.is_cuda() && row_meta.is_cuda()) {
+    torch::NoGradGuard no_grad;
+    return CudaAttentionRows(q, k_cache, v_cache, key_rows, row_meta);
+  }
+#endif
+  TORCH_CHECK(false, "batch-invariant paged attention: CUDA tensors of a CUDA build expected, got ",
+              q.device().str());
+}
+
+torch::Tensor InvariantPagedDecodeAttention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                            const torch::Tensor& v_cache,
+                                            const torch::Tensor& page_table,
+                                            const torch::Tensor& seq_lens, int64_t page_size) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.strides() == v_cache.strides() && k_cache.stride(2) == 1 &&
+                  k_cache.stride(1) == k_cache.size(2) && q.size(2) == k_cache.size(2) &&
+                  q.size(1) % k_cache.size(1) == 0 && q.scalar_type() == k_cache.scalar_type() &&
+                  k_cache.scalar_type() == v_cache.scalar_type(),
+              "batch-invariant paged decode attention: expected q [B, heads, D] and k/v caches "
+              "[slots, kv_heads, D] of one dtype; got q ",
+              q.sizes(), ", k ", k_cache.sizes());
+  TORCH_CHECK(page_table.dim() == 2 && page_table.size(0) == q.size(0) &&
+                  page_table.scalar_type() == torch::kInt && page_table.stride(1) == 1 &&
+                  page_table.stride(0) == page_table.size(1) && seq_lens.dim() == 1 &&
+                  seq_lens.size(0) == q.size(0) && seq_lens.scalar_type() == torch::kInt &&
+                  seq_lens.is_contiguous() && page_size > 0,
+              "batch-invariant paged decode attention: expected page_table [B, pages] and "
+              "seq_lens [B] int32");
+#ifdef SLIME_MODEL_FUSED_KERNELS
+  if (q.is_cuda()) {
+    torch::NoGradGuard no_grad;
+    return CudaAttentionRows(q, k_cache, v_cache, torch::Tensor(), torch::Tensor(), page_table,
+                             seq_lens, page_size);
+  }
+#endif
+  TORCH_CHECK(false, "batch-invariant paged decode attention: CUDA tensors of a CUDA build "
+              "expected, got ", q.device().str());
 }
 
 SoftmaxStats InvariantSoftmaxStats(const torch::Tensor& z, bool with_entropy) {

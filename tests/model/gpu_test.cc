@@ -733,6 +733,70 @@ TEST(BatchInvariantCudaTest, AttentionQueriesAreTheSameBitsAloneInAChunkOrInTheW
   }
 }
 
+TEST(BatchInvariantCudaTest, PagedAttentionIsTheSameBitsAsAttentionOverTheSequence) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(5);
+  const int64_t heads = 16, kv_heads = 8, d = 128, page = 16, slots = 64 * page;
+  const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  const auto longs = torch::TensorOptions().dtype(torch::kLong);
+  const torch::Tensor kc = torch::randn({slots, kv_heads, d}, opts);
+  const torch::Tensor vc = torch::randn({slots, kv_heads, d}, opts);
+  // Three sequences on shuffled pages; each one's new tokens: a decode step, a 5-token chunk,
+  // and a whole 40-token prefill.
+  const std::vector<int64_t> lens = {77, 130, 40}, news = {1, 5, 40};
+  const torch::Tensor perm = torch::randperm(64, longs);
+  std::vector<torch::Tensor> rows_of;
+  std::vector<int64_t> key_rows, meta;
+  int64_t next_page = 0, total_new = 0;
+  for (size_t s = 0; s < lens.size(); ++s) {
+    const int64_t pages = (lens[s] + page - 1) / page;
+    std::vector<int64_t> rows;
+    for (int64_t j = 0; j < lens[s]; ++j) {
+      rows.push_back(perm[next_page + j / page].item<int64_t>() * page + j % page);
+    }
+    next_page += pages;
+    for (int64_t i = lens[s] - news[s]; i < lens[s]; ++i) {
+      meta.push_back(static_cast<int64_t>(key_rows.size()));
+      meta.push_back(i);
+    }
+    key_rows.insert(key_rows.end(), rows.begin(), rows.end());
+    rows_of.push_back(torch::tensor(rows, longs).to(torch::kCUDA));
+    total_new += news[s];
+  }
+  const torch::Tensor q = torch::randn({total_new, heads, d}, opts);
+  const torch::Tensor out = InvariantPagedAttention(
+      q, kc, vc, torch::tensor(key_rows, longs).to(torch::kCUDA),
+      torch::tensor(meta, longs).view({total_new, 2}).to(torch::kCUDA));
+  int64_t row = 0;
+  for (size_t s = 0; s < lens.size(); ++s) {
+    const torch::Tensor ref = InvariantCausalAttention(
+        q.narrow(0, row, news[s]), kc.index_select(0, rows_of[s]), vc.index_select(0, rows_of[s]));
+    EXPECT_TRUE(torch::equal(out.narrow(0, row, news[s]), ref)) << "sequence " << s;
+    row += news[s];
+  }
+  // The decode form over a page table: one query per sequence (padded rows of length 0 are
+  // allowed and touch nothing else).
+  const int64_t max_pages = 9;
+  std::vector<int32_t> table(4 * max_pages, 0), seq_lens = {77, 130, 40, 0};
+  next_page = 0;
+  for (size_t s = 0; s < lens.size(); ++s) {
+    const int64_t pages = (lens[s] + page - 1) / page;
+    for (int64_t p = 0; p < pages; ++p) {
+      table[s * max_pages + p] = static_cast<int32_t>(perm[next_page + p].item<int64_t>());
+    }
+    next_page += pages;
+  }
+  const torch::Tensor qd = torch::randn({4, heads, d}, opts);
+  const torch::Tensor od = InvariantPagedDecodeAttention(
+      qd, kc, vc, torch::tensor(table, torch::kInt).view({4, max_pages}).to(torch::kCUDA),
+      torch::tensor(seq_lens, torch::kInt).to(torch::kCUDA), page);
+  for (size_t s = 0; s < lens.size(); ++s) {
+    const torch::Tensor ref = InvariantCausalAttention(
+        qd.narrow(0, s, 1), kc.index_select(0, rows_of[s]), vc.index_select(0, rows_of[s]));
+    EXPECT_TRUE(torch::equal(od.narrow(0, s, 1), ref)) << "decode, sequence " << s;
+  }
+}
+
 TEST(BatchInvariantCudaTest, RowStatisticsAreTheSameBitsForEveryRowCount) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(5);

@@ -106,6 +106,12 @@ struct PagedLayout {
   torch::Tensor decode_page_table;  // [Bd, max_pages] int32
   torch::Tensor decode_seq_lens;    // [Bd] int32
 
+  // Deterministic mode on CUDA: every new token of the step in one batch-invariant attention
+  // launch (model::InvariantPagedAttention) instead of `prefills`: each item's context slots
+  // back to back, and per token row (first index into them, its position).
+  torch::Tensor invariant_key_rows;  // [sum of context_len] int64
+  torch::Tensor invariant_row_meta;  // [T, 2] int64
+
   static PagedLayout Build(const std::vector<PagedItem>& items, int64_t page_size,
                            torch::Device device, bool decode_kernel = false);
 };

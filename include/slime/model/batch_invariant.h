@@ -67,6 +67,24 @@ torch::Tensor InvariantMeanSquare(const torch::Tensor& x);
 torch::Tensor InvariantCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                                        const torch::Tensor& v);
 
+// The same attention for the engine's paged K/V cache, every sequence of a step in one launch
+// (CUDA only): query row r of q [T, heads, D] (each row's heads packed; rows may be strided)
+// sees keys j = 0..row_meta[r][1], key j being cache row key_rows[row_meta[r][0] + j] of
+// k_cache/v_cache [slots, kv_heads, D]. Row r's result is the bits InvariantCausalAttention
+// gives the same query over the same keys (one kernel, one order per row). Not differentiable.
+torch::Tensor InvariantPagedAttention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                      const torch::Tensor& v_cache, const torch::Tensor& key_rows,
+                                      const torch::Tensor& row_meta);
+
+// The decode form (one new token per sequence, the decode CUDA graphs' inputs): row b of
+// q [B, heads, D] sees keys 0..seq_lens[b] - 1 of its pages, key j being cache row
+// page_table[b][j / page_size] * page_size + j % page_size. The same bits as the key_rows
+// form over the same keys. CUDA only; not differentiable.
+torch::Tensor InvariantPagedDecodeAttention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                            const torch::Tensor& v_cache,
+                                            const torch::Tensor& page_table,
+                                            const torch::Tensor& seq_lens, int64_t page_size);
+
 // Per row of z [C, V] (float32, or float64 on CPU): the max, log S and, with `with_entropy`, E / S
 // (the softmax mean of z - m). Not differentiable (the log-prob op has its own backward).
 struct SoftmaxStats {

@@ -233,8 +233,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   const T* q = static_cast<const T*>(a.q) + r * a.q_row_stride + static_cast<int64_t>(h) * d;
   const T* k = static_cast<const T*>(a.k) + static_cast<int64_t>(g) * d;
   const T* v = static_cast<const T*>(a.v) + static_cast<int64_t>(g) * d;
-  const int64_t first = a.row_meta[2 * r];
-  const int64_t last = a.row_meta[2 * r + 1];
+  const int32_t* pages = a.page_table != nullptr ? a.page_table + r * a.max_pages : nullptr;
+  const int64_t first = pages != nullptr ? 0 : a.row_meta[2 * r];
+  const int64_t last = pages != nullptr ? static_cast<int64_t>(a.seq_lens[r]) - 1
+                                        : a.row_meta[2 * r + 1];
   float qv[kPer], acc[kPer];
 #pragma unroll
   for (int t = 0; t < kPer; ++t) {
@@ -244,7 +246,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   }
   float m = -INFINITY, l = 0.f;
   for (int64_t j = 0; j <= last; ++j) {
-    const int64_t row = a.key_rows != nullptr ? a.key_rows[first + j] : first + j;
+    const int64_t row =
+        pages != nullptr ? static_cast<int64_t>(pages[j / a.page_size]) * a.page_size +
+                               j % a.page_size
+        : a.key_rows != nullptr ? a.key_rows[first + j]
+                                : first + j;
     const T* kr = k + row * a.kv_row_stride;
     float part = 0.f;
 #pragma unroll

@@ -56,6 +56,13 @@ struct InvariantAttentionArgs {
   int64_t kv_row_stride = 0;
   const int64_t* key_rows = nullptr;  // device, may be null
   const int64_t* row_meta = nullptr;  // device, [rows, 2]: first key index, last key
+  // Instead of key_rows/row_meta, a paged cache (the decode CUDA graphs' inputs): row r sees
+  // keys j = 0..seq_lens[r] - 1, key j being row page_table[r][j / page_size] * page_size +
+  // j % page_size of k/v. Same per-row arithmetic, so the same bits as over key_rows.
+  const int32_t* page_table = nullptr;  // device, [rows, max_pages]
+  const int32_t* seq_lens = nullptr;    // device, [rows]
+  int64_t max_pages = 0;
+  int page_size = 0;
   void* out = nullptr;
   int64_t rows = 0;
   int heads = 0, kv_heads = 0, head_dim = 0;
