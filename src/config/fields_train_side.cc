@@ -787,8 +787,7 @@ void AddDebugFields(std::vector<FieldSpec<Config>>* table) {
           "--enable-deterministic-inference): a token's log-prob does not depend on its batch, "
           "prefill chunking, prefix-cache hits or the trainer's packing, and the trainer's "
           "log-prob equals the engine's to the bit (train_rollout_logprob_abs_diff = 0). CPU "
-          "and CUDA (CUDA builds); on CUDA the fused decode kernels and decode CUDA graphs are "
-          "off. Costs speed "
+          "and CUDA (CUDA builds); on CUDA the fused decode kernels are off. Costs speed "
           "(docs/operations.md, \"Deterministic mode\").");
   b.Add("ci_test", &DebugConfig::ci_test)
       .ReadBy("job")
