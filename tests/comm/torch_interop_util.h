@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "child_process.h"
+#include "remove_tree.h"
 #include "nlohmann/json.hpp"
 #include "slime/http/client.h"
 #include "test_paths.h"
@@ -46,13 +47,11 @@ class TempDir {
   explicit TempDir(const std::string& name)
       : path_(fs::temp_directory_path() /
               ("slime-torch-interop-" + std::to_string(::getpid()) + "-" + name)) {
-    fs::remove_all(path_);
+    // Not std::filesystem::remove_all: it crashes in CUDA-build executables (remove_tree.h).
+    slime::testing::RemoveTree(path_.string());
     fs::create_directories(path_);
   }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
+  ~TempDir() { slime::testing::RemoveTree(path_.string()); }
   const fs::path& path() const { return path_; }
 
  private:
