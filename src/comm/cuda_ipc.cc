@@ -1,7 +1,11 @@
 // CUDA IPC weight hand-over (see include/slime/comm/cuda_ipc.h).
 #include "slime/comm/cuda_ipc.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -9,6 +13,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #endif
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
 
 #include "slime/comm/weight_sender.h"
 
@@ -308,5 +318,172 @@ StatusOr<std::unique_ptr<IpcImportedBucket>> IpcImportedBucket::Open(const IpcBu
 IpcImportedBucket::~IpcImportedBucket() = default;
 
 #endif
+
+// ---- SGLang's flattened bucket (the engine side; see SglangImportedBucket in the header)
+
+namespace {
+
+// torch's shared-memory files (RefcountedMapAllocator) start with a 64-byte header holding the
+// file's own reference count; the data follows it.
+constexpr int64_t kTorchMapHeader = 64;
+
+// "GPU-58a3..." (nvidia-smi, our DeviceUuid) and "58a3..." (str() of torch's device UUID) name
+// the same GPU.
+[[maybe_unused]] std::string NormalizeUuid(std::string s) {
+  if (s.rfind("GPU-", 0) == 0) s = s.substr(4);
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+}  // namespace
+
+Status SglangImportedBucket::View(const SglangBucket& b, char* data, torch::Device device) {
+  SLIME_ASSIGN_OR_RETURN(torch::ScalarType flat, ParseDtypeName(b.dtype));
+  const bool bytes_form = flat == torch::kUInt8;
+  try {
+    for (const SglangTensorMeta& m : b.tensors) {
+      SLIME_ASSIGN_OR_RETURN(torch::ScalarType dtype, ParseDtypeName(m.dtype));
+      torch::Tensor t;
+      if (bytes_form) {  // SGLang's form: the tensor's bytes at [start, end)
+        t = torch::from_blob(data + m.start, m.shape, torch::TensorOptions().dtype(dtype).device(device));
+      } else {  // the older one-dtype form, converted as SGLang's reconstruct_tensors does
+        t = torch::from_blob(data + m.start * static_cast<int64_t>(c10::elementSize(flat)), m.shape,
+                             torch::TensorOptions().dtype(flat).device(device));
+        if (dtype != flat) t = t.to(dtype);
+      }
+      tensors_.push_back({m.name, t});
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        fmt::format("viewing the flattened bucket: {}", std::string(e.what()).substr(0, 300)));
+  }
+  return absl::OkStatus();
+}
+
+// As torch's consumer does when it drops a received CUDA storage: one decrement of the
+// producer's counter slot. Best effort: the producer may be gone.
+void SglangImportedBucket::ReleaseRefCounter() {
+  if (ref_counter_file_.empty()) return;
+  const std::string name = std::exchange(ref_counter_file_, "");
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  struct stat st {};
+  if (fd < 0 || fstat(fd, &st) != 0 ||
+      st.st_size < kTorchMapHeader + 8 * (ref_counter_offset_ + 1)) {
+    spdlog::warn("engine: cannot release the sender's CUDA IPC reference ({}, slot {}): {}", name,
+                 ref_counter_offset_, fd < 0 ? std::strerror(errno) : "the file is too small");
+    if (fd >= 0) close(fd);
+    return;
+  }
+  void* m = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) {
+    spdlog::warn("engine: cannot map the sender's CUDA IPC reference counters {}: {}", name,
+                 std::strerror(errno));
+    return;
+  }
+  auto* counter = reinterpret_cast<int64_t*>(static_cast<char*>(m) + kTorchMapHeader) +
+                  ref_counter_offset_;
+  __atomic_fetch_sub(counter, 1, __ATOMIC_SEQ_CST);
+  munmap(m, st.st_size);
+}
+
+StatusOr<std::unique_ptr<SglangImportedBucket>> SglangImportedBucket::Open(
+    const SglangBucket& b, torch::Device device) {
+  std::unique_ptr<SglangImportedBucket> p(new SglangImportedBucket());
+  p->device_ = device;
+  switch (b.where) {
+    case SglangBucket::Where::kEmpty:
+      if (!b.tensors.empty()) {
+        return absl::InvalidArgumentError("an empty flattened tensor with tensors in its metadata");
+      }
+      return p;
+    case SglangBucket::Where::kSharedMemory: {
+      const int fd = shm_open(b.shm.shm_name.c_str(), O_RDONLY, 0);
+      if (fd < 0) {
+        return absl::NotFoundError(fmt::format(
+            "the flattened tensor's shared-memory file {}: {} (the sender must run on this host "
+            "and keep the tensor alive until the reply)",
+            b.shm.shm_name, std::strerror(errno)));
+      }
+      struct stat st {};
+      const int64_t need = kTorchMapHeader + b.shm.bytes;
+      if (fstat(fd, &st) != 0 || st.st_size < need) {
+        close(fd);
+        return absl::InvalidArgumentError(fmt::format(
+            "the shared-memory file {} holds {} bytes; the storage needs {} after torch's header",
+            b.shm.shm_name, static_cast<int64_t>(st.st_size), b.shm.bytes));
+      }
+      void* m = mmap(nullptr, need, PROT_READ, MAP_SHARED, fd, 0);
+      close(fd);
+      if (m == MAP_FAILED) {
+        return absl::InternalError(
+            fmt::format("mapping {}: {}", b.shm.shm_name, std::strerror(errno)));
+      }
+      p->map_ = m;
+      p->map_bytes_ = need;
+      char* data = static_cast<char*>(m) + kTorchMapHeader + b.storage_offset * DtypeBytes(b.dtype);
+      SLIME_RETURN_IF_ERROR(p->View(b, data, torch::kCPU));
+      return p;
+    }
+    case SglangBucket::Where::kCuda:
+      break;
+  }
+#ifdef SLIME_WITH_CUDA
+  if (!device.is_cuda()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "the flattened bucket is a CUDA tensor (CUDA IPC) but this engine runs on {}", device.str()));
+  }
+  if (!b.cuda.device_uuid.empty()) {
+    SLIME_ASSIGN_OR_RETURN(std::string uuid, DeviceUuid(device));
+    if (NormalizeUuid(uuid) != NormalizeUuid(b.cuda.device_uuid)) {
+      return absl::FailedPreconditionError(fmt::format(
+          "the flattened bucket lives on GPU {} but this engine's rank runs on GPU {}; CUDA IPC "
+          "needs the sender on the engine's GPU (entry i of serialized_named_tensors is for TP "
+          "rank i)",
+          b.cuda.device_uuid, uuid));
+    }
+  }
+  // From here on the sender counts on our release of its block (also when this open fails).
+  p->ref_counter_file_ = b.cuda.ref_counter_file;
+  p->ref_counter_offset_ = b.cuda.ref_counter_offset;
+  const auto index = static_cast<c10::DeviceIndex>(DeviceIndex(device));
+  c10::cuda::CUDAGuard guard(index);
+  p->device_ = torch::Device(torch::kCUDA, index);
+  if (b.cuda.event_sync_required) {  // the producer's copies into the block must be done
+    cudaIpcEventHandle_t eh;
+    std::memcpy(&eh, b.cuda.event_handle.data(), sizeof(eh));
+    cudaEvent_t event;
+    SLIME_CUDA_RETURN_IF_ERROR(cudaIpcOpenEventHandle(&event, eh), "cudaIpcOpenEventHandle");
+    const cudaError_t waited = cudaEventSynchronize(event);
+    cudaEventDestroy(event);
+    SLIME_CUDA_RETURN_IF_ERROR(waited, "waiting for the sender's CUDA IPC event");
+  }
+  cudaIpcMemHandle_t handle;
+  std::memcpy(&handle, b.cuda.mem_handle.data(), sizeof(handle));
+  SLIME_CUDA_RETURN_IF_ERROR(
+      cudaIpcOpenMemHandle(&p->cuda_base_, handle, cudaIpcMemLazyEnablePeerAccess),
+      "cudaIpcOpenMemHandle of the flattened bucket (is the sender alive, on this GPU?)");
+  char* data = static_cast<char*>(p->cuda_base_) + b.cuda.storage_offset_bytes +
+               b.storage_offset * DtypeBytes(b.dtype);
+  SLIME_RETURN_IF_ERROR(p->View(b, data, p->device_));
+  return p;
+#else
+  return absl::FailedPreconditionError(
+      "the flattened bucket is a CUDA tensor (CUDA IPC) but this build has no CUDA");
+#endif
+}
+
+SglangImportedBucket::~SglangImportedBucket() {
+  tensors_.clear();
+#ifdef SLIME_WITH_CUDA
+  if (cuda_base_ != nullptr) {
+    c10::cuda::CUDAGuard guard(device_.index());
+    cudaDeviceSynchronize();  // every copy out of the mapping is done
+    cudaIpcCloseMemHandle(cuda_base_);
+  }
+#endif
+  if (map_ != nullptr) munmap(map_, map_bytes_);
+  ReleaseRefCounter();
+}
 
 }  // namespace slime::comm

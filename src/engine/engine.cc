@@ -244,17 +244,11 @@ class Engine::Impl {
 
   // One /update_weights_from_tensor bucket (see Engine::UpdateWeightsFromTensor).
   Status ReceiveIpc(const TensorWeightsUpdate& u) {
-    if (runner_->tp_size() > 1) {
-      return absl::FailedPreconditionError(fmt::format(
-          "/update_weights_from_tensor (CUDA IPC) serves engines of one GPU; this engine has "
-          "tp_size {}: use /update_weights_from_distributed or /update_weights_from_disk",
-          runner_->tp_size()));
+    if (!u.sglang.empty()) {
+      SLIME_RETURN_IF_ERROR(ReceiveSglangBuckets(u.sglang));
+    } else {
+      SLIME_RETURN_IF_ERROR(ReceiveOwnIpcBucket(*u.bucket));
     }
-    {
-      SLIME_ASSIGN_OR_RETURN(std::unique_ptr<comm::IpcImportedBucket> mapped,
-                             comm::IpcImportedBucket::Open(*u.bucket, runner_->device()));
-      SLIME_RETURN_IF_ERROR(runner_->UpdateWeights(mapped->tensors()));
-    }  // unmapped here, after the device finished the copies
     if (u.flush_cache) {
       if (live_.empty()) radix_.Reset();  // cached K/V came from the old weights
       else flush_when_idle_ = true;
@@ -262,6 +256,62 @@ class Engine::Impl {
     if (u.weight_version) engine_->set_weight_version(*u.weight_version);
     return absl::OkStatus();
   }
+
+  // SGLang's flattened buckets, entry r for TP rank r (each on that rank's GPU, or CPU shared
+  // memory). With one rank the update is all or nothing; with several, every rank checks the
+  // same names, so a bad bucket fails on every rank before any copy.
+  Status ReceiveSglangBuckets(const std::vector<std::shared_ptr<const comm::SglangBucket>>& buckets) {
+    if (static_cast<int>(buckets.size()) != runner_->tp_size()) {
+      return absl::InvalidArgumentError(fmt::format(
+          "serialized_named_tensors has {} entries; this engine has tp_size {} (one entry per "
+          "TP rank)",
+          buckets.size(), runner_->tp_size()));
+    }
+    if (runner_->tp_size() == 1) {
+      SLIME_ASSIGN_OR_RETURN(std::unique_ptr<comm::SglangImportedBucket> mapped,
+                             comm::SglangImportedBucket::Open(*buckets[0], runner_->device()));
+      SLIME_ASSIGN_OR_RETURN(auto tensors, InEngineDtype(mapped->tensors()));
+      return runner_->UpdateWeights(tensors);
+    }  // unmapped (and the sender's block released) when `mapped` goes
+    return runner_->OnEveryRank([&](int rank) -> Status {
+      SLIME_ASSIGN_OR_RETURN(
+          std::unique_ptr<comm::SglangImportedBucket> mapped,
+          comm::SglangImportedBucket::Open(*buckets[rank], runner_->device(rank)));
+      SLIME_ASSIGN_OR_RETURN(auto tensors, InEngineDtype(mapped->tensors()));
+      return runner_->UpdateRankWeights(rank, tensors);
+    });
+  }
+
+  // A flattened bucket may mix dtypes (e.g. float32 norms beside bfloat16 matrices); SGLang's
+  // loader converts on copy, so floating-point tensors are converted to the engine's dtype here.
+  StatusOr<std::vector<model::NamedTensor>> InEngineDtype(
+      const std::vector<model::NamedTensor>& tensors) {
+    std::vector<model::NamedTensor> out = tensors;
+    try {
+      for (model::NamedTensor& nt : out) {
+        if (nt.tensor.is_floating_point() && nt.tensor.scalar_type() != runner_->dtype()) {
+          nt.tensor = nt.tensor.to(runner_->dtype());
+        }
+      }
+    } catch (const std::exception& e) {
+      return absl::ResourceExhaustedError(
+          fmt::format("converting the bucket to the engine's dtype: {}",
+                      std::string(e.what()).substr(0, 300)));
+    }
+    return out;
+  }
+
+  Status ReceiveOwnIpcBucket(const comm::IpcBucket& bucket) {
+    if (runner_->tp_size() > 1) {
+      return absl::FailedPreconditionError(fmt::format(
+          "/update_weights_from_tensor (CUDA IPC) serves engines of one GPU; this engine has "
+          "tp_size {}: use /update_weights_from_distributed or /update_weights_from_disk",
+          runner_->tp_size()));
+    }
+    SLIME_ASSIGN_OR_RETURN(std::unique_ptr<comm::IpcImportedBucket> mapped,
+                           comm::IpcImportedBucket::Open(bucket, runner_->device()));
+    return runner_->UpdateWeights(mapped->tensors());
+  }  // unmapped when `mapped` goes, after the device finished the copies
 
   Status Release(const std::vector<std::string>& tags) {
     const bool all = tags.empty();

@@ -137,31 +137,56 @@ StatusOr<DistributedWeightsUpdate> ParseUpdate(const json& body) {
   return u;
 }
 
-// POST /update_weights_from_tensor: {"load_format": "slime_cuda_ipc", "ipc_buckets": [bucket],
-// "flush_cache", "weight_version"} (comm/cuda_ipc.h); one bucket per engine GPU.
+// POST /update_weights_from_tensor, either of
+//   {"load_format": "slime_cuda_ipc", "ipc_buckets": [bucket], ...}   (comm/cuda_ipc.h), or
+//   {"load_format": "flattened_bucket", "serialized_named_tensors": [entry per TP rank], ...}
+//   (SGLang's, as slime's colocated trainer sends it; comm/torch_pickle.h),
+// with "flush_cache" and "weight_version". Every entry is decoded and checked here, on the HTTP
+// thread, so a bad one is a 400 that changes nothing.
 StatusOr<TensorWeightsUpdate> ParseTensorUpdate(const json& body) {
   const json& format = Member(body, "load_format");
-  if (!format.is_string() || format.get<std::string>() != "slime_cuda_ipc") {
+  const std::string f = format.is_string() ? format.get<std::string>() : "";
+  TensorWeightsUpdate u;
+  if (f == "slime_cuda_ipc") {
+    const json& buckets = Member(body, "ipc_buckets");
+    if (!buckets.is_array() || buckets.size() != 1) {
+      return absl::InvalidArgumentError(fmt::format(
+          "ipc_buckets must be an array with one bucket per engine GPU (this engine has 1), got {}",
+          buckets.is_array() ? std::to_string(buckets.size()) + " entries" : buckets.dump()));
+    }
+    StatusOr<comm::IpcBucket> bucket = comm::IpcBucketFromJson(buckets[0]);
+    if (!bucket.ok()) {
+      return absl::InvalidArgumentError(
+          fmt::format("ipc_buckets[0]: {}", std::string(bucket.status().message())));
+    }
+    u.bucket = std::make_shared<const comm::IpcBucket>(*std::move(bucket));
+  } else if (f == "flattened_bucket") {
+    const json& entries = Member(body, "serialized_named_tensors");
+    if (!entries.is_array() || entries.empty()) {
+      return absl::InvalidArgumentError(
+          "serialized_named_tensors must be a non-empty array of strings (one per engine TP "
+          "rank: base64 of the pickled {flattened_tensor, metadata})");
+    }
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (!entries[i].is_string()) {
+        return absl::InvalidArgumentError(
+            fmt::format("serialized_named_tensors[{}] must be a string", i));
+      }
+      StatusOr<comm::SglangBucket> b = comm::DecodeSglangBucket(entries[i].get<std::string>());
+      if (!b.ok()) {
+        return absl::InvalidArgumentError(fmt::format("serialized_named_tensors[{}]: {}", i,
+                                                      std::string(b.status().message())));
+      }
+      u.sglang.push_back(std::make_shared<const comm::SglangBucket>(*std::move(b)));
+    }
+  } else {
     return absl::InvalidArgumentError(fmt::format(
-        "load_format {} is not supported: this engine takes \"slime_cuda_ipc\" (a CUDA IPC "
-        "buffer described in JSON, sent by a colocated slime-cpp trainer); SGLang's pickled "
-        "serialized_named_tensors cannot be read here, use /update_weights_from_distributed or "
-        "/update_weights_from_disk",
+        "load_format {} is not supported: this route takes \"flattened_bucket\" (SGLang's "
+        "serialized_named_tensors) or \"slime_cuda_ipc\" (a CUDA IPC buffer described in "
+        "JSON); SGLang's per-tensor form (load_format null) is not accepted, use "
+        "/update_weights_from_distributed or /update_weights_from_disk",
         format.dump()));
   }
-  const json& buckets = Member(body, "ipc_buckets");
-  if (!buckets.is_array() || buckets.size() != 1) {
-    return absl::InvalidArgumentError(fmt::format(
-        "ipc_buckets must be an array with one bucket per engine GPU (this engine has 1), got {}",
-        buckets.is_array() ? std::to_string(buckets.size()) + " entries" : buckets.dump()));
-  }
-  StatusOr<comm::IpcBucket> bucket = comm::IpcBucketFromJson(buckets[0]);
-  if (!bucket.ok()) {
-    return absl::InvalidArgumentError(
-        fmt::format("ipc_buckets[0]: {}", std::string(bucket.status().message())));
-  }
-  TensorWeightsUpdate u;
-  u.bucket = std::make_shared<const comm::IpcBucket>(*std::move(bucket));
   SLIME_ASSIGN_OR_RETURN(u.flush_cache, Bool(body, "flush_cache", true));
   const json& version = Member(body, "weight_version");
   if (!version.is_null() && !version.is_string()) {

@@ -1,10 +1,17 @@
-// The Python-trainer scenario of torch_interop_test.cc over NCCL on two GPUs (gpu label): the
-// Python peer (tests/comm/torch_peer.py, slime's trainer, rank 0) on the second GPU
-// (CUDA_VISIBLE_DEVICES=1) broadcasts bfloat16 weights to a real `slime_train serve` on the
-// first (rank 1, --device cuda:0, deterministic inference so two engines on equal weights give
-// equal tokens). Afterwards the engine's weights, /get_weights_by_name and greedy tokens equal a
-// fresh `serve` on the checkpoint the Python side wrote, and /get_weight_version reports the
-// version. Skips without two CUDA devices or a Python whose torch sees CUDA.
+// The PyTorch-peer scenarios of torch_interop_test.cc on CUDA (gpu label), in the torch of the
+// GPU machine's Python (tests/support/torch_python.h):
+//   PythonTrainerUpdatesServeOnOneGpu: the Python trainer (Gloo) updates a `serve` on cuda:0
+//     in float32; afterwards its greedy tokens equal a fresh `serve` on the written checkpoint
+//     and HF transformers' greedy tokens on it (tests/comm/hf_greedy.py; skipped with a message
+//     when the Python has no transformers).
+//   PythonColocatedTrainerUpdatesServeOverCudaIpc: slime's colocated path for real: SGLang's
+//     flattened buckets as CUDA tensors pickled by torch (CUDA IPC handles, the device as its
+//     UUID) into a bfloat16 `serve` on the same GPU; the peer checks that the engine releases
+//     every block (torch's reference count 1 -> 0).
+//   PythonTrainerUpdatesRealServeOverNccl: the trainer on the second GPU
+//     (CUDA_VISIBLE_DEVICES=1) broadcasts bfloat16 weights over NCCL to `serve` on the first
+//     (deterministic inference so two engines on equal weights give equal tokens); skips
+//     without two CUDA devices.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -19,6 +26,57 @@ namespace {
 
 using namespace slime::comm::interop;  // NOLINT: the test helpers
 using slime::testing::FindTorchPython;
+
+// The Python interpreter with a CUDA torch, or a skip reason.
+std::string CudaTorchPython(std::string* skip) {
+  if (!torch::cuda::is_available()) {
+    *skip = "needs a CUDA device";
+    return "";
+  }
+  const auto& py = FindTorchPython();
+  if (py.path.empty()) {
+    *skip = "no Python interpreter imports torch.distributed (tried " + py.tried +
+            "); set SLIME_TORCH_PYTHON to one with CUDA torch";
+    return "";
+  }
+  std::string cuda;
+  if (!slime::testing::internal::RunForOutput(
+          "'" + py.path + "' -c 'import torch; assert torch.cuda.is_available(); "
+          "print(torch.version.cuda)'",
+          &cuda)) {
+    *skip = py.path + " (torch " + py.version + ") has no CUDA";
+    return "";
+  }
+  std::cerr << "torch peer: " << py.path << " (torch " << py.version << ", CUDA " << cuda << ")\n";
+  return py.path;
+}
+
+TEST(TorchInteropGpuTest, PythonTrainerUpdatesServeOnOneGpu) {
+  std::string skip;
+  const std::string python = CudaTorchPython(&skip);
+  if (python.empty()) GTEST_SKIP() << skip;
+  std::string ignored;
+  const bool hf = slime::testing::internal::RunForOutput(
+      "'" + python + "' -c 'import transformers; print(transformers.__version__)'", &ignored);
+  if (!hf) std::cerr << "HF reference skipped: " << python << " has no transformers\n";
+  TrainerRun run;
+  run.python = python;
+  run.serve_args = {"--device", "cuda:0", "--dtype", "float32"};
+  run.hf_device = hf ? "cuda" : "";
+  RunPythonTrainerAgainstServe(run);
+}
+
+TEST(TorchInteropGpuTest, PythonColocatedTrainerUpdatesServeOverCudaIpc) {
+  std::string skip;
+  const std::string python = CudaTorchPython(&skip);
+  if (python.empty()) GTEST_SKIP() << skip;
+  TrainerRun run;
+  run.python = python;
+  run.serve_args = {"--device", "cuda:0", "--dtype", "bfloat16", "--enable-deterministic-inference"};
+  run.mode = "colocated";
+  run.peer_args = {"--device", "cuda"};
+  RunPythonTrainerAgainstServe(run);
+}
 
 TEST(TorchInteropGpuTest, PythonTrainerUpdatesRealServeOverNccl) {
   if (!torch::cuda::is_available() || torch::cuda::device_count() < 2) {
@@ -39,12 +97,12 @@ TEST(TorchInteropGpuTest, PythonTrainerUpdatesRealServeOverNccl) {
     GTEST_SKIP() << py.path << " (torch " << py.version << ") has no CUDA or NCCL";
   }
   std::cerr << "torch peer: " << py.path << " (torch " << py.version << ", CUDA " << cuda << ")\n";
-  RunPythonTrainerAgainstServe({py.path,
-                                {"--device", "cuda:0", "--dtype", "bfloat16",
-                                 "--enable-deterministic-inference"},
-                                "nccl",
-                                1,
-                                {{"CUDA_VISIBLE_DEVICES", "1"}}});
+  TrainerRun run;
+  run.python = py.path;
+  run.serve_args = {"--device", "cuda:0", "--dtype", "bfloat16", "--enable-deterministic-inference"};
+  run.backend = "nccl";
+  run.python_env = {{"CUDA_VISIBLE_DEVICES", "1"}};
+  RunPythonTrainerAgainstServe(run);
 }
 
 }  // namespace

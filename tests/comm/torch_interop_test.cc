@@ -11,6 +11,10 @@
 //     from the checkpoint the Python side wrote of the same weights, and /get_weight_version
 //     reports the version.
 //   PythonTrainerUpdatesTensorParallelServe: the same against `serve --tp 2` (world 3).
+//   PythonColocatedTrainerUpdatesServeWithFlattenedBuckets (and ...TensorParallelServe): the same
+//     check after slime's colocated path: /update_weights_from_tensor with SGLang's pickled
+//     flattened buckets (CPU tensors in shared memory), one entry per TP rank, a bad bucket
+//     refused whole.
 //   PythonEngineReceivesOurSenderByteForByte: the Python peer plays an SGLang engine (rank 1)
 //     and our comm::WeightSender (rank 0, this process) syncs HF-named tensors of several dtypes
 //     in several buckets; every tensor arrives byte for byte, in order, with the version.
@@ -53,15 +57,43 @@ class TorchInteropTest : public ::testing::Test {
 };
 
 TEST_F(TorchInteropTest, PythonTrainerUpdatesRealServe) {
-  RunPythonTrainerAgainstServe({python_, {"--device", "cpu", "--dtype", "float32"}, "gloo", 1, {}});
+  TrainerRun run;
+  run.python = python_;
+  run.serve_args = {"--device", "cpu", "--dtype", "float32"};
+  RunPythonTrainerAgainstServe(run);
 }
 
 // The same with an engine of two tensor-parallel ranks (two Gloo ranks in the serve process):
 // a world of 3, the engine's ranks rank_offset + 0 and rank_offset + 1, each receiving every
 // broadcast and keeping its shard.
 TEST_F(TorchInteropTest, PythonTrainerUpdatesTensorParallelServe) {
-  RunPythonTrainerAgainstServe(
-      {python_, {"--device", "cpu", "--dtype", "float32", "--tp", "2"}, "gloo", 2, {}});
+  TrainerRun run;
+  run.python = python_;
+  run.serve_args = {"--device", "cpu", "--dtype", "float32", "--tp", "2"};
+  run.engine_ranks = 2;
+  RunPythonTrainerAgainstServe(run);
+}
+
+// slime's colocated path: SGLang's flattened buckets, pickled by torch, as CPU tensors in shared
+// memory (the CPU form of the same payload; CUDA IPC is the gpu-labelled twin).
+TEST_F(TorchInteropTest, PythonColocatedTrainerUpdatesServeWithFlattenedBuckets) {
+  TrainerRun run;
+  run.python = python_;
+  run.serve_args = {"--device", "cpu", "--dtype", "float32"};
+  run.mode = "colocated";
+  run.peer_args = {"--device", "cpu"};
+  RunPythonTrainerAgainstServe(run);
+}
+
+// One entry per TP rank: `serve --tp 2` takes two.
+TEST_F(TorchInteropTest, PythonColocatedTrainerUpdatesTensorParallelServe) {
+  TrainerRun run;
+  run.python = python_;
+  run.serve_args = {"--device", "cpu", "--dtype", "float32", "--tp", "2"};
+  run.engine_ranks = 2;
+  run.mode = "colocated";
+  run.peer_args = {"--device", "cpu"};
+  RunPythonTrainerAgainstServe(run);
 }
 
 // ---- our WeightSender (rank 0) to a Python SGLang-like engine (rank 1)

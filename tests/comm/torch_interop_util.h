@@ -139,6 +139,13 @@ struct TrainerRun {
   std::string backend = "gloo";             // of the weight-update group
   int engine_ranks = 1;                     // the engine's tp_size: the group has 1 + this ranks
   std::map<std::string, std::string> python_env;  // e.g. CUDA_VISIBLE_DEVICES for the trainer
+  // "trainer" (a weight-update group, /update_weights_from_distributed) or "colocated"
+  // (SGLang's flattened buckets over /update_weights_from_tensor), and more peer arguments.
+  std::string mode = "trainer";
+  std::vector<std::string> peer_args;
+  // When set: after the update the engine's greedy tokens also equal those HF transformers
+  // computes from the checkpoint the peer wrote (tests/comm/hf_greedy.py on this device).
+  std::string hf_device;
 };
 
 // The Python peer plays slime's trainer (rank 0) against a real `serve` (rank 1); afterwards
@@ -170,13 +177,15 @@ inline void RunPythonTrainerAgainstServe(const TrainerRun& run) {
   po.binary = run.python;
   po.name = "trainer";
   po.env = run.python_env;
-  Child trainer({PeerScript(), "trainer", "--engine-url",
-                 "http://" + engine.host + ":" + std::to_string(engine.port), "--checkpoint",
-                 model.string(), "--out", updated.string(), "--group-name", "torch-interop",
-                 "--backend", run.backend, "--world-size", std::to_string(1 + run.engine_ranks),
-                 "--weight-version", "torch-peer-7", "--timeout",
-                 std::to_string(kGroupTimeoutS), "--deadline", "240"},
-                dir.path(), po);
+  std::vector<std::string> peer = {
+      PeerScript(), run.mode, "--engine-url",
+      "http://" + engine.host + ":" + std::to_string(engine.port), "--checkpoint",
+      model.string(), "--out", updated.string(), "--group-name", "torch-interop",
+      "--backend", run.backend, "--world-size", std::to_string(1 + run.engine_ranks),
+      "--weight-version", "torch-peer-7", "--timeout", std::to_string(kGroupTimeoutS),
+      "--deadline", "240"};
+  peer.insert(peer.end(), run.peer_args.begin(), run.peer_args.end());
+  Child trainer(peer, dir.path(), po);
   const auto code = trainer.Wait(std::chrono::seconds(260));
   ASSERT_EQ(code, 0) << "the Python trainer failed or timed out" << Logs(trainer, "trainer")
                      << Logs(*engine.child, "serve");
@@ -205,6 +214,22 @@ inline void RunPythonTrainerAgainstServe(const TrainerRun& run) {
     EXPECT_EQ(PostJson(client, "/get_weights_by_name", q),
               PostJson(fresh_client, "/get_weights_by_name", q))
         << name;
+  }
+  if (!run.hf_device.empty()) {
+    // HF transformers on the checkpoint of the sent weights: the reference tokens.
+    ChildOptions ho;
+    ho.binary = run.python;
+    ho.name = "hf";
+    ho.env = run.python_env;
+    Child hf({SourceDir() + "/tests/comm/hf_greedy.py", "--model", updated.string(), "--device",
+              run.hf_device, "--input-ids", "11,22,33,44,55,66,77", "--max-new-tokens", "12"},
+             dir.path(), ho);
+    ASSERT_EQ(hf.Wait(std::chrono::seconds(300)), 0) << Logs(hf, "hf_greedy.py");
+    const std::string hf_out = hf.out();
+    const json tokens = json::parse(hf_out.substr(std::min(hf_out.rfind('['), hf_out.size())),
+                                    nullptr, false);
+    EXPECT_EQ(tokens, after) << "HF transformers' greedy tokens on the sent weights"
+                             << Logs(hf, "hf_greedy.py");
   }
 }
 

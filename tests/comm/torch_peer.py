@@ -31,7 +31,15 @@ Modes:
            /destroy_weights_update_group like SGLang; every received tensor's raw bytes go to
            --dump-dir/<index>.bin, listed in --dump-dir/received.json. Exits after
            /destroy_weights_update_group or --deadline seconds.
-  selftest both of the above in two processes of this interpreter (no slime-cpp involved).
+  colocated plays slime's colocated trainer against a real engine server: the same perturbed
+           checkpoint, sent as SGLang's flattened buckets (uint8 form, dtypes mixed, q/k/v
+           apart, one empty bucket) pickled by torch's ForkingPickler and base64-encoded, one
+           POST /update_weights_from_tensor per bucket (load_format "flattened_bucket", one entry
+           per engine TP rank). --device cpu shares CPU tensors by torch's "file_system"
+           strategy; --device cuda sends CUDA IPC handles with SGLang's device-UUID patch and
+           checks that the engine releases each block (the producer's reference count goes
+           1 -> 0). A bucket whose metadata overruns it must be refused with a 400.
+  selftest trainer and engine in two processes of this interpreter (no slime-cpp involved).
 
 Every wait is bounded (--timeout for the group, --deadline for the whole run): a peer that
 does not show up makes this exit non-zero with a message instead of hanging.
@@ -226,8 +234,9 @@ def perturb(tensors, dtype, seed):
     return out
 
 
-def run_trainer(a):
-    base = a.engine_url.rstrip("/")
+def perturbed_checkpoint(a, base):
+    """The engine's checkpoint with every tensor perturbed (seeded), in the engine's dtype,
+    written to --out (config and tokenizer copied): what the update will send."""
     status, info = http_call("GET", base + "/weights_checksum", timeout=a.timeout)
     if status != 200:
         raise SystemExit(f"GET /weights_checksum: HTTP {status}: {info}")
@@ -244,6 +253,25 @@ def run_trainer(a):
             shutil.copy(src, os.path.join(a.out, f))
     write_safetensors(os.path.join(a.out, "model.safetensors"), weights)
     log(f"wrote the perturbed checkpoint ({len(weights)} tensors, {dtype}) to {a.out}")
+    return weights
+
+
+def check_engine_holds(a, base, weights):
+    status, got = http_call("GET", base + "/get_weight_version", timeout=a.timeout)
+    if status != 200 or got.get("weight_version") != a.weight_version:
+        raise SystemExit(f"/get_weight_version: HTTP {status}: {got} (want {a.weight_version!r})")
+    probe = next(n for n in weights if n.endswith("q_proj.weight"))
+    status, got = http_call("POST", base + "/get_weights_by_name",
+                            {"name": probe, "truncate_size": 3}, timeout=a.timeout)
+    want = weights[probe].to(torch.float32).numpy().tolist()[:3]
+    if status != 200 or got != want:
+        raise SystemExit(f"/get_weights_by_name {probe}: HTTP {status}: {str(got)[:300]} "
+                         f"(want {str(want)[:300]})")
+
+
+def run_trainer(a):
+    base = a.engine_url.rstrip("/")
+    weights = perturbed_checkpoint(a, base)
 
     port = a.master_port or free_port()
     timeout = timedelta(seconds=a.timeout)
@@ -270,22 +298,167 @@ def run_trainer(a):
         call.get(f"/update_weights_from_distributed bucket {i} ({names[0]} ...)")
     log(f"sent {len(weights)} tensors in {len(buckets)} buckets")
 
-    status, got = http_call("GET", base + "/get_weight_version", timeout=a.timeout)
-    if status != 200 or got.get("weight_version") != a.weight_version:
-        raise SystemExit(f"/get_weight_version: HTTP {status}: {got} (want {a.weight_version!r})")
-    probe = next(n for n in weights if n.endswith("q_proj.weight"))
-    status, got = http_call("POST", base + "/get_weights_by_name",
-                       {"name": probe, "truncate_size": 3}, timeout=a.timeout)
-    want = weights[probe].to(torch.float32).numpy().tolist()[:3]
-    if status != 200 or got != want:
-        raise SystemExit(f"/get_weights_by_name {probe}: HTTP {status}: {str(got)[:300]} "
-                         f"(want {str(want)[:300]})")
+    check_engine_holds(a, base, weights)
     c = Call("POST", base + "/destroy_weights_update_group", {"group_name": a.group_name},
              a.timeout)
     c.get("/destroy_weights_update_group")
     destroy_group(pg)
     print(json.dumps({"ok": True, "tensors": len(weights), "buckets": len(buckets),
                       "port": port, "torch": torch.__version__}), flush=True)
+
+
+# ---- colocated trainer: SGLang's flattened buckets over /update_weights_from_tensor
+
+def sglang_module(name):
+    """An (empty) module registered under SGLang's dotted name, so that what we define in it is
+    pickled by reference under the same global name SGLang's own objects carry."""
+    import types
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+    return sys.modules[name]
+
+
+def define_sglang_objects(patch_device_uuid):
+    """FlattenedTensorMetadata as SGLang defines it (sglang.srt.weight_sync.tensor_bucket), and,
+    for CUDA, SGLang's change to torch's tensor reduction (sglang.srt.utils.patch_torch): the
+    device index (argument 6 of rebuild_cuda_tensor) travels as the GPU's UUID string."""
+    import dataclasses
+    from torch.multiprocessing import reductions
+
+    bucket_module = sglang_module("sglang.srt.weight_sync.tensor_bucket")
+
+    @dataclasses.dataclass
+    class FlattenedTensorMetadata:
+        name: str
+        shape: torch.Size
+        dtype: torch.dtype
+        start_idx: int
+        end_idx: int
+        numel: int
+
+    FlattenedTensorMetadata.__module__ = bucket_module.__name__
+    FlattenedTensorMetadata.__qualname__ = "FlattenedTensorMetadata"
+    bucket_module.FlattenedTensorMetadata = FlattenedTensorMetadata
+
+    if patch_device_uuid and not hasattr(reductions, "_slime_test_original_reduce"):
+        patch = sglang_module("sglang.srt.utils.patch_torch")
+        original_reduce, original_rebuild = reductions.reduce_tensor, reductions.rebuild_cuda_tensor
+
+        def _rebuild_cuda_tensor_modified(*args):  # the receiving side, unused here
+            return original_rebuild(*args)
+
+        def reduce_with_uuid(tensor):
+            fn, args = original_reduce(tensor)
+            if len(args) > 6 and isinstance(args[6], int):
+                args = (*args[:6], str(torch.cuda.get_device_properties(args[6]).uuid), *args[7:])
+            if len(args) == 15 and args[11] is not None:  # each pickling takes a new counter slot
+                SENT_REF_COUNTERS.append((args[11], args[12]))
+            return fn, args
+
+        _rebuild_cuda_tensor_modified.__module__ = patch.__name__
+        _rebuild_cuda_tensor_modified.__qualname__ = "_rebuild_cuda_tensor_modified"
+        patch._rebuild_cuda_tensor_modified = _rebuild_cuda_tensor_modified
+        reductions._slime_test_original_reduce = original_reduce
+        reductions.rebuild_cuda_tensor = _rebuild_cuda_tensor_modified
+        reductions.reduce_tensor = reduce_with_uuid
+        reductions.init_reductions()
+    return FlattenedTensorMetadata
+
+
+def flattened_bucket(named, device, metadata_cls):
+    """SGLang's FlattenedTensorBucket: every tensor's bytes in one uint8 tensor (dtypes may mix),
+    with (name, shape, dtype, start_idx, end_idx, numel) in bytes per tensor."""
+    parts, metadata, at = [], [], 0
+    for name, t in named:
+        flat = t.to(device).contiguous().reshape(-1).view(torch.uint8)
+        metadata.append(metadata_cls(name, t.shape, t.dtype, at, at + flat.numel(), flat.numel()))
+        parts.append(flat)
+        at += flat.numel()
+    flat = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=device)
+    return {"flattened_tensor": flat, "metadata": metadata}
+
+
+def serialize(obj):
+    """SGLang's MultiprocessingSerializer.serialize(obj, output_str=True)."""
+    import base64
+    import io
+    from multiprocessing.reduction import ForkingPickler
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(obj)
+    return base64.b64encode(buf.getvalue()).decode("utf-8")
+
+
+# (ref-counter file, slot) of every CUDA tensor pickled, in order (reduce_with_uuid records them:
+# torch gives each pickling of a CUDA storage a fresh counter slot set to 1).
+SENT_REF_COUNTERS = []
+
+
+def cuda_ref_count(handle, offset):
+    """A slot of the producer's CUDA IPC reference counters (torch's shared-memory counter file:
+    a 64-byte header, then int64 slots)."""
+    with open("/dev/shm/" + handle.decode().lstrip("/"), "rb") as f:
+        f.seek(64 + 8 * offset)
+        return struct.unpack("<q", f.read(8))[0]
+
+
+def run_colocated(a):
+    base = a.engine_url.rstrip("/")
+    weights = perturbed_checkpoint(a, base)
+    cuda = a.device == "cuda"
+    if not cuda:
+        # A CPU tensor crosses HTTP only as a named shared-memory file (torch's default shares
+        # a file descriptor, which needs a live connection to this process).
+        torch.multiprocessing.set_sharing_strategy("file_system")
+    metadata_cls = define_sglang_objects(patch_device_uuid=cuda)
+    device = torch.device(a.device)
+    buckets = bucket_plan(list(weights))
+    # Mixed dtypes in one bucket, as SGLang's uint8 form allows: the norms go in a wider float
+    # dtype than the engine's (exact), which the engine converts on copy as SGLang's loader does.
+    engine_dtype = next(iter(weights.values())).dtype
+    wider = torch.float64 if engine_dtype == torch.float32 else torch.float32
+    named_buckets = [[(n, weights[n].to(wider) if "norm" in n else weights[n])
+                      for n in names] for names in buckets]
+    named_buckets.insert(1, [])  # an empty bucket, as a rank with nothing to send posts
+    released = []
+    for i, named in enumerate(named_buckets):
+        data = flattened_bucket(named, device, metadata_cls)
+        # One entry per engine TP rank (each rank's GPU holds its own copy in slime; on the
+        # CPU the ranks share one shared-memory file).
+        del SENT_REF_COUNTERS[:]
+        entries = [serialize(data)] * (a.world_size - 1)
+        body = {"serialized_named_tensors": entries, "load_format": "flattened_bucket",
+                "flush_cache": False, "weight_version": a.weight_version}
+        slot = SENT_REF_COUNTERS[0] if cuda and named else None
+        refs_before = cuda_ref_count(*slot) if slot else None
+        status, got = http_call("POST", base + "/update_weights_from_tensor", body, a.timeout)
+        if status != 200 or not (isinstance(got, dict) and got.get("success")):
+            raise SystemExit(f"/update_weights_from_tensor bucket {i}: HTTP {status}: {got}")
+        if refs_before is not None:
+            refs_after = cuda_ref_count(*slot)
+            if (refs_before, refs_after) != (1, 0):
+                raise SystemExit(f"bucket {i}: the CUDA IPC reference count went {refs_before} "
+                                 f"-> {refs_after} (want 1 -> 0: the engine releases the block)")
+            released.append(i)
+        del data
+        if cuda:
+            torch.cuda.ipc_collect()
+    # A bad bucket is refused whole: metadata past the end of the flattened tensor.
+    bad = flattened_bucket([("model.norm.weight", weights["model.norm.weight"])], device,
+                           metadata_cls)
+    bad["metadata"][0].end_idx += 4
+    bad["metadata"][0].numel += 4
+    status, got = http_call("POST", base + "/update_weights_from_tensor", {
+        "serialized_named_tensors": [serialize(bad)] * (a.world_size - 1),
+        "load_format": "flattened_bucket"},
+        a.timeout)
+    message = json.dumps(got)
+    if status != 400 or "metadata[0]" not in message:
+        raise SystemExit(f"a bucket whose metadata overruns it: HTTP {status}: {message} "
+                         "(want 400 naming metadata[0])")
+    check_engine_holds(a, base, weights)
+    print(json.dumps({"ok": True, "tensors": len(weights), "buckets": len(named_buckets),
+                      "released": released, "torch": torch.__version__}), flush=True)
 
 
 # ---- engine (group ranks rank_offset ..), SGLang's HTTP surface for the weight plane
@@ -458,7 +631,7 @@ def run_selftest(a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("mode", choices=["trainer", "engine", "selftest"])
+    p.add_argument("mode", choices=["trainer", "colocated", "engine", "selftest"])
     p.add_argument("--engine-url", help="trainer: the engine server, http://HOST:PORT")
     p.add_argument("--checkpoint", help="trainer: the engine's model directory")
     p.add_argument("--out", help="trainer: where the perturbed checkpoint goes")
@@ -467,6 +640,7 @@ def main():
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--group-name", default="weight_update_group")
     p.add_argument("--backend", default="gloo")
+    p.add_argument("--device", default="cpu", help="colocated: where the buckets live (cpu, cuda)")
     p.add_argument("--weight-version", default="torch-peer-1")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--dump-dir", help="engine: where received tensors go")
@@ -483,11 +657,11 @@ def main():
         os._exit(3)
     signal.signal(signal.SIGALRM, expired)
     signal.alarm(int(a.deadline) + 5)
-    if a.mode == "trainer":
+    if a.mode in ("trainer", "colocated"):
         for k in ("engine_url", "checkpoint", "out"):
             if not getattr(a, k):
-                p.error(f"trainer needs --{k.replace('_', '-')}")
-        run_trainer(a)
+                p.error(f"{a.mode} needs --{k.replace('_', '-')}")
+        run_trainer(a) if a.mode == "trainer" else run_colocated(a)
     elif a.mode == "engine":
         if not a.dump_dir:
             p.error("engine needs --dump-dir")

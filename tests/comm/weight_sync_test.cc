@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <thread>
@@ -529,11 +530,43 @@ TEST(CudaIpcWireTest, BucketRoundTripsAndBadFieldsAreNamed) {
 }
 
 TEST_F(WeightSyncTest, TensorRouteExplainsWhatItAcceptsAndNeedsACudaEngine) {
-  // SGLang's pickled payload: refused with what to use instead.
+  // SGLang's pickled payload: a broken pickle names the entry; SGLang's per-tensor form
+  // (load_format null) names what is accepted.
   auto [s1, j1] = Post(0, "/update_weights_from_tensor",
                        {{"serialized_named_tensors", {"gASV"}}, {"load_format", "flattened_bucket"}});
   EXPECT_EQ(s1, 400);
-  EXPECT_NE(j1["message"].get<std::string>().find("slime_cuda_ipc"), std::string::npos) << j1.dump();
+  EXPECT_NE(j1["message"].get<std::string>().find("serialized_named_tensors[0]: pickle"),
+            std::string::npos)
+      << j1.dump();
+  auto [s0, j0] = Post(0, "/update_weights_from_tensor", {{"serialized_named_tensors", {"gASV"}}});
+  EXPECT_EQ(s0, 400);
+  EXPECT_NE(j0["message"].get<std::string>().find("flattened_bucket"), std::string::npos) << j0.dump();
+  // A well-formed CUDA bucket (tests/data/comm) meets this CPU engine: refused, nothing changed.
+  auto fixture = [](const std::string& name) {
+    std::ifstream f(slime::testing::SourceDir() + "/tests/data/comm/" + name);
+    std::string s;
+    std::getline(f, s);
+    return s;
+  };
+  auto [s4, j4] = Post(0, "/update_weights_from_tensor",
+                       {{"serialized_named_tensors", {fixture("cuda_uuid.b64")}},
+                        {"load_format", "flattened_bucket"}});
+  EXPECT_EQ(s4, 400);
+  EXPECT_NE(j4["message"].get<std::string>().find("CUDA"), std::string::npos) << j4.dump();
+  // A CPU bucket whose shared-memory file is gone (its sender exited long ago).
+  auto [s5, j5] = Post(0, "/update_weights_from_tensor",
+                       {{"serialized_named_tensors", {fixture("cpu_shm.b64")}},
+                        {"load_format", "flattened_bucket"}});
+  EXPECT_EQ(s5, 400);
+  EXPECT_NE(j5["message"].get<std::string>().find("shared-memory file"), std::string::npos)
+      << j5.dump();
+  // Two entries for an engine of one TP rank.
+  auto [s6, j6] = Post(0, "/update_weights_from_tensor",
+                       {{"serialized_named_tensors", {fixture("cuda_empty.b64"), fixture("cuda_empty.b64")}},
+                        {"load_format", "flattened_bucket"}});
+  EXPECT_EQ(s6, 400);
+  EXPECT_NE(j6["message"].get<std::string>().find("one entry per TP rank"), std::string::npos)
+      << j6.dump();
   auto [s2, j2] = Post(0, "/update_weights_from_tensor",
                        {{"load_format", "slime_cuda_ipc"}, {"ipc_buckets", json::array()}});
   EXPECT_EQ(s2, 400);

@@ -9,8 +9,9 @@
 // load_format "slime_cuda_ipc"; docs/http-api.md):
 //   {"handle": "<128 hex digits>", "device_uuid": "GPU-…", "bytes": N,
 //    "tensors": [{"name": "...", "dtype": "bfloat16", "shape": [..], "offset": N}, ...]}
-// SGLang's own payload for this route (pickled torch tensors) is not accepted; a real SGLang
-// server receives our weights over NCCL or disk instead.
+// SGLang's own payload for this route (load_format "flattened_bucket": pickled torch tensors,
+// decoded by comm/torch_pickle.h) is opened by SglangImportedBucket: a CUDA IPC block of the
+// sender on this engine's GPU, or a CPU tensor in shared memory.
 //
 // CPU builds: CudaIpcBuilt() is false and Create/Open answer Unimplemented; the JSON form works
 // everywhere. Thread-safety: an object is used by one thread at a time.
@@ -27,6 +28,7 @@
 
 #include "nlohmann/json.hpp"
 #include "slime/common/status.h"
+#include "slime/comm/torch_pickle.h"
 #include "slime/model/checkpoint.h"
 
 namespace slime::comm {
@@ -99,6 +101,39 @@ class IpcImportedBucket {
   void* base_ = nullptr;
   torch::Device device_ = torch::kCPU;
   std::vector<model::NamedTensor> tensors_;
+};
+
+// Engine side of SGLang's flattened bucket (comm/torch_pickle.h), as torch's consumer does it:
+// a CUDA tensor's block is mapped with cudaIpcOpenMemHandle (after waiting for the producer's
+// IPC event when it sent one), a CPU tensor's shared-memory file is mapped read-only; the
+// tensors are views into it. The destructor waits for the device, unmaps, and for CUDA
+// decrements the producer's reference counter (its shared-memory counter file), so the
+// producer's torch.cuda.ipc_collect() can free the block, exactly as a torch consumer would.
+class SglangImportedBucket {
+ public:
+  // FailedPrecondition when the bucket is on another GPU (UUIDs differ), a CUDA bucket meets a
+  // CPU engine or a CPU build; NotFound when the shared-memory file is gone.
+  static StatusOr<std::unique_ptr<SglangImportedBucket>> Open(const SglangBucket& bucket,
+                                                              torch::Device device);
+  ~SglangImportedBucket();
+  SglangImportedBucket(const SglangImportedBucket&) = delete;
+  SglangImportedBucket& operator=(const SglangImportedBucket&) = delete;
+
+  // Views into the mapped memory (dtype and shape from the metadata); valid while this lives.
+  const std::vector<model::NamedTensor>& tensors() const { return tensors_; }
+
+ private:
+  SglangImportedBucket() = default;
+  Status View(const SglangBucket& bucket, char* data, torch::Device device);
+  void ReleaseRefCounter();
+
+  std::vector<model::NamedTensor> tensors_;
+  torch::Device device_ = torch::kCPU;
+  void* cuda_base_ = nullptr;  // cudaIpcOpenMemHandle's mapping
+  void* map_ = nullptr;        // the shared-memory mapping (CPU)
+  size_t map_bytes_ = 0;
+  std::string ref_counter_file_;
+  int64_t ref_counter_offset_ = 0;
 };
 
 }  // namespace slime::comm

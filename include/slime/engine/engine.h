@@ -61,6 +61,7 @@ namespace slime::comm {
 struct ProcessGroupOptions;
 class ProcessGroup;
 struct IpcBucket;
+struct SglangBucket;
 }
 
 namespace slime::engine {
@@ -109,8 +110,11 @@ struct DistributedWeightsUpdate {
 };
 
 // One /update_weights_from_tensor bucket: a colocated trainer's CUDA IPC buffer (comm/cuda_ipc.h).
+// Exactly one of `bucket` (ours, load_format "slime_cuda_ipc") and `sglang` (SGLang's
+// "flattened_bucket": one entry per TP rank, entry i for rank i) is set.
 struct TensorWeightsUpdate {
   std::shared_ptr<const comm::IpcBucket> bucket;
+  std::vector<std::shared_ptr<const comm::SglangBucket>> sglang;
   bool flush_cache = true;
   std::optional<std::string> weight_version;  // stamped on success when set
 };
