@@ -3,12 +3,14 @@
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include <cmath>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "slime/model/cuda/dtype.cuh"
 
@@ -282,11 +284,246 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   }
 }
 
+// ---- attention on tensor cores (bfloat16 / float16, head_dim 64 or 128) ----------------------
+//
+// One warp takes up to kTcRows query rows of one head that read the same keys (a prefill's rows
+// of one sequence; a decode step's rows one per warp) and walks the keys in blocks of kTcKeys
+// at absolute positions 0, kTcKeys, 2 kTcKeys, ... For a row and a block the arithmetic is fixed:
+//   s_j = (Q Kᵀ)_j · scale, Q Kᵀ on tensor cores (16x16x16 steps over head_dim, ascending);
+//   over the row's keys j <= last in the block: m' = max(m, max_j s_j), c = exp(m - m'),
+//   p_j = exp(s_j - m') rounded to T (0 for keys past last), l = l c + (Σ_{j<16} p_j + Σ_{j>=16} p_j),
+//   o = o c + P V (tensor cores, keys in two steps of 16);
+// a block without a key of the row leaves the row untouched; out = o / l. Which other rows
+// share the warp changes nothing in a row's numbers (a tensor-core product element reads its
+// own row of Q only), so decode, chunked prefill and the trainer's packed forward agree bit
+// for bit, as the CUDA-core kernel above does, at tensor-core speed.
+constexpr int kTcRows = 16;
+constexpr int kTcKeys = 32;
+constexpr int kTcPad = 8;
+
+template <bool kPaged>
+__device__ __forceinline__ int64_t KeyRow(const InvariantAttentionArgs& a, int64_t r,
+                                          int64_t first, int64_t j) {
+  if (kPaged) {
+    return static_cast<int64_t>(a.page_table[r * a.max_pages + j / a.page_size]) * a.page_size +
+           j % a.page_size;
+  }
+  return a.key_rows != nullptr ? a.key_rows[first + j] : first + j;
+}
+
+template <typename T, int D, bool kPaged, bool kVec>
+__global__ void __launch_bounds__(32) InvariantAttentionTcKernel(InvariantAttentionArgs a,
+                                                                 int tile_rows) {
+  namespace wmma = nvcuda::wmma;
+  __shared__ __align__(32) T qs[kTcRows][D + kTcPad];
+  __shared__ __align__(32) T ks[kTcKeys][D + kTcPad];
+  __shared__ __align__(32) T vs[kTcKeys][D + kTcPad];
+  __shared__ __align__(32) float ss[kTcRows][kTcKeys + 4];
+  __shared__ __align__(32) T ps[kTcRows][kTcKeys + kTcPad];
+  __shared__ __align__(32) float ts[kTcRows][16 + 4];
+  __shared__ int64_t first_s[kTcRows], last_s[kTcRows];
+  __shared__ int done_s[kTcRows], group_s[kTcRows];
+  __shared__ int leader_s;
+  __shared__ int64_t glast_s;
+
+  const int lane = threadIdx.x;
+  const int h = blockIdx.y;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * tile_rows;
+  const int rows_here = static_cast<int>(min(static_cast<int64_t>(tile_rows), a.rows - row0));
+  const int g = h / (a.heads / a.kv_heads);
+  const T* k = static_cast<const T*>(a.k) + static_cast<int64_t>(g) * D;
+  const T* v = static_cast<const T*>(a.v) + static_cast<int64_t>(g) * D;
+
+  for (int idx = lane; idx < kTcRows * D; idx += 32) {
+    const int i = idx / D, c = idx % D;
+    qs[i][c] = i < rows_here ? static_cast<const T*>(a.q)[(row0 + i) * a.q_row_stride +
+                                                          static_cast<int64_t>(h) * D + c]
+                             : To<T>(0.f);
+  }
+  if (lane < kTcRows) {
+    const int64_t r = row0 + lane;
+    int64_t first = 0, last = -1;
+    if (lane < rows_here) {
+      first = kPaged ? 0 : a.row_meta[2 * r];
+      last = kPaged ? static_cast<int64_t>(a.seq_lens[r]) - 1 : a.row_meta[2 * r + 1];
+    }
+    first_s[lane] = first;
+    last_s[lane] = last;
+    done_s[lane] = last < 0;
+  }
+  __syncwarp();
+
+  const int i = lane >> 1, half = lane & 1;  // this lane's row, and its half of the block / dims
+  float m = -INFINITY, l = 0.f;
+  float o[D / 16][8];
+#pragma unroll
+  for (int f = 0; f < D / 16; ++f) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[f][e] = 0.f;
+  }
+
+  while (true) {
+    // The next group: the first unfinished row and every unfinished row reading its keys.
+    if (lane == 0) {
+      int leader = -1;
+      for (int r = 0; r < kTcRows && leader < 0; ++r) {
+        if (!done_s[r]) leader = r;
+      }
+      int64_t glast = -1;
+      for (int r = 0; r < kTcRows; ++r) {
+        const bool in = leader >= 0 && !done_s[r] &&
+                        (kPaged ? r == leader : first_s[r] == first_s[leader]);
+        group_s[r] = in;
+        if (in) {
+          done_s[r] = 1;
+          glast = max(glast, last_s[r]);
+        }
+      }
+      leader_s = leader;
+      glast_s = glast;
+    }
+    __syncwarp();
+    const int leader = leader_s;
+    if (leader < 0) break;
+    const int64_t glast = glast_s;
+    const int64_t gfirst = first_s[leader];
+    const int64_t grow = row0 + leader;
+    const bool mine = group_s[i] != 0;
+    const int64_t my_last = last_s[i];
+
+    for (int64_t kb = 0; kb <= glast; kb += kTcKeys) {
+      // K and V of keys kb .. kb + kTcKeys - 1 (zeros past the group's last key).
+      for (int idx = lane; idx < kTcKeys * (D / 8); idx += 32) {
+        const int j = idx / (D / 8), c = (idx % (D / 8)) * 8;
+        const int64_t key = kb + j;
+        if (key <= glast) {
+          const int64_t row = KeyRow<kPaged>(a, grow, gfirst, key);
+          const T* kr = k + row * a.kv_row_stride + c;
+          const T* vr = v + row * a.kv_row_stride + c;
+          if (kVec) {
+            *reinterpret_cast<Vec16<T>*>(&ks[j][c]) = *reinterpret_cast<const Vec16<T>*>(kr);
+            *reinterpret_cast<Vec16<T>*>(&vs[j][c]) = *reinterpret_cast<const Vec16<T>*>(vr);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              ks[j][c + e] = kr[e];
+              vs[j][c + e] = vr[e];
+            }
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            ks[j][c + e] = To<T>(0.f);
+            vs[j][c + e] = To<T>(0.f);
+          }
+        }
+      }
+      __syncwarp();
+      // S = Q Kᵀ [kTcRows, kTcKeys]
+#pragma unroll
+      for (int nf = 0; nf < kTcKeys / 16; ++nf) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
+          wmma::load_matrix_sync(fa, &qs[0][kk * 16], D + kTcPad);
+          wmma::load_matrix_sync(fb, &ks[nf * 16][kk * 16], D + kTcPad);
+          wmma::mma_sync(acc, fa, fb, acc);
+        }
+        wmma::store_matrix_sync(&ss[0][nf * 16], acc, kTcKeys + 4, wmma::mem_row_major);
+      }
+      __syncwarp();
+      // The online softmax of row i: this lane takes keys half * 16 .. half * 16 + 15.
+      float bmax = -INFINITY;
+#pragma unroll
+      for (int jj = 0; jj < 16; ++jj) {
+        const int j = half * 16 + jj;
+        if (mine && kb + j <= my_last) bmax = fmaxf(bmax, ss[i][j] * a.scale);
+      }
+      bmax = fmaxf(bmax, __shfl_xor_sync(kFullMask, bmax, 1));
+      const bool update = mine && bmax != -INFINITY;
+      const float m_new = update ? fmaxf(m, bmax) : m;
+      const float c = update ? expf(m - m_new) : 1.f;
+      float psum = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < 16; ++jj) {
+        const int j = half * 16 + jj;
+        const float p = update && kb + j <= my_last ? expf(ss[i][j] * a.scale - m_new) : 0.f;
+        const T pt = To<T>(p);
+        ps[i][j] = pt;
+        psum += F(pt);
+      }
+      const float other = __shfl_xor_sync(kFullMask, psum, 1);
+      const float bsum = half == 0 ? psum + other : other + psum;  // one order on both lanes
+      if (update) {
+        l = l * c + bsum;
+        m = m_new;
+      }
+      __syncwarp();
+      // o = o c + P V, 16 dims at a time.
+#pragma unroll
+      for (int f = 0; f < D / 16; ++f) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+        for (int kk = 0; kk < kTcKeys / 16; ++kk) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+          wmma::load_matrix_sync(fa, &ps[0][kk * 16], kTcKeys + kTcPad);
+          wmma::load_matrix_sync(fb, &vs[kk * 16][f * 16], D + kTcPad);
+          wmma::mma_sync(acc, fa, fb, acc);
+        }
+        wmma::store_matrix_sync(&ts[0][0], acc, 16 + 4, wmma::mem_row_major);
+        __syncwarp();
+        if (update) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o[f][e] = o[f][e] * c + ts[i][half * 8 + e];
+        }
+        __syncwarp();
+      }
+    }
+  }
+  if (i < rows_here) {
+    T* out = static_cast<T*>(a.out) + ((row0 + i) * a.heads + h) * static_cast<int64_t>(D);
+#pragma unroll
+    for (int f = 0; f < D / 16; ++f) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out[f * 16 + half * 8 + e] = To<T>(o[f][e] / l);
+    }
+  }
+}
+
+template <typename T, int D>
+int LaunchTcAttention(const InvariantAttentionArgs& a, cudaStream_t s) {
+  const bool paged = a.page_table != nullptr;
+  // One row per warp where rows are separate sequences (decode); otherwise 16 consecutive rows,
+  // which in a prefill mostly read the same keys. Either way a row gets the same bits.
+  const int tile_rows = paged || a.rows < 4 * kTcRows ? 1 : kTcRows;
+  const dim3 grid(static_cast<unsigned>((a.rows + tile_rows - 1) / tile_rows),
+                  static_cast<unsigned>(a.heads));
+  const bool vec = reinterpret_cast<uintptr_t>(a.k) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(a.v) % 16 == 0 && a.kv_row_stride % 8 == 0;
+  if (paged) {
+    if (vec) InvariantAttentionTcKernel<T, D, true, true><<<grid, 32, 0, s>>>(a, tile_rows);
+    else InvariantAttentionTcKernel<T, D, true, false><<<grid, 32, 0, s>>>(a, tile_rows);
+  } else {
+    if (vec) InvariantAttentionTcKernel<T, D, false, true><<<grid, 32, 0, s>>>(a, tile_rows);
+    else InvariantAttentionTcKernel<T, D, false, false><<<grid, 32, 0, s>>>(a, tile_rows);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
 template <typename T>
 struct AttentionLauncher {
   static int Run(InvariantAttentionArgs a, cudaStream_t s) {
     const int64_t items = a.rows * a.heads;
     if (items == 0) return 0;
+    if constexpr (!std::is_same_v<T, float>) {
+      if (a.head_dim == 128) return LaunchTcAttention<T, 128>(a, s);
+      if (a.head_dim == 64) return LaunchTcAttention<T, 64>(a, s);
+    }
     const dim3 grid(static_cast<unsigned>((items + kAttnWarps - 1) / kAttnWarps));
     const int per = (a.head_dim + 31) / 32;
     if (per <= 2) {

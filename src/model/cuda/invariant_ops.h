@@ -6,10 +6,18 @@
 //                        pinned per (n, k, dtype, device) — chosen once, split-K off — and used
 //                        for every m, so m (the batch) never changes the kernel or its K order
 //                        (a tiled CUDA-core kernel where no algorithm can be pinned);
-//   InvariantAttention   per query row and head, one warp walks the row's keys j = 0..last in
-//                        ascending order: s = (Σ_d q_d k_jd, a fixed butterfly over the lanes)
-//                        · scale, then the online softmax m' = max(m, s), c = exp(m - m'),
-//                        p = exp(s - m'), l = l c + p, o_d = o_d c + p v_jd; out = o / l;
+//   InvariantAttention   bfloat16/float16 with head_dim 64 or 128 (every model we serve): a warp
+//                        takes up to 16 query rows of one head that read the same keys and walks
+//                        the keys in blocks of 32 at absolute positions 0, 32, 64, ...; per row
+//                        and block, S = Q Kᵀ and P V on tensor cores (16-wide steps in
+//                        ascending order), the block's online-softmax update in a fixed order
+//                        (p rounded to the storage dtype), a block without a key of the row
+//                        skipped; a row's numbers never depend on the other rows of its warp.
+//                        Other dtypes / head sizes: per query row and head, one warp walks the
+//                        row's keys j = 0..last in ascending order: s = (Σ_d q_d k_jd, a fixed
+//                        butterfly over the lanes) · scale, then the online softmax
+//                        m' = max(m, s), c = exp(m - m'), p = exp(s - m'), l = l c + p,
+//                        o_d = o_d c + p v_jd; out = o / l;
 //   InvariantRowStats    per row of float32 z [rows, v], 256 threads in a fixed stride and a
 //                        fixed tree: sum of squares (RMSNorm), or the softmax statistics
 //                        max, log Σ exp(z - max) and Σ exp(z - max)(z - max) / Σ exp(z - max).
