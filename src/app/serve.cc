@@ -97,6 +97,11 @@ void AddServeOptions(CLI::App* cmd, ServeOptions* o) {
   cmd->add_option("--weight-version", o->weight_version, "Initial weight version string");
   cmd->add_flag("--enable-memory-saver", o->enable_memory_saver,
                 "Report enable_memory_saver=true (colocated training releases memory)");
+  cmd->add_option("--api-key", o->api_key,
+                  "Require 'Authorization: Bearer KEY' on every route but /health (401 without)");
+  cmd->add_option("--admin-api-key", o->admin_api_key,
+                  "Require this key (not --api-key: 403) on the routes that change state: weight "
+                  "updates, memory release/resume, pause/continue, flush, abort");
   cmd->add_option("--http-threads", o->http_threads, "HTTP I/O threads")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--log-level", o->log_level, "trace|debug|info|warn|error|critical|off");
@@ -159,6 +164,8 @@ int RunServe(const ServeOptions& o) {
   engine::EngineServerOptions so;
   so.host = o.host;
   so.port = o.port;
+  so.api_key = o.api_key;
+  so.admin_api_key = o.admin_api_key;
   so.http_threads = o.http_threads;
   so.enable_memory_saver = o.enable_memory_saver;
   auto server = engine::EngineServer::Start(engine->get(), &registry, so);

@@ -91,6 +91,11 @@ class EngineServer::Impl {
   Status Start() {
     http::Router router;
     AddRoutes(router);
+    http::AccessKeys keys;
+    keys.api_key = options_.api_key;
+    keys.admin_key = options_.admin_api_key;
+    keys.admin_paths = AdminRoutes();
+    router.SetAccessKeys(std::move(keys));
     http::ServerOptions so;
     so.host = options_.host;
     so.port = options_.port;
@@ -398,6 +403,17 @@ json EngineServer::Impl::Loads() const {
            {{"total_running_reqs", l.num_running},
             {"total_waiting_reqs", l.num_waiting},
             {"total_reqs", l.num_running + l.num_waiting}}}};
+}
+
+const std::set<std::string>& AdminRoutes() {
+  static const auto* routes = new std::set<std::string>{
+      "/init_weights_update_group", "/update_weights_from_distributed",
+      "/update_weights_from_tensor", "/update_weights_from_disk",
+      "/destroy_weights_update_group", "/update_weight_version",
+      "/release_memory_occupation", "/resume_memory_occupation",
+      "/pause_generation", "/continue_generation",
+      "/flush_cache", "/abort_request"};
+  return *routes;
 }
 
 void EngineServer::Impl::AddRoutes(http::Router& r) {

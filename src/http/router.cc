@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <exception>
+#include <string_view>
 
 #include "fmt/format.h"
 #include "slime/http/response_writer.h"
@@ -64,7 +65,55 @@ std::vector<std::string> Router::AllowedMethods(const std::string& path) const {
   return methods;
 }
 
+namespace {
+
+// Equal without an early exit, so the time taken does not tell how much of a key matched.
+bool SameKey(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? a[i] : 0, y = i < b.size() ? b[i] : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+}  // namespace
+
+bool Router::Authorized(const Request& request, ResponseWriter& writer) const {
+  if (keys_.api_key.empty() && keys_.admin_key.empty()) return true;
+  if (keys_.open_paths.count(request.path)) return true;
+  const bool admin = keys_.admin_paths.count(request.path) > 0;
+  const std::string& needed = admin && !keys_.admin_key.empty() ? keys_.admin_key : keys_.api_key;
+  if (needed.empty()) return true;  // an admin key alone leaves the other routes open
+  std::string token;
+  if (auto auth = request.Header("Authorization")) {
+    constexpr std::string_view kBearer = "Bearer ";
+    if (auth->size() > kBearer.size() &&
+        std::equal(kBearer.begin(), kBearer.end(), auth->begin(),
+                   [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) ==
+                                               std::tolower(static_cast<unsigned char>(b)); })) {
+      token = auth->substr(kBearer.size());
+    }
+  }
+  if (SameKey(token, needed)) return true;
+  // Any other key on a non-admin route: the admin key also opens the user routes.
+  if (!admin && !keys_.admin_key.empty() && SameKey(token, keys_.admin_key)) return true;
+  if (admin && !keys_.api_key.empty() && SameKey(token, keys_.api_key)) {
+    writer.SendJson(403, ErrorBody(fmt::format(
+                             "{} changes the server's state and needs the admin API key",
+                             request.path)));
+    return false;
+  }
+  writer.SetHeader("WWW-Authenticate", "Bearer");
+  writer.SendJson(401, ErrorBody(fmt::format(
+                           "{}: missing or wrong API key (send 'Authorization: Bearer <key>')",
+                           request.path)));
+  return false;
+}
+
 void Router::Dispatch(const Request& request, std::shared_ptr<ResponseWriter> writer) const {
+  if (!Authorized(request, *writer)) return;
   const auto* found = Find(request.path);
   if (found == nullptr) {
     writer->SendJson(404,

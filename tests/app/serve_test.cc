@@ -3,7 +3,8 @@
 // and a /generate with log-probs, stop on SIGTERM with exit code 0 and "stopped", serve at
 // --tp 2 (two Gloo ranks in the one process) the same greedy tokens as at --tp 1, and refuse
 // bad configurations (a --tp that does not divide the model, a missing model directory, a port
-// in use) with exit code 2 and a message naming the problem.
+// in use) with exit code 2 and a message naming the problem; with --api-key and
+// --admin-api-key it answers 401/403 as SGLang does and keeps the keys out of its log.
 //
 // Every server runs in its own process group; a ServeProcess kills that group on every path
 // out of a test (failed assertions included), so no process is left behind.
@@ -337,6 +338,66 @@ std::optional<Started> WaitListening(ServeProcess& server) {
   Started s;
   EXPECT_TRUE(ParseAddress(*line, &s.host, &s.port)) << *line;
   return s;
+}
+
+// SGLang's --api-key / --admin-api-key: /health stays open; every other route wants the user
+// (or admin) key, the routes that change state the admin key alone (403 for the user key);
+// refused requests change nothing, and neither key appears in the log or /metrics.
+TEST_F(ServeTest, ApiKeysGuardEveryRouteButHealthAndAdminKeyTheStateChangingOnes) {
+  const std::string user = "user-key-5f2c", admin = "admin-key-9a7e";
+  ServeProcess server(ServeArgs({"--api-key", user, "--admin-api-key", admin,
+                                 "--weight-version", "v0"}));
+  auto s = WaitListening(server);
+  ASSERT_TRUE(s.has_value());
+  slime::http::Client client(s->host, s->port);
+  const slime::http::Headers as_user = {{"Authorization", "Bearer " + user}};
+  const slime::http::Headers as_admin = {{"Authorization", "Bearer " + admin}};
+  const slime::http::Headers wrong = {{"Authorization", "Bearer " + user + "x"}};
+  auto status = [](const auto& r) { return r.ok() ? r->status : -1; };
+
+  EXPECT_EQ(status(client.Get("/health")), 200);
+  auto no_key = client.Get("/server_info");
+  ASSERT_TRUE(no_key.ok()) << no_key.status();
+  EXPECT_EQ(no_key->status, 401) << no_key->body;
+  EXPECT_NE(no_key->body.find("API key"), std::string::npos) << no_key->body;
+  EXPECT_EQ(no_key->headers.count("www-authenticate"), 1u);
+  EXPECT_EQ(status(client.Get("/server_info", wrong)), 401);
+  EXPECT_EQ(status(client.Get("/server_info", as_user)), 200);
+  EXPECT_EQ(status(client.Get("/server_info", as_admin)), 200) << "the admin key opens user routes";
+
+  const json req = {{"input_ids", {1, 2, 3}},
+                    {"sampling_params", {{"max_new_tokens", 2}, {"temperature", 0}}}};
+  EXPECT_EQ(status(client.Post("/generate", req.dump())), 401);
+  EXPECT_EQ(status(client.Post("/generate", req.dump(), "application/json", as_user)), 200);
+
+  // A state-changing route: the user key is not enough, and nothing changes.
+  const json version = {{"new_version", "v1"}};
+  EXPECT_EQ(status(client.Post("/update_weight_version", version.dump())), 401);
+  auto forbidden = client.Post("/update_weight_version", version.dump(), "application/json", as_user);
+  ASSERT_TRUE(forbidden.ok()) << forbidden.status();
+  EXPECT_EQ(forbidden->status, 403) << forbidden->body;
+  auto v = client.Get("/get_weight_version", as_user);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->Json().value("weight_version", ""), "v0") << v->body;
+  EXPECT_EQ(status(client.Post("/update_weight_version", version.dump(), "application/json",
+                               as_admin)),
+            200);
+  v = client.Get("/get_weight_version", as_user);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->Json().value("weight_version", ""), "v1") << v->body;
+  EXPECT_EQ(status(client.Post("/flush_cache", "", "application/json", as_user)), 403);
+
+  auto metrics = client.Get("/metrics", as_user);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_EQ(metrics->status, 200);
+  client.Close();
+  server.Signal(SIGTERM);
+  ASSERT_TRUE(server.Wait(std::chrono::seconds(60)).has_value());
+  const std::string log = server.Stderr() + server.ReadRest(std::chrono::seconds(5));
+  for (const std::string& key : {user, admin}) {
+    EXPECT_EQ(log.find(key), std::string::npos) << "a key in the log:\n" << log;
+    EXPECT_EQ(metrics->body.find(key), std::string::npos) << "a key in /metrics";
+  }
 }
 
 TEST_F(ServeTest, TensorParallelTwoServesWhatOneServes) {

@@ -63,6 +63,54 @@ class ServerTest : public ::testing::Test {
   std::unique_ptr<Server> server_;
 };
 
+// Access keys (http::AccessKeys): each combination of a user and an admin key, per route kind;
+// a refused request reaches no handler.
+TEST_F(ServerTest, AccessKeysGuardRoutesByKind) {
+  struct Case {
+    std::string api, admin;
+    // status of /hello (user route) and /echo (admin route) with no key, the user key, the
+    // admin key, and "Bearer" in another case ("bearer USER")
+    std::vector<int> hello, echo;
+  };
+  const std::vector<Case> cases = {
+      {"", "", {200, 200, 200, 200}, {200, 200, 200, 200}},
+      {"U", "", {401, 200, 401, 200}, {401, 200, 401, 200}},
+      {"U", "A", {401, 200, 200, 200}, {401, 403, 200, 403}},
+      {"", "A", {200, 200, 200, 200}, {401, 401, 200, 401}},
+  };
+  for (const Case& c : cases) {
+    Router router = BaseRouter();
+    AccessKeys keys;
+    keys.api_key = c.api;
+    keys.admin_key = c.admin;
+    keys.admin_paths = {"/echo"};
+    keys.open_paths = {"/throw"};
+    router.SetAccessKeys(keys);
+    server_.reset();
+    StartServer(std::move(router));
+    Client client = MakeClient();
+    const std::vector<Headers> who = {{},
+                                      {{"Authorization", "Bearer U"}},
+                                      {{"Authorization", "Bearer A"}},
+                                      {{"Authorization", "bearer U"}}};
+    const int before = hello_calls_;
+    int allowed = 0;
+    for (size_t i = 0; i < who.size(); ++i) {
+      auto h = client.Get("/hello", who[i]);
+      ASSERT_TRUE(h.ok()) << h.status();
+      EXPECT_EQ(h->status, c.hello[i]) << "api '" << c.api << "' admin '" << c.admin << "' who " << i;
+      allowed += h->status == 200;
+      auto e = client.Post("/echo", "{}", "application/json", who[i]);
+      ASSERT_TRUE(e.ok()) << e.status();
+      EXPECT_EQ(e->status, c.echo[i]) << "api '" << c.api << "' admin '" << c.admin << "' who " << i;
+    }
+    EXPECT_EQ(hello_calls_ - before, allowed) << "a refused request reached its handler";
+    auto open = client.Get("/throw");  // an open path: no key needed (the handler's 500)
+    ASSERT_TRUE(open.ok()) << open.status();
+    EXPECT_EQ(open->status, 500);
+  }
+}
+
 TEST_F(ServerTest, KeepAliveServesManyRequestsOnOneConnection) {
   StartServer();
   EXPECT_EQ(server_->address(), fmt::format("127.0.0.1:{}", server_->port()));

@@ -40,6 +40,8 @@ struct ServeOptions {
   std::string weight_version = "default";
   bool enable_memory_saver = false;
   int http_threads = 2;
+  std::string api_key;        // --api-key (never logged)
+  std::string admin_api_key;  // --admin-api-key (never logged)
   std::string log_level = "info";
 };
 

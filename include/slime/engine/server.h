@@ -19,6 +19,7 @@
 #define SLIME_ENGINE_SERVER_H_
 
 #include <memory>
+#include <set>
 #include <string>
 
 #include "slime/common/status.h"
@@ -41,7 +42,15 @@ struct EngineServerOptions {
   // Weight-update groups: joining (/init_weights_update_group) and each bucket's broadcasts
   // fail with a clear error after this long (SGLang's c10d default is 30 min).
   double weights_group_timeout_s = 1800.0;
+  // SGLang's --api-key / --admin-api-key (http::AccessKeys): api_key guards every route but
+  // /health; admin_api_key, when set, alone opens the routes that change state (weight
+  // updates, memory release/resume, pause/continue, flush, abort, weight version).
+  std::string api_key;
+  std::string admin_api_key;
 };
+
+// The routes admin_api_key guards.
+const std::set<std::string>& AdminRoutes();
 
 class EngineServer {
  public:

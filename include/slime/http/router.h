@@ -11,7 +11,11 @@
 //   - unknown path -> 404 {"error":{"message":"no route for GET /x"}};
 //   - known path, other method -> 405 with an `Allow` header and the allowed methods named in
 //     the message;
-//   - a handler that throws -> 500 with the exception's message, if it had not answered yet.
+//   - a handler that throws -> 500 with the exception's message, if it had not answered yet;
+//   - with access keys set (SetAccessKeys, SGLang's --api-key / --admin-api-key), before any
+//     of the above: a request without the right `Authorization: Bearer <key>` gets 401
+//     {"error": {"message"}} and a `WWW-Authenticate: Bearer` header (a user key on an admin
+//     route: 403), and reaches no handler. Keys are compared in constant time and never logged.
 //
 // Threads: Add is not thread-safe (call it while building); Dispatch is const and may run on
 // many threads at once.
@@ -22,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -50,8 +55,19 @@ struct Request {
 // any thread (keeping the shared_ptr). A writer destroyed without an answer sends 500.
 using Handler = std::function<void(const Request&, std::shared_ptr<ResponseWriter>)>;
 
+// Who may call what. Empty keys leave their routes open.
+struct AccessKeys {
+  std::string api_key;    // every route but `open_paths`
+  std::string admin_key;  // `admin_paths` (the routes that change state); when empty, api_key
+                          // guards them like any other route; when set, only it does
+  std::set<std::string> admin_paths;
+  std::set<std::string> open_paths = {"/health"};
+};
+
 class Router {
  public:
+  void SetAccessKeys(AccessKeys keys) { keys_ = std::move(keys); }
+
   // Registers `handler` for `method` ("GET", "POST", ... or "*" for any) on `path` (must start
   // with '/'). Adding the same (method, path) again replaces the earlier handler.
   void Add(std::string method, std::string path, Handler handler);
@@ -71,6 +87,10 @@ class Router {
   // The route entry for `path`: exact first, then the longest matching prefix; null if none.
   const std::map<std::string, Handler>* Find(const std::string& path) const;
 
+  // False (and the 401/403 sent) when `request` lacks the key its path needs.
+  bool Authorized(const Request& request, ResponseWriter& writer) const;
+
+  AccessKeys keys_;
   std::map<std::string, std::map<std::string, Handler>> routes_;  // path -> method -> handler
   std::map<std::string, std::map<std::string, Handler>> prefixes_;  // prefix -> method -> handler
 };
