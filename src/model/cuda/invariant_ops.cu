@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -36,6 +37,15 @@ cudaDataType_t CudaType(DType d) {
 // The m the algorithm is chosen for: the engine's prefill and the trainer's micro-batches are
 // hundreds to thousands of rows, decode steps 1-256; the algorithm then serves every m.
 constexpr int64_t kReferenceRows = 512;
+// Output columns per cuBLASLt call (header): cuBLASLt pins no split-K-free, workspace-free
+// algorithm for the LM head's 151,936 columns at once, and the CUDA-core fallback is ~100x
+// slower there; blocks of this many are shapes like the other projections'.
+constexpr int64_t kMaxPinnedColumns = 16384;
+
+int64_t ElementBytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+__host__ __device__ inline int64_t RowStride(const InvariantGemmArgs& a) {
+  return a.ldy > 0 ? a.ldy : a.n;
+}
 
 struct Pinned {
   bool cublas = false;  // else the tiled fallback
@@ -46,7 +56,7 @@ struct Pinned {
 // with A = w as a column-major [k, n] (op T), B = x as a column-major [k, m].
 class GemmDescs {
  public:
-  GemmDescs(cudaDataType_t type, int64_t m, int64_t n, int64_t k, int64_t ldx) {
+  GemmDescs(cudaDataType_t type, int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldy) {
     ok_ = cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS;
     const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
     ok_ = ok_ &&
@@ -56,7 +66,7 @@ class GemmDescs {
               CUBLAS_STATUS_SUCCESS &&
           cublasLtMatrixLayoutCreate(&a_, type, k, n, k) == CUBLAS_STATUS_SUCCESS &&
           cublasLtMatrixLayoutCreate(&b_, type, k, m, ldx) == CUBLAS_STATUS_SUCCESS &&
-          cublasLtMatrixLayoutCreate(&d_, type, n, m, n) == CUBLAS_STATUS_SUCCESS;
+          cublasLtMatrixLayoutCreate(&d_, type, n, m, ldy) == CUBLAS_STATUS_SUCCESS;
   }
   ~GemmDescs() {
     if (d_ != nullptr) cublasLtMatrixLayoutDestroy(d_);
@@ -84,7 +94,7 @@ class GemmDescs {
 struct GemmRegistry {
   std::mutex mu;
   std::map<int, cublasLtHandle_t> handles;
-  std::map<std::tuple<int, int64_t, int64_t, int>, Pinned> pinned;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int>, Pinned> pinned;  // device, n, k, ldy, dtype
   std::string report;
 };
 
@@ -99,7 +109,7 @@ GemmRegistry& Registry() {
 bool PinAlgorithm(cublasLtHandle_t handle, const InvariantGemmArgs& a, Pinned* out,
                   std::string* why) {
   const cudaDataType_t type = CudaType(a.dtype);
-  GemmDescs ref(type, kReferenceRows, a.n, a.k, a.k);
+  GemmDescs ref(type, kReferenceRows, a.n, a.k, a.k, RowStride(a));
   if (!ref.ok()) {
     *why = "creating the cuBLASLt descriptors failed";
     return false;
@@ -165,7 +175,7 @@ bool PinAlgorithm(cublasLtHandle_t handle, const InvariantGemmArgs& a, Pinned* o
                     std::to_string(check.workspaceSize));
       continue;
     }
-    GemmDescs one(type, 1, a.n, a.k, a.k);
+    GemmDescs one(type, 1, a.n, a.k, a.k, RowStride(a));
     const cublasStatus_t c1 = one.ok() ? cublasLtMatmulAlgoCheck(handle, one.op(), one.a(),
                                                                  one.b(), one.d(), one.d(),
                                                                  &algo, &check)
@@ -205,7 +215,7 @@ __global__ void __launch_bounds__(kTile* kTile) TiledGemmKernel(InvariantGemmArg
     for (int j = 0; j < kTile; ++j) acc += xs[ty][j] * ws[tx][j];
     __syncthreads();
   }
-  if (row < a.m && col < a.n) static_cast<T*>(a.y)[row * a.n + col] = To<T>(acc);
+  if (row < a.m && col < a.n) static_cast<T*>(a.y)[row * RowStride(a) + col] = To<T>(acc);
 }
 
 template <typename T>
@@ -601,6 +611,17 @@ __global__ void __launch_bounds__(kStatThreads) InvariantRowStatsKernel(Invarian
 
 int LaunchInvariantGemm(const InvariantGemmArgs& a, void* stream, std::string* error) {
   if (a.m == 0 || a.n == 0) return 0;
+  if (a.n > kMaxPinnedColumns) {  // column blocks, each a GEMM of its own (kMaxPinnedColumns)
+    for (int64_t c0 = 0; c0 < a.n; c0 += kMaxPinnedColumns) {
+      InvariantGemmArgs block = a;
+      block.n = std::min(kMaxPinnedColumns, a.n - c0);
+      block.ldy = RowStride(a);
+      block.w = static_cast<const char*>(a.w) + c0 * a.k * ElementBytes(a.dtype);
+      block.y = static_cast<char*>(a.y) + c0 * ElementBytes(a.dtype);
+      if (const int st = LaunchInvariantGemm(block, stream, error); st != 0) return st;
+    }
+    return 0;
+  }
   GemmRegistry& reg = Registry();
   cublasLtHandle_t handle = nullptr;
   Pinned pinned;
@@ -617,13 +638,14 @@ int LaunchInvariantGemm(const InvariantGemmArgs& a, void* stream, std::string* e
       h = reg.handles.emplace(a.device, created).first;
     }
     handle = h->second;
-    const auto key = std::make_tuple(a.device, a.n, a.k, static_cast<int>(a.dtype));
+    const auto key = std::make_tuple(a.device, a.n, a.k, RowStride(a), static_cast<int>(a.dtype));
     auto p = reg.pinned.find(key);
     if (p == reg.pinned.end()) {
       Pinned chosen;
       std::string why;
       chosen.cublas = PinAlgorithm(handle, a, &chosen, &why);
-      reg.report += "[n " + std::to_string(a.n) + ", k " + std::to_string(a.k) + ", dtype " +
+      reg.report += "[n " + std::to_string(a.n) + ", k " + std::to_string(a.k) + ", ldy " +
+                    std::to_string(RowStride(a)) + ", dtype " +
                     std::to_string(static_cast<int>(a.dtype)) + "] " +
                     (chosen.cublas ? "cuBLASLt, pinned" : "tiled fallback: " + why) + "\n";
       p = reg.pinned.emplace(key, chosen).first;
@@ -633,7 +655,7 @@ int LaunchInvariantGemm(const InvariantGemmArgs& a, void* stream, std::string* e
   if (!pinned.cublas) {
     return Dispatch<TiledGemmLauncher>(a.dtype, a, static_cast<cudaStream_t>(stream));
   }
-  GemmDescs descs(CudaType(a.dtype), a.m, a.n, a.k, a.ldx);
+  GemmDescs descs(CudaType(a.dtype), a.m, a.n, a.k, a.ldx, RowStride(a));
   if (!descs.ok()) {
     *error = "creating the cuBLASLt descriptors failed";
     return static_cast<int>(CUBLAS_STATUS_INTERNAL_ERROR);

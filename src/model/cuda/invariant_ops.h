@@ -5,7 +5,10 @@
 //   InvariantGemm        y [m, n] = x [m, k] · w [n, k]ᵀ through cuBLASLt with one algorithm
 //                        pinned per (n, k, dtype, device) — chosen once, split-K off — and used
 //                        for every m, so m (the batch) never changes the kernel or its K order
-//                        (a tiled CUDA-core kernel where no algorithm can be pinned);
+//                        (a tiled CUDA-core kernel where no algorithm can be pinned); outputs
+//                        wider than 16,384 columns (the LM head) in column blocks of that many,
+//                        each its own pinned GEMM (blocking the columns leaves every element's
+//                        K order alone);
 //   InvariantAttention   bfloat16/float16 with head_dim 64 or 128 (every model we serve): a warp
 //                        takes up to 16 query rows of one head that read the same keys and walks
 //                        the keys in blocks of 32 at absolute positions 0, 32, 64, ...; per row
@@ -34,13 +37,14 @@
 
 namespace slime::model::cuda {
 
-// y [m, n] (row stride n) = x [m, k] (row stride ldx) · w [n, k]ᵀ (row stride k), float32
-// accumulation, all of `dtype`. Returns 0, or a cuBLAS/CUDA status with `error` set.
+// y [m, n] (row stride ldy, 0 = n) = x [m, k] (row stride ldx) · w [n, k]ᵀ (row stride k),
+// float32 accumulation, all of `dtype`. Returns 0, or a cuBLAS/CUDA status with `error` set.
 struct InvariantGemmArgs {
   const void* x = nullptr;
   int64_t ldx = 0;
   const void* w = nullptr;
   void* y = nullptr;
+  int64_t ldy = 0;
   int64_t m = 0, n = 0, k = 0;
   DType dtype = DType::kBFloat16;
   int device = 0;
