@@ -86,7 +86,7 @@ int RunTrain(const TrainOptions& options) {
 
   if (options.dry_run) {
     std::cout << "# resolved configuration (" << options.config_path << ")\n"
-              << config::ToYaml(config) << "\n"
+              << config::ToYaml(config, /*redact_secrets=*/true) << "\n"
               << "# placement plan (" << job->device_note << ")\n"
               << runtime::FormatPlan(job->plan);
     return kExitOk;

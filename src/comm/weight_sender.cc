@@ -126,6 +126,7 @@ Status WeightSender::PostAll(const std::string& path, const std::vector<std::str
   http::ClientOptions co;
   co.timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000));
   co.keep_alive = false;
+  co.bearer_token = options_.bearer_token;
   for (size_t e = 0; e < options_.engines.size(); ++e) {
     threads.emplace_back([&, e] {
       http::Client client(options_.engines[e].host, options_.engines[e].port, co);
@@ -141,6 +142,33 @@ Status WeightSender::PostAll(const std::string& path, const std::vector<std::str
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+// Before any collective: every engine accepts the access key on an admin route. A refusal would
+// otherwise surface only as the weight-update group's rendezvous timing out (the engine never
+// joins). GET /flush_cache changes nothing that the first weight update would not (it flushes the
+// prefix cache too); any answer but 401/403 passes, so servers without the route still connect.
+Status CheckEngineAccess(const WeightSenderOptions& o) {
+  http::ClientOptions co;
+  co.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
+  co.keep_alive = false;
+  co.bearer_token = o.bearer_token;
+  for (const EngineEndpoint& e : o.engines) {
+    http::Client client(e.host, e.port, co);
+    StatusOr<http::Response> r = client.Get("/flush_cache");
+    if (r.ok() && (r->status == 401 || r->status == 403)) {
+      return absl::PermissionDeniedError(fmt::format(
+          "engine {} refused the job's access key (GET /flush_cache returned HTTP {}){}: "
+          "cluster.engine_api_key / cluster.engine_admin_api_key must match the engine's "
+          "--api-key / --admin-api-key",
+          Endpoint(e), r->status, o.bearer_token.empty() ? ", and the job sent none" : ""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<WeightSender>> WeightSender::Connect(WeightSenderOptions options) {
   if (options.engines.empty()) return absl::InvalidArgumentError("no engines to send weights to");
@@ -158,6 +186,7 @@ StatusOr<std::unique_ptr<WeightSender>> WeightSender::Connect(WeightSenderOption
   }
   std::unique_ptr<WeightSender> sender(new WeightSender(std::move(options)));
   const WeightSenderOptions& o = sender->options_;
+  SLIME_RETURN_IF_ERROR(CheckEngineAccess(o));
   if (sender->ipc()) {
     if (!o.device.is_cuda() || !CudaIpcBuilt()) {
       return absl::FailedPreconditionError(fmt::format(
@@ -335,7 +364,7 @@ Status WeightSender::PauseEngines() {
   std::vector<std::string> bodies(options_.engines.size(), "{}");
   SLIME_RETURN_IF_ERROR(PostAll("/pause_generation", bodies, nullptr));
   for (const EngineEndpoint& e : options_.engines) {
-    http::Client client(e.host, e.port);
+    http::Client client(e.host, e.port, http::ClientOptions{.bearer_token = options_.bearer_token});
     const auto deadline = Clock::now() + std::chrono::milliseconds(
                                              static_cast<int64_t>(options_.timeout_s * 1000));
     while (true) {
@@ -354,7 +383,8 @@ Status WeightSender::PauseEngines() {
 
 Status WeightSender::ContinueEngines() {
   for (size_t e = 0; e < options_.engines.size(); ++e) {
-    http::Client client(options_.engines[e].host, options_.engines[e].port);
+    http::Client client(options_.engines[e].host, options_.engines[e].port,
+                        http::ClientOptions{.bearer_token = options_.bearer_token});
     StatusOr<http::Response> r = client.Post("/continue_generation", "{}");
     if (!r.ok() || r->status != 200) {
       return absl::UnavailableError(fmt::format(

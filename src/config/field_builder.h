@@ -195,6 +195,10 @@ class FieldRef {
     spec_->required = true;
     return *this;
   }
+  FieldRef& Secret() {  // ToYaml(config, /*redact_secrets=*/true) hides its value
+    spec_->secret = true;
+    return *this;
+  }
   template <typename... More>
   FieldRef& ReadBy(const char* module, More... more) {  // module names, e.g. ("rollout", "job")
     spec_->read_by = {module, more...};

@@ -104,6 +104,23 @@ void AddClusterFields(std::vector<FieldSpec<Config>>* table) {
       .Doc(
           "host:port of already running SGLang-compatible servers to use instead of local "
           "engines.");
+  b.Add("engine_api_key", &ClusterConfig::engine_api_key)
+      .ReadBy("config", "workers")
+      .Slime("--sglang-api-key")
+      .Secret()
+      .Doc(
+          "SGLang's --api-key for the engines: local engines require it on every route but "
+          "/health, and every call the job makes to an engine (local or external) sends it as "
+          "`Authorization: Bearer`. Write `${NAME}` to take it from an environment variable; "
+          "never logged, shown as <redacted> by --dry-run. Empty: engines are open.");
+  b.Add("engine_admin_api_key", &ClusterConfig::engine_admin_api_key)
+      .ReadBy("config", "workers")
+      .Slime("--sglang-admin-api-key")
+      .Secret()
+      .Doc(
+          "SGLang's --admin-api-key for the engines: when set, only it opens the routes that "
+          "change state (weight updates, memory release/resume, pause/continue, flush, abort); "
+          "the job then sends it on every call. Same handling as engine_api_key.");
   b.Add("distributed_timeout_minutes", &ClusterConfig::distributed_timeout_minutes)
       .ReadBy("workers")
       .Slime("--distributed-timeout-minutes")

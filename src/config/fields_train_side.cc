@@ -642,9 +642,14 @@ void AddMetricsFields(std::vector<FieldSpec<Config>>* table) {
       .Min(0)
       .Max(65535)
       .Doc(
-          "The driver serves Prometheus GET /metrics on this port of all interfaces (0 = any "
-          "free port); unset = a free port on 127.0.0.1. The address is in "
+          "The driver serves Prometheus GET /metrics on this port (0 = any free port) of "
+          "prometheus_host; unset = a free port on 127.0.0.1. The address is in "
           "<cluster.run_dir>/driver.json.");
+  b.Add("prometheus_host", &MetricsConfig::prometheus_host)
+      .ReadBy("job")
+      .Doc(
+          "The interface (an address of this machine) the driver's /metrics listens on. Empty: "
+          "every interface (0.0.0.0) when prometheus_port is set, else 127.0.0.1.");
   b.Add("tensorboard_dir", &MetricsConfig::tensorboard_dir)
       .ReadBy("job")
       .Slime("--use-tensorboard / --tb-project-name")

@@ -224,7 +224,7 @@ std::string RefusedKeysMarkdown() {
 
 }  // namespace
 
-std::string ToYaml(const Config& config) {
+std::string ToYaml(const Config& config, bool redact_secrets) {
   YAML::Emitter out;
   out << YAML::BeginMap;
   std::string section;
@@ -235,7 +235,11 @@ std::string ToYaml(const Config& config) {
       out << YAML::Key << section << YAML::Value << YAML::BeginMap;
     }
     out << YAML::Key << field.key << YAML::Value;
-    internal::EmitFieldValue(out, field.get(config));
+    FieldValue value = field.get(config);
+    if (redact_secrets && field.secret && value != FieldValue(std::string())) {
+      value = std::string("<redacted>");
+    }
+    internal::EmitFieldValue(out, value);
   }
   if (!section.empty()) out << YAML::EndMap;
   out << YAML::EndMap;

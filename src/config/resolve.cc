@@ -718,6 +718,10 @@ int NumRolloutEngines(const Config& config) {
   return *k.rollout_num_gpus / k.rollout_num_gpus_per_engine;
 }
 
+std::string EngineAccessToken(const ClusterConfig& cluster) {
+  return cluster.engine_admin_api_key.empty() ? cluster.engine_api_key : cluster.engine_admin_api_key;
+}
+
 bool UseCritic(const Config& config) {
   const AdvantageEstimatorInfo* info = FindAdvantageEstimator(config.algorithm.advantage_estimator);
   return info != nullptr && info->critic;

@@ -177,7 +177,7 @@ namespace {
 bhttp::request<bhttp::string_body> BuildRequest(const std::string& method, const std::string& path,
                                                 std::string body, const Headers& headers,
                                                 const std::string& host, int port,
-                                                bool keep_alive) {
+                                                const ClientOptions& options) {
   bhttp::request<bhttp::string_body> request;
   bhttp::verb verb = bhttp::string_to_verb(method);
   if (verb == bhttp::verb::unknown) {
@@ -190,11 +190,14 @@ bhttp::request<bhttp::string_body> BuildRequest(const std::string& method, const
   request.set(bhttp::field::host, fmt::format("{}:{}", host, port));
   request.set(bhttp::field::user_agent, "slime-cpp");
   for (const auto& [name, value] : headers) request.set(name, value);
+  if (!options.bearer_token.empty() && request.find(bhttp::field::authorization) == request.end()) {
+    request.set(bhttp::field::authorization, "Bearer " + options.bearer_token);
+  }
   request.body() = std::move(body);
   if (!request.body().empty() || method == "POST" || method == "PUT" || method == "PATCH") {
     request.content_length(request.body().size());
   }
-  request.keep_alive(keep_alive);
+  request.keep_alive(options.keep_alive);
   return request;
 }
 
@@ -206,7 +209,7 @@ StatusOr<Response> Client::Request(const std::string& method, const std::string&
   const auto deadline = Clock::now() + options_.timeout;
   const std::string what = fmt::format("{} http://{}:{}{}", method, host_, port_, path);
   auto request =
-      BuildRequest(method, path, std::move(body), headers, host_, port_, options_.keep_alive);
+      BuildRequest(method, path, std::move(body), headers, host_, port_, options_);
   for (int attempt = 0;; ++attempt) {
     bool reused = false, retry = false;
     Status sent =
@@ -259,7 +262,7 @@ Status Client::PostStream(const std::string& path, std::string body,
   all.emplace("Content-Type", "application/json");
   all.emplace("Accept", "text/event-stream");
   auto request =
-      BuildRequest("POST", path, std::move(body), all, host_, port_, options_.keep_alive);
+      BuildRequest("POST", path, std::move(body), all, host_, port_, options_);
   for (int attempt = 0;; ++attempt) {
     bool reused = false, retry = false;
     Status sent =

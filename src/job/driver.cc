@@ -330,6 +330,7 @@ Status Driver::EngineMemory(bool release, const std::vector<std::string>& tags) 
     SLIME_ASSIGN_OR_RETURN(auto hp, runtime::SplitHostPort(address));
     http::ClientOptions co;
     co.timeout = std::chrono::minutes(10);
+    co.bearer_token = config::EngineAccessToken(config_.cluster);
     http::Client client(hp.first, hp.second, co);
     SLIME_ASSIGN_OR_RETURN(http::Response r, client.Post(path, body));
     if (r.status != 200) return http::StatusFromHttp(r.status, "engine " + address + " " + path, r.body);

@@ -188,6 +188,7 @@ class Driver : public RolloutSteps {
   metrics::Registry registry_;
   std::unique_ptr<http::Server> metrics_server_;
   std::string metrics_target_;  // host:port of metrics_server_ as Prometheus should scrape it
+  std::string metrics_local_;   // host:port of metrics_server_ from this machine
   std::mutex targets_mu_;       // serializes UpdatePrometheusTargets
   std::unique_ptr<DriverReport> report_;
   std::unique_ptr<runtime::Head> head_;

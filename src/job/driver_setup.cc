@@ -154,11 +154,15 @@ Status Driver::StartRuntime() {
   http::Router router;
   http::AddMetricsRoute(router, registry_);
   http::ServerOptions so;
-  so.host = config_.metrics.prometheus_port ? "0.0.0.0" : "127.0.0.1";
+  so.host = !config_.metrics.prometheus_host.empty() ? config_.metrics.prometheus_host
+            : config_.metrics.prometheus_port         ? "0.0.0.0"
+                                                      : "127.0.0.1";
   so.port = config_.metrics.prometheus_port.value_or(0);
   so.num_threads = 1;
   SLIME_ASSIGN_OR_RETURN(metrics_server_, http::Server::Start(so, std::move(router)));
   metrics_target_ = fmt::format("{}:{}", MetricsHost(config_, so.host), metrics_server_->port());
+  metrics_local_ = fmt::format("{}:{}", so.host == "0.0.0.0" ? "127.0.0.1" : so.host,
+                               metrics_server_->port());
   SLIME_ASSIGN_OR_RETURN(report_, DriverReport::Create(config_.metrics.jsonl_path.value_or(""),
                                                        config_.metrics.tensorboard_dir.value_or(""),
                                                        &registry_, num_rollout_));
@@ -199,7 +203,7 @@ Status Driver::StartRuntime() {
 Status Driver::WriteDriverFile() {
   Json j = {{"pid", static_cast<int64_t>(getpid())},
             {"head_address", head_->address()},
-            {"metrics_url", fmt::format("http://127.0.0.1:{}/metrics", metrics_server_->port())},
+            {"metrics_url", fmt::format("http://{}/metrics", metrics_local_)},
             {"metrics_port", metrics_server_->port()},
             {"prometheus_targets", config_.cluster.run_dir + "/prometheus_targets.json"},
             {"jsonl_path", config_.metrics.jsonl_path.value_or("")}};
@@ -457,6 +461,7 @@ void Driver::StartHealthChecks() {
   ho.first_wait_s = ft.health_check_first_wait;
   ho.interval_s = ft.health_check_interval;
   ho.timeout_s = ft.health_check_timeout;
+  ho.bearer_token = config::EngineAccessToken(config_.cluster);
   EngineRecoveryImpl* engines = engines_.get();
   runtime::Head* head = head_.get();
   ho.targets = [engines] { return engines->HealthTargets(); };

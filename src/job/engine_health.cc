@@ -66,6 +66,7 @@ std::string EngineHealthMonitor::Check(const EngineHealthTarget& engine) const {
   http::ClientOptions co;
   co.timeout = Ms(options_.timeout_s);
   co.keep_alive = false;
+  co.bearer_token = options_.bearer_token;
   http::Client client(hp->first, hp->second, co);
   StatusOr<http::Response> r = client.Get("/health_generate");
   if (!r.ok()) {

@@ -40,6 +40,7 @@ struct EngineHealthOptions {
   double first_wait_s = 0.0;  // fault_tolerance.health_check_first_wait
   double interval_s = 30.0;   // fault_tolerance.health_check_interval
   double timeout_s = 30.0;    // fault_tolerance.health_check_timeout
+  std::string bearer_token;   // the engines' access key (config::EngineAccessToken), or ""
   // The engines to check, asked at every round (addresses change when engines restart).
   std::function<std::vector<EngineHealthTarget>()> targets;
   // An engine failed a check: `why` says how (the HTTP status and body, or the client error).

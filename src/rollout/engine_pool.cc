@@ -235,6 +235,7 @@ void EnginePool::CancelQueued() {
 void EnginePool::WorkerMain(Engine* e) {
   http::ClientOptions client_options;
   client_options.timeout = options_.request_timeout;
+  client_options.bearer_token = options_.bearer_token;
   std::unique_ptr<http::Client> client;
   int64_t client_generation = -1;
   std::string where;
@@ -318,6 +319,7 @@ Status EnginePool::AbortAll() {
     const EngineAddress a = address(e->index);
     http::ClientOptions o;
     o.timeout = options_.control_timeout;
+    o.bearer_token = options_.bearer_token;
     http::Client client(a.host, a.port, o);
     StatusOr<http::Response> r = client.Post("/abort_request", R"({"abort_all": true})");
     Status s = r.ok() ? http::StatusFromHttp(
@@ -335,6 +337,7 @@ StatusOr<nlohmann::json> EnginePool::Loads(int engine) {
   const EngineAddress a = address(engine);
   http::ClientOptions o;
   o.timeout = options_.control_timeout;
+  o.bearer_token = options_.bearer_token;
   http::Client client(a.host, a.port, o);
   SLIME_ASSIGN_OR_RETURN(http::Response r, client.Get("/v1/loads"));
   const std::string where = fmt::format("engine {} /v1/loads", a.ToString());

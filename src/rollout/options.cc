@@ -11,6 +11,7 @@ StatusOr<RolloutOptions> RolloutOptionsFromConfig(const config::Config& config,
   RolloutOptions o;
   o.engines.addresses = std::move(engine_addresses);
   o.engines.concurrency_per_engine = config.rollout.engine_concurrency;
+  o.engines.bearer_token = config::EngineAccessToken(config.cluster);
   o.engines.request_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(config.rollout.request_timeout_s * 1000));
   o.engines.max_attempts = config.rollout.request_max_attempts;

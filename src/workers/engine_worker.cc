@@ -62,6 +62,8 @@ StatusOr<std::unique_ptr<EngineWorker>> EngineWorker::Start(WorkerOptions option
   so.host = host;
   so.port = 0;
   so.weights_group_timeout_s = 60.0 * config.cluster.distributed_timeout_minutes;
+  so.api_key = config.cluster.engine_api_key;
+  so.admin_api_key = config.cluster.engine_admin_api_key;
   SLIME_ASSIGN_OR_RETURN(impl->server,
                          engine::EngineServer::Start(impl->engine.get(), &impl->registry, so));
   spdlog::info("engine {}: serving {} on http://{}:{} ({}, tp_size {})", options.rank,

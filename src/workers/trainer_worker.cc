@@ -615,6 +615,7 @@ Status TrainerWorker::ConnectEngines(const nlohmann::json& request) {
   so.device = impl_->options.device == "cuda" ? torch::Device("cuda:0") : torch::Device(torch::kCPU);
   so.bucket_bytes = config.weight_sync.buffer_size;
   so.timeout_s = 60.0 * config.cluster.distributed_timeout_minutes;
+  so.bearer_token = config::EngineAccessToken(config.cluster);
   SLIME_ASSIGN_OR_RETURN(impl_->sender, comm::WeightSender::Connect(std::move(so)));
   return absl::OkStatus();
 }
@@ -706,6 +707,7 @@ Status TrainerWorker::Impl::LoadOnEngine(const comm::EngineEndpoint& e, const st
                                          const std::string& version) {
   http::ClientOptions co;
   co.timeout = std::chrono::seconds(60 * options.config.cluster.distributed_timeout_minutes);
+  co.bearer_token = config::EngineAccessToken(options.config.cluster);
   http::Client client(e.host, e.port, co);
   const std::string where = fmt::format("engine {}:{}", e.host, e.port);
   auto post = [&](const std::string& path, const nlohmann::json& body) -> Status {

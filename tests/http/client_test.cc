@@ -108,5 +108,51 @@ TEST(ClientTest, HeadAndCustomMethods) {
   EXPECT_EQ(server->num_connections(), 1u);
 }
 
+// ClientOptions::bearer_token: every method (and PostStream) carries it against a server with
+// access keys; a call's own Authorization header wins.
+TEST(ClientTest, BearerTokenOpensAGuardedServer) {
+  Router router;
+  router.Add("*", "/k", [](const Request& r, std::shared_ptr<ResponseWriter> w) {
+    w->Send(200, r.method, "text/plain");
+  });
+  AccessKeys keys;
+  keys.api_key = "user-key";
+  router.SetAccessKeys(keys);
+  auto server = StartOrDie(std::move(router));
+  ASSERT_NE(server, nullptr);
+
+  Client open("127.0.0.1", server->port(), {.timeout = 20s});
+  auto refused = open.Get("/k");
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->status, 401);
+
+  Client keyed("127.0.0.1", server->port(), {.timeout = 20s, .bearer_token = "user-key"});
+  for (const std::string method : {"GET", "POST", "PUT"}) {
+    auto r = keyed.Request(method, "/k", method == "GET" ? "" : "{}");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 200) << method;
+    EXPECT_EQ(r->body, method);
+  }
+  auto posted = keyed.Post("/k", "{}");
+  ASSERT_TRUE(posted.ok()) << posted.status();
+  EXPECT_EQ(posted->status, 200);
+  std::string streamed;
+  Status stream = keyed.PostStream("/k", "{}", [&](std::string_view line) {
+    streamed += line;
+    return true;
+  });
+  EXPECT_TRUE(stream.ok()) << stream;
+  EXPECT_EQ(streamed, "POST");
+
+  auto overridden = keyed.Get("/k", {{"Authorization", "Bearer wrong"}});
+  ASSERT_TRUE(overridden.ok()) << overridden.status();
+  EXPECT_EQ(overridden->status, 401);
+
+  Client wrong("127.0.0.1", server->port(), {.timeout = 20s, .bearer_token = "user-kex"});
+  auto denied = wrong.Get("/k");
+  ASSERT_TRUE(denied.ok()) << denied.status();
+  EXPECT_EQ(denied->status, 401);
+}
+
 }  // namespace
 }  // namespace slime::http

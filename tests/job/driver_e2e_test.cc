@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "child_process.h"
+#include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "promtool.h"
@@ -210,7 +211,10 @@ TEST_F(DriverE2eTest, TrainsSavesAndAnInterruptedRunResumesAtTheNextRollout) {
 }
 
 TEST_F(DriverE2eTest, ServesMetricsAndStopsEveryProcessOnSigterm) {
-  const fs::path config = WriteConfig(1000, "metrics:\n  prometheus_port: 0\n");
+  // metrics.prometheus_host: /metrics listens on that interface only (127.0.0.2, another
+  // loopback address), which driver.json's metrics_url names.
+  const fs::path config =
+      WriteConfig(1000, "metrics:\n  prometheus_port: 0\n  prometheus_host: 127.0.0.2\n");
   Child run({"--config", config.string()}, dir_);
   // driver.json names the metrics endpoint; wait for the first rollout's gauges.
   const fs::path driver_file = dir_ / "run" / "driver.json";
@@ -220,8 +224,14 @@ TEST_F(DriverE2eTest, ServesMetricsAndStopsEveryProcessOnSigterm) {
     if (fs::exists(driver_file)) {
       Json d = Json::parse(ReadFile(driver_file), nullptr, false);
       if (!d.is_discarded()) {
-        http::Client client("127.0.0.1", d.at("metrics_port").get<int>());
+        const int port = d.at("metrics_port").get<int>();
+        EXPECT_EQ(d.value("metrics_url", ""), fmt::format("http://127.0.0.2:{}/metrics", port));
+        http::Client client("127.0.0.2", port);
         auto resp = client.Get("/metrics");
+        http::Client other("127.0.0.1", port);
+        auto elsewhere = other.Get("/metrics");
+        EXPECT_FALSE(elsewhere.ok() && elsewhere->status == 200)
+            << "/metrics answers on 127.0.0.1 too: it should listen on 127.0.0.2 only";
         if (resp.ok() && resp->status == 200 &&
             resp->body.find("slime_rollout_raw_reward") != std::string::npos) {
           exposition = resp->body;
@@ -571,11 +581,15 @@ int ServePort(const Child& server, std::chrono::seconds timeout) {
 
 // cluster.rollout_external_engine_addrs: no engine workers; the job generates on a server it did
 // not start (here `slime_train serve`, as a real SGLang server would be), pushes the trainer's
-// weights to it over the weight-update group after every step, and leaves it running.
+// weights to it over the weight-update group after every step, and leaves it running. The
+// server requires access keys (--api-key / --admin-api-key); the job sends the ones
+// cluster.engine_api_key / engine_admin_api_key give (the admin key from the environment through
+// ${...}), and a job with a wrong key fails naming the engine's 401 without changing it.
 TEST_F(DriverE2eTest, DrivesAnExternalEngineGivenByAddress) {
+  const std::string user_key = "e2e-user-8f1c", admin_key = "e2e-admin-42d7";
   fs::create_directories(dir_ / "server");
   Child server({"serve", "--model", (*root_ / "model").string(), "--host", "127.0.0.1", "--port",
-                "0", "--device", "cpu"},
+                "0", "--device", "cpu", "--api-key", user_key, "--admin-api-key", admin_key},
                dir_ / "server");
   const int port = ServePort(server, std::chrono::seconds(120));
   ASSERT_GT(port, 0) << "the external server did not start\n" << server.err();
@@ -585,15 +599,35 @@ TEST_F(DriverE2eTest, DrivesAnExternalEngineGivenByAddress) {
   const std::string local = "  rollout_num_gpus: 2\n";
   ASSERT_NE(yaml.find(local), std::string::npos);
   yaml.replace(yaml.find(local), local.size(),
-               "  rollout_external_engine_addrs: [\"127.0.0.1:" + std::to_string(port) + "\"]\n");
+               "  rollout_external_engine_addrs: [\"127.0.0.1:" + std::to_string(port) + "\"]\n" +
+                   "  engine_api_key: " + user_key + "\n" +
+                   "  engine_admin_api_key: ${SLIME_E2E_ENGINE_ADMIN_KEY}\n");
   std::ofstream(config) << yaml;
 
-  Child run({"--config", config.string()}, dir_);
+  {  // The wrong admin key: the first weight push is refused; the job ends naming the 401.
+    fs::create_directories(dir_ / "wrong");
+    Child wrong({"--config", config.string(), "--set",
+                 "cluster.run_dir=" + (dir_ / "wrong" / "run").string()},
+                dir_ / "wrong", {.env = {{"SLIME_E2E_ENGINE_ADMIN_KEY", "not-the-key"}}});
+    std::optional<int> code = wrong.Wait(std::chrono::seconds(200));
+    ASSERT_TRUE(code.has_value()) << wrong.err();
+    EXPECT_NE(*code, 0);
+    const std::string logs = ReadLogs(dir_ / "wrong" / "run", wrong);
+    EXPECT_NE(logs.find("401"), std::string::npos) << logs;
+    EXPECT_EQ(logs.find("not-the-key"), std::string::npos) << "a key in the logs";
+  }
+
+  Child run({"--config", config.string()}, dir_,
+            {.env = {{"SLIME_E2E_ENGINE_ADMIN_KEY", admin_key}}});
   std::optional<int> code = run.Wait(std::chrono::seconds(300));
   ASSERT_EQ(code, std::optional<int>(0)) << "stdout:\n" << run.out() << "\nstderr:\n" << run.err();
   EXPECT_NE(run.err().find("external engines up: 127.0.0.1:" + std::to_string(port)), std::string::npos)
       << run.err();
   EXPECT_EQ(run.err().find("started engine-"), std::string::npos) << "no engine worker: " << run.err();
+  const std::string logs = run.out() + ReadLogs(dir_ / "run", run) +
+                           ReadFile(dir_ / "run" / "metrics.jsonl");
+  EXPECT_EQ(logs.find(user_key), std::string::npos) << "the API key in the logs or metrics";
+  EXPECT_EQ(logs.find(admin_key), std::string::npos) << "the admin key in the logs or metrics";
 
   std::map<int64_t, Json> records = RolloutRecords(dir_ / "run" / "metrics.jsonl");
   for (int64_t r : {0, 1}) {
@@ -601,14 +635,78 @@ TEST_F(DriverE2eTest, DrivesAnExternalEngineGivenByAddress) {
     EXPECT_GT(records[r].value("rollout/trainer/response_length", -1.0), 0) << records[r].dump();
   }
   // Initial push = version 0, then a sync after each of the 2 rollouts: the server holds version
-  // 2, and it still serves (the job does not stop what it did not start).
-  http::Client client("127.0.0.1", port);
+  // 2, and it still serves (the job does not stop what it did not start). The wrong-key job
+  // changed nothing.
+  http::Client client("127.0.0.1", port, {.bearer_token = user_key});
   auto version = client.Get("/get_weight_version");
   ASSERT_TRUE(version.ok()) << version.status();
   EXPECT_EQ(Json::parse(version->body).value("weight_version", ""), "2") << version->body;
   auto health = client.Get("/health");
   ASSERT_TRUE(health.ok()) << health.status();
   EXPECT_EQ(health->status, 200);
+  http::Client anonymous("127.0.0.1", port);
+  auto refused = anonymous.Get("/get_weight_version");
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->status, 401);
+}
+
+// cluster.engine_api_key / engine_admin_api_key with local engines: the driver starts its
+// engines with them (a call without the key gets 401 while the job runs, the user key on an
+// admin route 403) and every call of the job carries the admin key; --dry-run shows them as
+// <redacted>; neither key reaches a log or the metrics.
+TEST_F(DriverE2eTest, LocalEnginesRequireTheConfiguredKeys) {
+  const std::string user_key = "local-user-77ab", admin_key = "local-admin-0c9e";
+  const fs::path config = WriteConfig(3);
+  const std::vector<std::string> keys = {"--set", "cluster.engine_api_key=" + user_key, "--set",
+                                         "cluster.engine_admin_api_key=" + admin_key};
+  {
+    std::vector<std::string> args = {"--config", config.string(), "--dry-run"};
+    args.insert(args.end(), keys.begin(), keys.end());
+    Child dry(args, dir_, {.name = "dry"});
+    ASSERT_EQ(dry.Wait(std::chrono::seconds(60)), std::optional<int>(0)) << dry.err();
+    EXPECT_NE(dry.out().find("engine_api_key: \"<redacted>\""), std::string::npos) << dry.out();
+    EXPECT_NE(dry.out().find("engine_admin_api_key: \"<redacted>\""), std::string::npos) << dry.out();
+    EXPECT_EQ(dry.out().find(user_key), std::string::npos) << dry.out();
+    EXPECT_EQ(dry.out().find(admin_key), std::string::npos) << dry.out();
+  }
+  std::vector<std::string> args = {"--config", config.string(), "--set",
+                                   "rollout.max_response_len=64", "--set",
+                                   "rollout.engine_concurrency=1"};
+  args.insert(args.end(), keys.begin(), keys.end());
+  Child run(args, dir_);
+  // While rollout 1 generates, ask an engine directly (its address from the Prometheus targets).
+  const auto deadline = Clock::now() + std::chrono::seconds(400);
+  while (run.out().find("rollout 0/3 |") == std::string::npos && Clock::now() < deadline) {
+    if (run.Wait(std::chrono::seconds(0))) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::string engine;
+  for (const Json& group : Json::parse(ReadFile(dir_ / "run" / "prometheus_targets.json"))) {
+    if (group.at("labels").contains("slime_engine")) engine = group.at("targets").at(0).get<std::string>();
+  }
+  ASSERT_FALSE(engine.empty()) << "no engine in the Prometheus targets\n" << run.err();
+  const std::string host = engine.substr(0, engine.rfind(':'));
+  const int port = std::stoi(engine.substr(engine.rfind(':') + 1));
+  http::Client anonymous(host, port);
+  auto refused = anonymous.Get("/get_weight_version");
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->status, 401) << refused->body;
+  http::Client user(host, port, {.bearer_token = user_key});
+  auto read = user.Get("/get_weight_version");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->status, 200) << read->body;
+  auto flush = user.Get("/flush_cache");
+  ASSERT_TRUE(flush.ok()) << flush.status();
+  EXPECT_EQ(flush->status, 403) << "the user key on an admin route: " << flush->body;
+
+  std::optional<int> code = run.Wait(std::chrono::seconds(400));
+  ASSERT_EQ(code, std::optional<int>(0)) << "stdout:\n" << run.out() << "\nstderr:\n"
+                                         << ReadLogs(dir_ / "run", run);
+  EXPECT_NE(run.out().find("rollout 2/3 |"), std::string::npos) << run.out();
+  const std::string logs = run.out() + ReadLogs(dir_ / "run", run) +
+                           ReadFile(dir_ / "run" / "metrics.jsonl");
+  EXPECT_EQ(logs.find(user_key), std::string::npos) << "the API key in the logs or metrics";
+  EXPECT_EQ(logs.find(admin_key), std::string::npos) << "the admin key in the logs or metrics";
 }
 
 // Data parallelism across trainer processes: two rollouts generated once, then trained from the

@@ -71,6 +71,7 @@ struct WeightSenderOptions {
   std::string master_address = "127.0.0.1";  // what engines dial to reach this process
   int master_port = 0;                         // 0 = a free port
   std::string group_name = "weight_update_group";
+  std::string bearer_token;                    // engines' access key (`Authorization: Bearer`)
   std::string backend = "auto";                // gloo | nccl | auto | cuda_ipc
   torch::Device device = torch::kCPU;          // cuda_ipc: the trainer's GPU
   int64_t bucket_bytes = int64_t{512} << 20;   // weight_sync.buffer_size

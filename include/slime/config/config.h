@@ -49,6 +49,10 @@ struct ClusterConfig {
   std::optional<bool> offload_train;    // resolved: always set
   std::optional<bool> offload_rollout;  // resolved: always set
   std::vector<std::string> rollout_external_engine_addrs;
+  // SGLang's --api-key / --admin-api-key of the engines: local engines start with them and
+  // every call to an engine (local or external) carries one (EngineAccessToken). Secrets.
+  std::string engine_api_key;
+  std::string engine_admin_api_key;
   int distributed_timeout_minutes = 10;
   std::map<std::string, std::string> train_env_vars;
   bool operator==(const ClusterConfig&) const = default;
@@ -297,6 +301,7 @@ struct CheckpointConfig {
 struct MetricsConfig {
   std::optional<std::string> jsonl_path;  // resolved: <run_dir>/metrics.jsonl when unset
   std::optional<int> prometheus_port;
+  std::string prometheus_host;  // the interface /metrics binds; "" = all with a port, else loopback
   std::optional<std::string> tensorboard_dir;
   bool log_passrate = false;
   bool log_multi_turn = false;
@@ -379,7 +384,13 @@ Status ResolveConfig(Config* config, std::vector<std::string>* warnings);
 
 // The whole config as YAML, every key present (unset optionals as `~`). Loading the text back
 // with LoadConfigFromString yields an equal Config when `config` was resolved.
-std::string ToYaml(const Config& config);
+// `redact_secrets`: the values of secret fields (access keys) are written as "<redacted>"; use it
+// for anything a person or a log may read. Workers get the config unredacted (over the job's RPC).
+std::string ToYaml(const Config& config, bool redact_secrets = false);
+
+// The bearer token the job's HTTP calls to engines carry: the admin key when one is set (it opens
+// every route), else the API key; "" when the engines are open.
+std::string EngineAccessToken(const ClusterConfig& cluster);
 
 // The reference of every key as Markdown: the full content of docs/config.md.
 std::string ConfigReferenceMarkdown();

@@ -70,6 +70,7 @@ struct FieldInfo {
   int64_t int_min = std::numeric_limits<int64_t>::min();  // range of the C++ member
   int64_t int_max = std::numeric_limits<int64_t>::max();
   std::vector<std::string> read_by;  // modules whose code reads the field ("train", "config", ...)
+  bool secret = false;               // a credential: redacted where the config is shown
   std::string refused;               // non-empty: only the default is accepted; says why
   FieldValue refused_default;        // the one accepted value of a refused field
 

@@ -36,6 +36,9 @@ struct ClientOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
   // Keep the connection open between requests.
   bool keep_alive = true;
+  // Set: every request carries `Authorization: Bearer <bearer_token>` (SGLang's --api-key)
+  // unless the call passes its own Authorization header.
+  std::string bearer_token;
 };
 
 // Extra request headers, name -> value.

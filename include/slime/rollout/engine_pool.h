@@ -61,6 +61,8 @@ struct EnginePoolOptions {
   // Tries per call while the engine refuses connections (slime retries 60 times, 1 s apart).
   int max_attempts = 60;
   std::chrono::milliseconds retry_interval{std::chrono::seconds(1)};
+  // Sent as `Authorization: Bearer` on every call (the engines' access key; "" = none).
+  std::string bearer_token;
   // Control calls (/abort_request, /v1/loads).
   std::chrono::milliseconds control_timeout{std::chrono::seconds(30)};
   // Set: engine loss is reported instead of retried (file comment). Runs on the worker thread
