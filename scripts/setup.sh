@@ -18,6 +18,7 @@ packages=(
   libopenblas0-pthread
   # tests/slurm: a one-node SLURM cluster started by the test (munge comes as a dependency)
   slurmctld slurmd slurm-client
+  openssl  # tests/slurm/tls_agents_test.sh makes its certificate authority and node certificates
   # tests/scripts/prometheus_e2e_test.sh scrapes a job with a real Prometheus server (its own
   # config and storage; the package's service is not started, see policy-rc.d below)
   prometheus

@@ -128,6 +128,9 @@ int RunStatus(const RuntimeCommands::Values& v) {
   if (address.empty()) return Fail("status", "pass --head HOST:PORT or --run-dir DIR", kExitUsage);
   StatusOr<std::string> token = TokenFrom(token_file);
   if (!token.ok()) return Fail("status", std::string(token.status().message()), kExitUsage);
+  if (const StatusOr<runtime::RpcTls>& tls = runtime::ProcessTls(); !tls.ok()) {
+    return Fail("status", std::string(tls.status().message()), kExitUsage);
+  }
   runtime::RpcOptions rpc{*token};
   auto stub = slime::v1::Head::NewStub(runtime::MakeChannel(address, rpc));
   auto ctx = runtime::MakeContext(*token, std::chrono::seconds(5));

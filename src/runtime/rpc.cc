@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -20,6 +21,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
 
 namespace slime::runtime {
 
@@ -56,6 +58,65 @@ std::unique_ptr<grpc::ClientContext> MakeContext(const std::string& token,
   return context;
 }
 
+namespace {
+
+StatusOr<std::string> ReadPem(const char* variable, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(fmt::format("{}={}: cannot read the file", variable, path));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (text.str().find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(fmt::format("{}={}: not a PEM file", variable, path));
+  }
+  return text.str();
+}
+
+StatusOr<RpcTls> ReadTlsEnvironment() {
+  RpcTls tls;
+  const char* names[] = {kTlsCaEnv, kTlsCertEnv, kTlsKeyEnv};
+  std::string values[3];
+  int set = 0;
+  for (int i = 0; i < 3; ++i) {
+    const char* v = std::getenv(names[i]);
+    if (v != nullptr && *v != '\0') {
+      values[i] = v;
+      ++set;
+    }
+  }
+  const char* mutual = std::getenv(kTlsMutualEnv);
+  const std::string m = mutual != nullptr ? mutual : "";
+  if (!m.empty() && m != "0" && m != "1") {
+    return absl::InvalidArgumentError(fmt::format("{}={}: expected 0 or 1", kTlsMutualEnv, m));
+  }
+  if (set == 0) {
+    if (m == "1") {
+      return absl::InvalidArgumentError(fmt::format(
+          "{}=1 needs {}, {} and {} (PEM files)", kTlsMutualEnv, kTlsCaEnv, kTlsCertEnv, kTlsKeyEnv));
+    }
+    return tls;  // plaintext
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (values[i].empty()) {
+      return absl::InvalidArgumentError(fmt::format(
+          "TLS for the runtime's gRPC needs {}, {} and {} together; {} is not set", kTlsCaEnv,
+          kTlsCertEnv, kTlsKeyEnv, names[i]));
+    }
+  }
+  SLIME_ASSIGN_OR_RETURN(tls.ca_pem, ReadPem(kTlsCaEnv, values[0]));
+  SLIME_ASSIGN_OR_RETURN(tls.cert_pem, ReadPem(kTlsCertEnv, values[1]));
+  SLIME_ASSIGN_OR_RETURN(tls.key_pem, ReadPem(kTlsKeyEnv, values[2]));
+  tls.enabled = true;
+  tls.mutual = m == "1";
+  return tls;
+}
+
+}  // namespace
+
+const StatusOr<RpcTls>& ProcessTls() {
+  static const StatusOr<RpcTls>* tls = new StatusOr<RpcTls>(ReadTlsEnvironment());
+  return *tls;
+}
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const RpcOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
@@ -63,7 +124,19 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Rpc
   // Reconnect quickly after a worker restarts on a new port or a peer comes back.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  const StatusOr<RpcTls>& tls = ProcessTls();
+  if (!tls.ok() || !tls->enabled) {
+    // With a TLS error the server side of this process failed already; a plaintext channel to a
+    // TLS server fails its calls (UNAVAILABLE), never silently downgrades one.
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = tls->ca_pem;
+  if (tls->mutual) {
+    ssl.pem_private_key = tls->key_pem;
+    ssl.pem_cert_chain = tls->cert_pem;
+  }
+  return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
 }
 
 StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& host, int port,
@@ -76,7 +149,20 @@ StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& host, int
   const std::string listen =
       host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port)
                                           : fmt::format("{}:{}", host, port);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &selected_port);
+  const StatusOr<RpcTls>& tls = ProcessTls();
+  if (!tls.ok()) return tls.status();
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  if (tls->enabled) {
+    grpc::SslServerCredentialsOptions ssl(
+        tls->mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                    : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    ssl.pem_root_certs = tls->ca_pem;
+    ssl.pem_key_cert_pairs.push_back({tls->key_pem, tls->cert_pem});
+    credentials = grpc::SslServerCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureServerCredentials();
+  }
+  builder.AddListeningPort(listen, credentials, &selected_port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   for (grpc::Service* service : services) builder.RegisterService(service);
@@ -89,6 +175,14 @@ StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& host, int
   *bound_address = host.find(':') != std::string::npos
                        ? fmt::format("[{}]:{}", host, selected_port)
                        : fmt::format("{}:{}", host, selected_port);
+  if (tls->enabled) {
+    spdlog::info("runtime: gRPC on {} with TLS{}", *bound_address,
+                 tls->mutual ? " (mutual: clients present certificates)" : "");
+  } else {
+    spdlog::info("runtime: gRPC on {} in plaintext (the job token is checked, traffic is not "
+                 "encrypted; set {}, {}, {} for TLS between nodes)",
+                 *bound_address, kTlsCaEnv, kTlsCertEnv, kTlsKeyEnv);
+  }
   return server;
 }
 

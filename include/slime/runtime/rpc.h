@@ -8,6 +8,13 @@
 // configured interface, never on all of them unless the user asks for 0.0.0.0. Messages above
 // `RpcOptions::max_message_bytes` are rejected by gRPC itself (RESOURCE_EXHAUSTED) on both sides.
 //
+// TLS (RpcTls): with SLIME_TLS_CA, SLIME_TLS_CERT and SLIME_TLS_KEY set (PEM files), every server
+// presents CERT/KEY and every channel verifies its peer against CA (the certificate must name the
+// address dialled: an IP SAN for IP addresses); SLIME_TLS_MUTUAL=1 also makes servers require and
+// verify a client certificate (each process presents its CERT/KEY). The job token is checked as
+// without TLS. The variables are read once per process; agents pass them on to their workers,
+// SLURM to the agents. Unset: plaintext, and each server says so in the log.
+//
 // Thread-safety: all functions are thread-safe.
 #ifndef SLIME_RUNTIME_RPC_H_
 #define SLIME_RUNTIME_RPC_H_
@@ -31,6 +38,20 @@ inline constexpr char kTokenMetadataKey[] = "x-slime-token";
 inline constexpr char kTokenEnv[] = "SLIME_JOB_TOKEN";
 inline constexpr char kIncarnationEnv[] = "SLIME_ACTOR_INCARNATION";
 inline constexpr char kBindHostEnv[] = "SLIME_BIND_HOST";
+inline constexpr char kTlsCaEnv[] = "SLIME_TLS_CA";
+inline constexpr char kTlsCertEnv[] = "SLIME_TLS_CERT";
+inline constexpr char kTlsKeyEnv[] = "SLIME_TLS_KEY";
+inline constexpr char kTlsMutualEnv[] = "SLIME_TLS_MUTUAL";
+
+// This process's TLS material (file comment), read from the environment on first use.
+struct RpcTls {
+  bool enabled = false;
+  bool mutual = false;
+  std::string ca_pem, cert_pem, key_pem;
+};
+// An error names the variable and file when only some variables are set, a file cannot be read
+// or is not PEM, or SLIME_TLS_MUTUAL is not 0/1.
+const StatusOr<RpcTls>& ProcessTls();
 
 struct RpcOptions {
   std::string token;                          // the job token; must not be empty
@@ -48,11 +69,13 @@ grpc::Status Authorize(const grpc::CallbackServerContext* context, const std::st
 std::unique_ptr<grpc::ClientContext> MakeContext(const std::string& token,
                                                  std::chrono::milliseconds timeout);
 
-// An insecure channel to host:port with the message size limits set.
+// A channel to host:port with the message size limits set: TLS per ProcessTls(), else plaintext
+// (a ProcessTls() error gives a channel whose calls fail with UNAVAILABLE; StartServer reports it).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const RpcOptions& options);
 
 // Builds and starts a server on host:port (port 0 = any free port) with `services` and the size
-// limits. On success `*bound_address` is host:actual_port.
+// limits, TLS per ProcessTls() (an error there is returned). On success `*bound_address` is
+// host:actual_port.
 StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& host, int port,
                                                     const std::vector<grpc::Service*>& services,
                                                     const RpcOptions& options,
