@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # scripts/slurm/slime_train.sbatch on a real one-node SLURM cluster that this test starts:
 # slurmctld -D and slurmd -D on localhost (auth/none, state, spool and logs in a temp dir, ports
-# picked free), then three jobs:
+# picked free), then five jobs:
 #   1. runtime-check with two agents on the node acting as separate nodes (3 runtime nodes,
 #      6 test actors): COMPLETED, exit code 0, head started, both agents registered, every
 #      actor answered, per-node logs in the run dir;
 #   2. the same job held up, `slime_train status` on it, then `scancel --batch --signal=TERM`:
 #      the script forwards SIGTERM to the head, which stops every actor; exit code 143;
 #   3. a head that fails (more actors than slots): the job's exit code is the head's (2);
-#   4. train mode without SLIME_CONFIG: refused with a message naming it, exit code 2.
+#   4. train mode without SLIME_CONFIG: refused with a message naming it, exit code 2;
+#   5. a real training job (train mode): the tiny GRPO recipe, 2 rollouts, on the head's node and
+#      one agent node, actors on both: COMPLETED, both rollouts trained, a checkpoint written.
 # Every daemon and job process is gone at the end (cancel, kill, /proc sweep).
 #
 # Usage: slurm_sbatch_test.sh SLIME_TRAIN_BIN SOURCE_DIR
@@ -247,6 +249,67 @@ job=$(submit noconfig SLIME_MODE=train)
 state=$(wait_job "$job" 60)
 [ "$(job_field "$job" ExitCode)" = "2:0" ] || fail "job 4 exit code $(job_field "$job" ExitCode), expected 2:0"
 expect_grep "job 4 names the missing variable" "error: set SLIME_CONFIG to the job YAML" "$tmp/runs/noconfig.out"
+
+# 5. A real training job through sbatch: the tiny GRPO recipe (a random tiny Qwen3, 2 rollouts)
+# on 2 runtime nodes (the head's own + one agent), 2 CPU slots each, so the trainer and the two
+# engines cannot all sit on one node: generation, training, the weight sync and a checkpoint
+# cross nodes. Needs the Qwen3 tokenizer of scripts/fetch_test_data.sh (CI has it).
+tokenizer="${SLIME_TEST_DATA:-$src/.cache/testdata}/qwen3"
+if [ ! -f "$tokenizer/tokenizer.json" ]; then
+  fail "job 5 needs $tokenizer/tokenizer.json: run scripts/fetch_test_data.sh"
+else
+  log "job 5: train mode, the tiny GRPO recipe for 2 rollouts on 2 runtime nodes"
+  f0=$failures
+  if ! "$bin" init-model --config "$src/tests/data/model/configs/qwen3-tiny.json" \
+      --tokenizer "$tokenizer" --out "$tmp/model" --dtype fp32 --seed 3 > "$tmp/init.log" 2>&1; then
+    fail "job 5: init-model failed: $(tail -n 5 "$tmp/init.log")"
+  fi
+  cat > "$tmp/train.yaml" << EOF
+cluster:
+  device: cpu
+  cpu_slots_per_node: 2
+  actor_num_nodes: 1
+  actor_num_gpus_per_node: 1
+  rollout_num_gpus: 2
+  rollout_num_gpus_per_engine: 1
+model:
+  hf_checkpoint: $tmp/model
+data:
+  prompt_data: $src/data/demo/train.jsonl@[0:16]
+  label_key: label
+  apply_chat_template: true
+  rollout_batch_size: 4
+  n_samples_per_prompt: 2
+  num_rollout: 2
+rollout:
+  max_response_len: 6
+reward:
+  rm_type: exact_match
+train:
+  bf16: false
+  lr: 1.0e-4
+  global_batch_size: 8
+  micro_batch_size: 4
+checkpoint:
+  save: $tmp/runs/train/ckpt
+  save_interval: 1
+EOF
+  job=$(submit train SLIME_MODE=train SLIME_CONFIG="$tmp/train.yaml" SLIME_AGENTS_ON_HEAD_NODE=1 \
+    SLIME_AGENTS_PER_NODE=1 SLIME_AGENT_ARGS="--cpu-slots 2")
+  state=$(wait_job "$job" 400)
+  run="$tmp/runs/train"
+  [ "$state" = COMPLETED ] || fail "job 5 state $state, expected COMPLETED"
+  [ "$(job_field "$job" ExitCode)" = "0:0" ] || fail "job 5 exit code $(job_field "$job" ExitCode)"
+  head_log="$run/logs/head-$node.log"
+  expect_grep "job 5: two runtime nodes" "starting 1 trainer\(s\) and 2 engine\(s\) on 2 node\(s\)" "$head_log"
+  expect_grep "job 5: an actor on the agent's node" "actor (trainer|engine)-[0-9]+ alive: pid [0-9]+ on node $node-a0 " "$head_log"
+  expect_grep "job 5: an actor on the head's node" "actor (trainer|engine)-[0-9]+ alive: pid [0-9]+ on node node0 " "$head_log"
+  expect_grep "job 5: rollout 1 trained" "rollout 1/2 \|" "$head_log"
+  expect_grep "job 5: the run finished" "done: rollouts 0\.\.1" "$head_log"
+  [ -f "$run/ckpt/latest_checkpointed_iteration.txt" ] || fail "job 5: no checkpoint in $run/ckpt"
+  expect_grep "job 5 exit code" "job exit code 0" "$tmp/runs/train.out"
+  [ "$failures" -eq "$f0" ] || show_logs train
+fi
 
 # No job left a process behind (the jobs are over; slurmstepd gets a few seconds to exit).
 sleep_until=$((SECONDS + 15))
