@@ -106,7 +106,6 @@ void AddClusterFields(std::vector<FieldSpec<Config>>* table) {
           "engines.");
   b.Add("engine_api_key", &ClusterConfig::engine_api_key)
       .ReadBy("config", "workers")
-      .Slime("--sglang-api-key")
       .Secret()
       .Doc(
           "SGLang's --api-key for the engines: local engines require it on every route but "
@@ -115,7 +114,6 @@ void AddClusterFields(std::vector<FieldSpec<Config>>* table) {
           "never logged, shown as <redacted> by --dry-run. Empty: engines are open.");
   b.Add("engine_admin_api_key", &ClusterConfig::engine_admin_api_key)
       .ReadBy("config", "workers")
-      .Slime("--sglang-admin-api-key")
       .Secret()
       .Doc(
           "SGLang's --admin-api-key for the engines: when set, only it opens the routes that "
