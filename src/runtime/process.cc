@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -46,6 +48,11 @@ StatusOr<pid_t> SpawnProcess(const SpawnOptions& options) {
   for (std::string& s : argv_strings) argv.push_back(s.data());
   argv.push_back(nullptr);
   const pid_t parent = ::getpid();
+  // Where the child's fallback close loop ends (close_range needs Linux 5.9).
+  struct rlimit files {};
+  const int max_fd = ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
+                         ? static_cast<int>(std::min<rlim_t>(files.rlim_cur, 1 << 20))
+                         : 65536;
 
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -66,6 +73,13 @@ StatusOr<pid_t> SpawnProcess(const SpawnOptions& options) {
     if (log_fd >= 0) {
       ::dup2(log_fd, 1);
       ::dup2(log_fd, 2);
+    }
+    // Nothing else of this process reaches the worker: sockets opened without close-on-exec
+    // (Boost.Asio's, e.g. the driver's /metrics listener and its HTTP connections to engines)
+    // would otherwise live on in every worker, which would then hold the parent's listening
+    // ports and keep connections the parent closed open.
+    if (::close_range(3, ~0U, 0) != 0) {
+      for (int fd = 3; fd < max_fd; ++fd) ::close(fd);
     }
     ::execve(argv[0], argv.data(), envp.data());
     static const char kMsg[] = "slime runtime: execve of the worker binary failed\n";

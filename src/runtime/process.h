@@ -3,7 +3,8 @@
 // A spawned child gets its own process group (so the agent can kill it and anything it starts
 // with one kill(-pgid)), PR_SET_PDEATHSIG(SIGKILL) (so it dies when the agent thread that
 // forked it dies, e.g. when the agent or the in-process head is killed with -9), stdin from
-// /dev/null and stdout/stderr appended to its log file.
+// /dev/null, stdout/stderr appended to its log file and no other file descriptor of the parent
+// (every descriptor from 3 up is closed before exec, close-on-exec or not).
 //
 // REQUIRES: SpawnProcess is called from a thread that lives as long as the children should
 // (the death signal follows the forking *thread*, not the process).
