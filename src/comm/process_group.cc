@@ -16,6 +16,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <string>
+#include <string_view>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -38,6 +40,7 @@ using BackendPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
 struct ProcessGroup::State {
   c10::intrusive_ptr<c10d::TCPStore> store;
   BackendPtr backend;
+  std::string transport;  // Gloo: where this rank's transport listens, for the join log line
 };
 
 namespace {
@@ -50,6 +53,16 @@ std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); 
 
 bool IsLoopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// Where a Gloo rank listens when the group's store is on a loopback address (every rank on this
+// host): its own 127.x address when its node agent bound one (several agents on one host, each
+// a node of its own on 127.0.0.N; agents export it to their workers as $SLIME_BIND_HOST,
+// runtime::kBindHostEnv), else 127.0.0.1.
+std::string LoopbackBindAddress() {
+  const char* own = std::getenv("SLIME_BIND_HOST");
+  if (own != nullptr && std::string_view(own).starts_with("127.")) return own;
+  return "127.0.0.1";
 }
 
 // Runs `fn`, turning LibTorch / Gloo / NCCL exceptions into a Status whose message starts with
@@ -215,13 +228,16 @@ Status ProcessGroup::Join() {
     if (backend_ == "gloo") {
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
       std::string bind = options_.gloo_bind_address;
-      if (bind.empty() && IsLoopback(options_.master_address)) bind = "127.0.0.1";
+      if (bind.empty() && IsLoopback(options_.master_address)) bind = LoopbackBindAddress();
       if (!bind.empty()) {
         opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(bind));
+        state_->transport = bind;
       } else if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
         opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+        state_->transport = fmt::format("interface {}", ifname);
       } else {
         opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+        state_->transport = "the host name's address";
       }
       state_->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, options_.rank,
                                                                     options_.world_size, opts);
@@ -247,7 +263,11 @@ Status ProcessGroup::Join() {
     return s;
   }
 #endif
-  spdlog::info("comm: joined {}", Describe());
+  if (state_->transport.empty()) {
+    spdlog::info("comm: joined {}", Describe());
+  } else {
+    spdlog::info("comm: joined {}; gloo transport on {}", Describe(), state_->transport);
+  }
   // NCCL creates its communicator lazily, at the first collective. No barrier here: a Python
   // peer (slime's trainer, SGLang) issues no collective when it joins, so one of ours would
   // pair with its first weight broadcast.

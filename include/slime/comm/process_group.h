@@ -67,8 +67,9 @@ struct ProcessGroupOptions {
   // SGLang's composite form "cpu:gloo,cuda:nccl" picks the entry for this machine's device.
   std::string backend = "auto";
   double timeout_s = 1800.0;  // rendezvous and each collective (SGLang's default is 30 min)
-  // Gloo: the address this rank's transport binds to. Empty: the loopback address when
-  // master_address is a loopback address, else GLOO_SOCKET_IFNAME or the host name.
+  // Gloo: the address this rank's transport binds to. Empty: when master_address is a loopback
+  // address, this process's own 127.x address if its node agent bound one ($SLIME_BIND_HOST:
+  // several agents on one host) else 127.0.0.1; otherwise GLOO_SOCKET_IFNAME or the host name.
   std::string gloo_bind_address;
   int cuda_device = 0;  // nccl: the device of this rank's tensors
 };
