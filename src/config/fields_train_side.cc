@@ -731,10 +731,20 @@ void AddFaultToleranceFields(std::vector<FieldSpec<Config>>* table) {
       .ReadBy("job")
       .Min(0)
       .Doc("Restarts allowed per engine before the job fails.");
+  b.Add("max_trainer_restarts", &FaultToleranceConfig::max_trainer_restarts)
+      .ReadBy("job")
+      .Min(0)
+      .Doc("Trainer group restarts allowed (synchronous loop): when a trainer process is lost "
+           "(killed, crashed, its node gone) the driver restarts every trainer from the last "
+           "checkpoint of this job (checkpoint.save; none yet: the weights the job started "
+           "from), re-forms the weight-update group, pushes those weights to the engines and "
+           "runs the rollouts after that checkpoint again, with the prompts they had. 0: a lost "
+           "trainer fails the job. Not with --async.");
   b.Add("restart_backoff", &FaultToleranceConfig::restart_backoff)
       .ReadBy("job")
       .Min(0)
-      .Doc("Seconds to wait before restarting a failed engine (doubles with each restart).");
+      .Doc("Seconds to wait before restarting a failed engine or trainer (doubles with each "
+           "restart of the same actor).");
 }
 
 void AddDebugFields(std::vector<FieldSpec<Config>>* table) {

@@ -70,7 +70,7 @@ class TrainerActor : public runtime::Actor {
   explicit TrainerActor(workers::WorkerOptions options)
       : worker_(workers::TrainerWorker::Create(std::move(options))) {
     workers::TrainerWorker* w = worker_.get();
-    AddJsonMethod(this, "init", [w](const Json&) { return w->Init(); });
+    AddJsonMethod(this, "init", [w](const Json& r) { return w->Init(r); });
     AddJsonMethod(this, "open_groups", [w](const Json& r) { return w->OpenGroups(r); });
     AddJsonMethod(this, "join_groups", [w](const Json& r) { return w->JoinGroups(r); });
     AddMethod("train", [w](const std::string& payload) -> StatusOr<std::string> {

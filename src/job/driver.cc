@@ -134,9 +134,18 @@ Status Driver::Loop() {
     SLIME_RETURN_IF_ERROR(RunAsyncLoop(start_rollout_id_, num_rollout_, this));
     return FinishRun(loop_start);
   }
-  for (int64_t rollout_id = start_rollout_id_; rollout_id < num_rollout_; ++rollout_id) {
+  loop_start_ = loop_start;
+  for (int64_t rollout_id = start_rollout_id_; rollout_id < num_rollout_;) {
     if (signals_->last_signal() != 0) return absl::CancelledError("stopped by a signal");
-    SLIME_RETURN_IF_ERROR(RunRollout(rollout_id));
+    Status s = RunRollout(rollout_id);
+    if (s.ok()) {
+      rollout_ends_[rollout_id++] = Clock::now();
+      continue;
+    }
+    // fault_tolerance.max_trainer_restarts: a lost trainer restarts the group from the newest
+    // checkpoint and the loop goes on after it (driver_failover.cc); anything else ends the job.
+    SLIME_RETURN_IF_ERROR(RecoverTrainers(s, rollout_id));
+    rollout_id = start_rollout_id_;
   }
   return FinishRun(loop_start);
 }
@@ -160,6 +169,10 @@ Status Driver::RunRollout(int64_t rollout_id) {
   // 5. Eval.
   if (EvalDue(rollout_id)) SLIME_RETURN_IF_ERROR(Evaluate(rollout_id, &values));
   values["perf/step_time"] = Since(step_start);
+  if (TrainerFailover()) {
+    values["fault/trainer_restarts"] = trainer_group_restarts_;
+    values["fault/trainer_lost_time"] = trainer_lost_seconds_;
+  }
   return Report(rollout_id, values);
 }
 
@@ -167,7 +180,7 @@ Status Driver::FinishRun(Clock::time_point loop_start) {
   // checkpoint.async_save: the last checkpoint is complete before the job reports done (and
   // before export_hf converts it); a failed background write fails the job here.
   SLIME_RETURN_IF_ERROR(WaitForSaves(LongCall()));
-  std::string done = fmt::format("done: rollouts {}..{} in {:.0f} s", start_rollout_id_,
+  std::string done = fmt::format("done: rollouts {}..{} in {:.0f} s", initial_start_rollout_id_,
                                  num_rollout_ - 1, Since(loop_start));
   for (const auto& [key, last] : last_eval_) {
     done += fmt::format("; {} {:.3f} -> {:.3f}", key, first_eval_.at(key), last);
@@ -187,12 +200,9 @@ Status Driver::TrainRollout(int64_t rollout_id, const rollout::RolloutResult& re
                             MetricValues* values) {
   if (config_.debug.rollout_only) return absl::OkStatus();
   const auto t = Clock::now();
-  runtime::CallOptions long_call;
-  long_call.timeout = LongCall();
   const std::string payload =
       EncodeTrainBatch(rollout_id, ToTrainBatch(result, config_.rollout.temperature));
-  SLIME_ASSIGN_OR_RETURN(std::vector<std::string> replies,
-                         head_->Group(trainer_ids_).CallAll("train", payload, long_call));
+  SLIME_ASSIGN_OR_RETURN(std::vector<std::string> replies, CallTrainers("train", payload));
   Json reply = Json::parse(replies.front(), nullptr, false);
   if (reply.is_discarded()) return absl::InternalError("train on trainer-0: reply is not JSON");
   std::vector<TrainStepReport> reports;  // for the CI checks
@@ -239,20 +249,15 @@ StatusOr<Json> Driver::SyncWeights(const std::string& version) {
   // Every rank: rank 0 sends, its TP peers take part in the gathers and the later pipeline
   // stages send their parameters to it, and each rank advances its own keep_old_actor queue.
   // Rank 0's reply has the transfer's numbers.
-  runtime::CallOptions co;
-  co.timeout = LongCall();
-  SLIME_ASSIGN_OR_RETURN(
-      std::vector<std::string> replies,
-      head_->Group(trainer_ids_)
-          .CallAll("sync_weights", Json{{"weight_version", version}}.dump(), co));
+  SLIME_ASSIGN_OR_RETURN(std::vector<std::string> replies,
+                         CallTrainers("sync_weights", Json{{"weight_version", version}}.dump()));
   Json reply = Json::parse(replies.front(), nullptr, false);
   if (!reply.is_object())
     return absl::InternalError("sync_weights on trainer-0: reply is not JSON");
   if (config_.weight_sync.check_weight_update_equal) {
     // Every engine's tensors against the trainer's (workers.h, CheckEngineWeights): a
     // difference fails the job naming the engine and the tensor.
-    SLIME_RETURN_IF_ERROR(
-        head_->Group(trainer_ids_).CallAll("check_engine_weights", "{}", co).status());
+    SLIME_RETURN_IF_ERROR(CallTrainers("check_engine_weights", "{}").status());
   }
   return reply;
 }
@@ -335,16 +340,17 @@ Status Driver::EngineMemory(bool release, const std::vector<std::string>& tags) 
     SLIME_ASSIGN_OR_RETURN(http::Response r, client.Post(path, body));
     if (r.status != 200) return http::StatusFromHttp(r.status, "engine " + address + " " + path, r.body);
   }
+  // Released: everything at once; back: the K/V cache comes back last.
+  if (release) engines_released_ = true;
+  if (!release && std::find(tags.begin(), tags.end(), "kv_cache") != tags.end()) {
+    engines_released_ = false;
+  }
   return absl::OkStatus();
 }
 
 Status Driver::TrainerMemory(bool release, const char* metric, MetricValues* values) {
   const auto t = Clock::now();
-  runtime::CallOptions co;
-  co.timeout = LongCall();
-  SLIME_RETURN_IF_ERROR(head_->Group(trainer_ids_)
-                            .CallAll(release ? "release_memory" : "resume_memory", "{}", co)
-                            .status());
+  SLIME_RETURN_IF_ERROR(CallTrainers(release ? "release_memory" : "resume_memory", "{}").status());
   if (values != nullptr) (*values)[metric] = Since(t);
   return absl::OkStatus();
 }
@@ -355,6 +361,11 @@ Status CheckAsyncConfig(const config::Config& config) {
         "--async: cluster.colocate is true, but the one-step-off-policy loop generates on the "
         "engines while the trainers train, so they need devices of their own (slime's "
         "train_async.py asserts the same); set cluster.colocate: false or run without --async");
+  }
+  if (config.fault_tolerance.max_trainer_restarts > 0) {
+    return absl::InvalidArgumentError(
+        "--async: fault_tolerance.max_trainer_restarts is for the synchronous loop (a trainer "
+        "group restart rewinds it to the last checkpoint); set it to 0 or run without --async");
   }
   return absl::OkStatus();
 }

@@ -58,20 +58,19 @@ Status Driver::ProcessRollout(int64_t rollout_id, const rollout::RolloutResult& 
 
 // ---- Checkpoints.
 
-Status Driver::Resume(const Json& init) {
+Status Driver::Resume(const Json& init, const std::string& dir) {
   start_rollout_id_ = 0;
   if (!init.value("loaded", false)) return absl::OkStatus();
   const int64_t loaded = init.at("rollout_id").get<int64_t>();
   start_rollout_id_ = loaded + 1;
   if (source_) {
-    const std::string path = data::DataSourceStatePath(*config_.checkpoint.load, loaded);
+    const std::string path = data::DataSourceStatePath(dir, loaded);
     if (Status s = source_->Load(path); !s.ok()) {
       if (s.code() != absl::StatusCode::kNotFound) return s;
       spdlog::warn("resume: {}; the prompt order starts from the beginning", std::string(s.message()));
     }
   }
-  const std::string coord = fmt::format("{}/rollout/coordinator_state_{}.json",
-                                        *config_.checkpoint.load, loaded);
+  const std::string coord = fmt::format("{}/rollout/coordinator_state_{}.json", dir, loaded);
   std::ifstream in(coord);
   if (in) {
     std::stringstream text;
@@ -138,14 +137,12 @@ Status Driver::SaveCheckpoint(int64_t rollout_id, const RolloutSideState* state,
       coordinator.dump() + "\n"));
   Json request = {{"rollout_id", rollout_id},
                   {"extra_state", {{"num_rollout", num_rollout_}}}};
-  runtime::CallOptions co;
-  co.timeout = LongCall();
   // checkpoint.async_save: the trainers return once their host copies are taken; each save
   // first waits for the previous background write (its time is perf/save_wait_time, its
   // duration perf/save_background_time), and the end of the job waits for the last one.
   if (config_.checkpoint.async_save) save_in_flight_ = true;
-  SLIME_ASSIGN_OR_RETURN(std::vector<std::string> replies,
-                         head_->Group(trainer_ids_).CallAll("save", request.dump(), co));
+  SLIME_ASSIGN_OR_RETURN(std::vector<std::string> replies, CallTrainers("save", request.dump()));
+  checkpoint_saved_ = true;
   if (values != nullptr && config_.checkpoint.async_save) {
     double wait = 0, write = 0;
     for (const std::string& r : replies) {

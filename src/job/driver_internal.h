@@ -13,6 +13,8 @@
 //                         debug.load_debug_rollout_data) and what is saved of it
 //                         (debug.save_debug_rollout_data); the rollout side of a checkpoint:
 //                         save, capture (--async), resume
+//   driver_failover.cc    trainer failover: a lost trainer restarts the trainer group from
+//                         the newest checkpoint and the loop replays the rollouts after it
 //
 // Threads: RunDriver's thread runs every step (the --async loop adds its prefetch thread, see
 // driver_async.h); Stop may also run on the signal thread.
@@ -129,7 +131,8 @@ class Driver : public RolloutSteps {
   // Saved rollouts and the rollout side of a checkpoint (driver_checkpoint.cc).
   // trainer init's reply {"loaded", "rollout_id", "dir"}: start_rollout_id_, and the data source
   // and coordinator as saved with that checkpoint.
-  Status Resume(const Json& init);
+  // `dir`: the checkpoint directory the trainers loaded from.
+  Status Resume(const Json& init, const std::string& dir);
   // `state`: the rollout side to save (the async loop's capture); null: the current one.
   // `values` (may be null): checkpoint.async_save's perf/save_wait_time and
   // perf/save_background_time.
@@ -144,6 +147,29 @@ class Driver : public RolloutSteps {
                         MetricValues* values) override;
   RolloutSideState CaptureState() override;
   Status Save(int64_t rollout_id, const RolloutSideState& state, MetricValues* values) override;
+
+  // Trainer failover (driver_failover.cc), on when fault_tolerance.max_trainer_restarts > 0.
+  bool TrainerFailover() const;
+  // Every trainer's incarnation as initialized (after setup and after each group restart).
+  void RecordTrainerIncarnations();
+  // The first trainer whose initialized process is gone (restarting, dead or replaced),
+  // described for the log; nullopt when each is still the process that was initialized.
+  std::optional<std::string> LostTrainer();
+  // `method` on every trainer, the replies in rank order. With failover: Aborted as soon as a
+  // trainer is lost (its peers may wait on it in a collective forever), and no call is retried
+  // on a trainer's next process.
+  StatusOr<std::vector<std::string>> CallTrainers(const std::string& method,
+                                                  const std::string& payload);
+  // After `cause` failed rollout `failed_rollout`: when a trainer was lost (the head may take
+  // up to 10 s to see it) and restarts are left, restarts the trainer group
+  // (RestartTrainerGroup, again if a restart itself loses a trainer) and returns OK with
+  // start_rollout_id_ the rollout to run next; otherwise an error (`cause`, or the limit's).
+  Status RecoverTrainers(const Status& cause, int64_t failed_rollout);
+  Status RestartTrainerGroup(const std::string& lost, int64_t failed_rollout);
+  Status RestoreRolloutSide(const RolloutSideState& state);
+  // POST /destroy_weights_update_group (kWeightUpdateGroup) to every engine; a missing group
+  // is logged, not an error.
+  void DropEngineWeightGroups();
 
   // One rollout's other steps (driver.cc); RolloutSteps too, except TrainRollout.
   Status TrainRollout(int64_t rollout_id, const rollout::RolloutResult& result,
@@ -213,6 +239,16 @@ class Driver : public RolloutSteps {
   bool offload_engines_ = false;
   bool offload_trainers_ = false;
   std::map<std::string, double> first_eval_, last_eval_;  // eval/<name> of this run
+  bool engines_released_ = false;  // colocated offload: the engines gave their memory back
+  // Trainer failover.
+  std::vector<int64_t> trainer_incarnations_;
+  int trainer_group_restarts_ = 0;
+  double trainer_lost_seconds_ = 0;
+  bool checkpoint_saved_ = false;                // this job completed a save
+  RolloutSideState initial_rollout_side_;        // after setup: a restart without a checkpoint
+  int64_t initial_start_rollout_id_ = 0;
+  Clock::time_point loop_start_;
+  std::map<int64_t, Clock::time_point> rollout_ends_;  // when each rollout's steps ended
   // Destroyed first (declared last): its thread calls into engines_ and head_.
   std::unique_ptr<EngineHealthMonitor> health_;
 };

@@ -59,6 +59,9 @@ Status Driver::Setup() {
     // The engines generate first: the trainer leaves the GPU until the first train step.
     SLIME_RETURN_IF_ERROR(TrainerMemory(/*release=*/true, "", nullptr));
   }
+  // Where a trainer group restart goes back to when this job has no checkpoint of its own.
+  initial_rollout_side_ = CaptureState();
+  initial_start_rollout_id_ = start_rollout_id_;
   setup_done_ = true;
   return absl::OkStatus();
 }
@@ -180,7 +183,7 @@ Status Driver::StartRuntime() {
   ho.resolved_config = config::ToYaml(config_);
   ho.head_node_name = options_.head_node_name;
   ho.metrics = &registry_;
-  ho.max_restarts = config_.fault_tolerance.max_engine_restarts;  // engines only restart
+  ho.max_restarts = config_.fault_tolerance.max_engine_restarts;  // trainers: their own limit
   ho.max_restarts_name = "fault_tolerance.max_engine_restarts";
   ho.restart_backoff_s = config_.fault_tolerance.restart_backoff;
   SLIME_ASSIGN_OR_RETURN(head_, runtime::Head::Start(ho));
@@ -280,6 +283,14 @@ StatusOr<std::vector<runtime::ActorOptions>> Driver::PlanActors(
       // (over what the agent inherited; the runtime's own variables still win).
       for (const auto& [name, value] : config_.cluster.train_env_vars) a.env[name] = value;
       init["world_size"] = num_trainers;
+      // fault_tolerance.max_trainer_restarts: the runtime restarts a lost trainer process and
+      // the driver restarts the whole group from the last checkpoint (RecoverTrainers); each
+      // group restart counts once against every trainer's limit.
+      if (config_.fault_tolerance.max_trainer_restarts > 0) {
+        a.restartable = true;
+        a.max_restarts = config_.fault_tolerance.max_trainer_restarts;
+        a.max_restarts_name = "fault_tolerance.max_trainer_restarts";
+      }
       // CPU trainers of one node share its cores (ranks wait on each other in collectives).
       if (!*gpus)
         init["num_threads"] = std::max(1, cores / std::max(1, trainers_on_node[a.node_name]));
@@ -404,8 +415,9 @@ Status Driver::InitTrainers() {
   if (init.is_discarded()) return absl::InternalError("init on trainer-0: reply is not JSON");
   spdlog::info("trainers ready in {:.1f} s ({} parameters on {})", Since(start),
                init.value("num_parameters", int64_t{0}), init.value("device", std::string("?")));
-  SLIME_RETURN_IF_ERROR(Resume(init));
+  SLIME_RETURN_IF_ERROR(Resume(init, config_.checkpoint.load.value_or("")));
   if (config_.checkpoint.start_rollout_id) start_rollout_id_ = *config_.checkpoint.start_rollout_id;
+  RecordTrainerIncarnations();
   return absl::OkStatus();
 }
 

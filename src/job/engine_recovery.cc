@@ -130,7 +130,10 @@ Status EngineRecoveryImpl::ConnectTrainer() {
   }
   Status s =
       Call(options_.head, options_.trainer_ids.front(), "connect_engines",
-           {{"engines", engines}, {"master_address", trainer_host.first}}, std::chrono::hours(24))
+           {{"engines", engines},
+            {"master_address", trainer_host.first},
+            {"group_name", kWeightUpdateGroup}},
+           std::chrono::hours(24))
           .status();
   if (!s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);

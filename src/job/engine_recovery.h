@@ -48,6 +48,10 @@
 
 namespace slime::job {
 
+// The name of trainer rank 0's weight-update group with the engines (SGLang's group_name). A
+// trainer-group restart destroys it on every engine before the new rank 0 forms it again.
+inline constexpr char kWeightUpdateGroup[] = "weight_update_group";
+
 struct EngineRecoveryOptions {
   runtime::Head* head = nullptr;               // borrowed
   std::vector<std::string> engine_ids;         // engine-0 ..., in the coordinator's order; ""

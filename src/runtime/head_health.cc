@@ -40,21 +40,24 @@ void Head::HandleActorLossLocked(ActorRecord* actor, const std::string& reason,
     return;
   }
   const ActorOptions& o = actor->options;
-  if (o.restartable && actor->restarts < options_.max_restarts) {
+  const int max_restarts = o.max_restarts >= 0 ? o.max_restarts : options_.max_restarts;
+  const std::string& limit_name =
+      o.max_restarts_name.empty() ? options_.max_restarts_name : o.max_restarts_name;
+  if (o.restartable && actor->restarts < max_restarts) {
     ++actor->restarts;
     if (actor->restarts_metric != nullptr) actor->restarts_metric->Increment();
     const double backoff = options_.restart_backoff_s * std::pow(2.0, actor->restarts - 1);
     actor->deadline = Clock::now() + Ms(backoff);
     SetState(actor, ActorState::kRestarting);
     spdlog::warn("actor {} on node {} died ({}); restart {}/{} on the same devices in {:.1f} s",
-                 o.actor_id, o.node_name, reason, actor->restarts, options_.max_restarts, backoff);
+                 o.actor_id, o.node_name, reason, actor->restarts, max_restarts, backoff);
     return;
   }
   SetState(actor, ActorState::kDead);
   const std::string why =
       o.restartable
           ? fmt::format("it was restarted {} time(s) already, the limit ({} = {})",
-                        actor->restarts, options_.max_restarts_name, options_.max_restarts)
+                        actor->restarts, limit_name, max_restarts)
           : fmt::format("{} actors are not restartable", o.role);
   FailJobLocked(fmt::format("actor {} (role {}, rank {}) on node {} died: {}; {}, so the job fails",
                             o.actor_id, o.role, o.rank, o.node_name, reason, why));

@@ -323,7 +323,7 @@ std::unique_ptr<TrainerWorker> TrainerWorker::Create(WorkerOptions options) {
   return std::unique_ptr<TrainerWorker>(new TrainerWorker(std::move(impl)));
 }
 
-StatusOr<nlohmann::json> TrainerWorker::Init() {
+StatusOr<nlohmann::json> TrainerWorker::Init(const nlohmann::json& request) {
   if (impl_->trainer != nullptr) return absl::FailedPreconditionError("trainer: init ran twice");
   const WorkerOptions& o = impl_->options;
   const config::Config& config = o.config;
@@ -393,9 +393,16 @@ StatusOr<nlohmann::json> TrainerWorker::Init() {
   reply["tp_size"] = impl_->tp_size;
   reply["dp_size"] = impl_->dp_size;
   reply["pp_size"] = impl_->pp_size;
-  const std::optional<std::string>& load = config.checkpoint.load;
+  std::optional<std::string> load = config.checkpoint.load;
   std::optional<int64_t> ckpt_step;
   if (config.checkpoint.ckpt_step) ckpt_step = *config.checkpoint.ckpt_step;
+  if (request.contains("load")) {
+    if (!request["load"].is_string()) {
+      return absl::InvalidArgumentError("init: \"load\" must be a directory name");
+    }
+    load = request["load"].get<std::string>();  // the newest checkpoint, not a chosen step
+    ckpt_step.reset();
+  }
   // checkpoint.load: a trainer checkpoint (a <save> dir with a tracker, or an iteration dir);
   // a missing or still empty directory is a fresh start, anything else unreadable an error.
   const bool resume = load && (ckpt_step || FileExists(*load + "/" + train::kCheckpointTrackerFile) ||

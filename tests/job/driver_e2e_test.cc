@@ -408,7 +408,7 @@ TEST_F(DriverE2eTest, AsyncOverlapsGenerationWithTrainingAndResumesWithTheSamePr
   }
 }
 
-TEST_F(DriverE2eTest, AsyncRefusesColocatedJobs) {
+TEST_F(DriverE2eTest, AsyncRefusesColocatedJobsAndTrainerFailover) {
   const fs::path config = WriteConfig(1);
   Child run({"--config", config.string(), "--async", "--set", "cluster.colocate=true"}, dir_);
   std::optional<int> code = run.Wait(std::chrono::seconds(60));
@@ -416,6 +416,15 @@ TEST_F(DriverE2eTest, AsyncRefusesColocatedJobs) {
   EXPECT_EQ(*code, 2) << run.err();
   EXPECT_NE(run.err().find("--async: cluster.colocate is true"), std::string::npos) << run.err();
   EXPECT_FALSE(fs::exists(dir_ / "run" / "head.json")) << "no runtime should have started";
+  // Trainer failover rewinds the synchronous loop only.
+  Child failover({"--config", config.string(), "--async", "--set",
+                  "fault_tolerance.max_trainer_restarts=1"},
+                 dir_);
+  code = failover.Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 2) << failover.err();
+  EXPECT_NE(failover.err().find("--async: fault_tolerance.max_trainer_restarts"), std::string::npos)
+      << failover.err();
 }
 
 // Starts `config` and SIGKILLs engine-1's worker as soon as rollout 0 is reported, i.e. while
@@ -547,6 +556,79 @@ TEST_F(DriverE2eTest, AnEngineThatMayNotRestartFailsTheJobNamingIt) {
   // No worker of the job is left.
   EXPECT_EQ(WorkerPid(dir_ / "run", "engine-0"), -1);
   EXPECT_EQ(WorkerPid(dir_ / "run", "trainer-0"), -1);
+}
+
+TEST_F(DriverE2eTest, AKilledTrainerRestartsTheGroupFromTheLastCheckpointAndTheJobFinishes) {
+  // Two data-parallel trainers and two engines; a checkpoint every rollout.
+  const fs::path config = WriteConfig(
+      4, "fault_tolerance:\n  max_trainer_restarts: 1\n  restart_backoff: 0.2\n"
+         "debug:\n  save_debug_rollout_data: " + (dir_ / "rollouts" / "{rollout_id}.json").string() + "\n");
+  Child run({"--config", config.string(), "--set", "cluster.actor_num_gpus_per_node=2", "--set",
+             "eval.interval=null"},
+            dir_);
+  // trainer-1 is SIGKILLed once rollout 1 is reported (trained, saved, synced): during rollout 2.
+  const auto deadline = Clock::now() + std::chrono::seconds(400);
+  while (run.out().find("rollout 1/4 |") == std::string::npos && Clock::now() < deadline &&
+         !run.Wait(std::chrono::seconds(0))) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const pid_t trainer0 = WorkerPid(dir_ / "run", "trainer-0");
+  const pid_t killed = WorkerPid(dir_ / "run", "trainer-1");
+  ASSERT_GT(killed, 0) << "trainer-1's worker was not found\nstdout:\n" << run.out();
+  ::kill(killed, SIGKILL);
+  std::optional<int> code = run.Wait(std::chrono::seconds(400));
+  ASSERT_EQ(code, 0) << "stdout:\n" << run.out() << "\nstderr:\n" << ReadLogs(dir_ / "run", run);
+  const std::string out = run.out();
+  EXPECT_NE(out.find("trainer trainer-1 on node"), std::string::npos) << out;
+  EXPECT_NE(out.find("lost during rollout 2: restarting the trainer group from the newest "
+                     "checkpoint (restart 1/1)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("rollouts 2..2 run again"), std::string::npos) << out;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("trainer group") != std::string::npos) std::cout << line << "\n";
+  }
+  EXPECT_NE(out.find("rollout 3/4 |"), std::string::npos) << out;
+  // Both trainers run in new processes (the survivor could be blocked in a collective).
+  EXPECT_NE(WorkerPid(dir_ / "run", "trainer-0"), trainer0);
+  EXPECT_NE(WorkerPid(dir_ / "run", "trainer-1"), killed);
+
+  // The final weights hold each rollout once: one optimizer step per rollout, steps 0..3, the
+  // replayed rollout's step numbered as the first time (not a fifth step).
+  std::set<int64_t> steps;
+  std::map<int64_t, Json> last_summary;
+  Json restart;
+  for (const Json& r : ReadJsonl(dir_ / "run" / "metrics.jsonl")) {
+    if (r.contains("train/pg_loss") && r.contains("step") && r["step"].is_number()) {
+      steps.insert(r["step"].get<int64_t>());
+    }
+    if (r.contains("rollout/raw_reward")) last_summary[r.at("rollout_id").get<int64_t>()] = r;
+    if (r.contains("fault/rolled_back_to")) restart = r;
+  }
+  EXPECT_EQ(steps, (std::set<int64_t>{0, 1, 2, 3}));
+  ASSERT_EQ(last_summary.size(), 4u);
+  EXPECT_EQ(last_summary[1].value("fault/trainer_restarts", -1.0), 0.0) << last_summary[1].dump();
+  EXPECT_EQ(last_summary[3].value("fault/trainer_restarts", -1.0), 1.0) << last_summary[3].dump();
+  EXPECT_GT(last_summary[3].value("fault/trainer_lost_time", 0.0), 0.0) << last_summary[3].dump();
+  ASSERT_FALSE(restart.is_null()) << "no fault/* record in metrics.jsonl";
+  EXPECT_EQ(restart.value("rollout_id", int64_t{-1}), 2) << restart.dump();
+  EXPECT_EQ(restart.value("fault/rolled_back_to", -1.0), 2.0) << restart.dump();
+  EXPECT_EQ(ReadFile(dir_ / "ckpt" / "latest_checkpointed_iteration.txt").substr(0, 1), "3");
+  // The engines got the checkpoint's weights from the new trainer rank 0: the replayed rollout
+  // 2 was generated with weight version 2 and rollout 3 with version 3.
+  for (int64_t r : {2, 3}) {
+    Json doc = Json::parse(ReadFile(dir_ / "rollouts" / (std::to_string(r) + ".json")));
+    for (const Json& group : doc.at("samples")) {
+      for (const Json& sample : group) {
+        EXPECT_EQ(sample.at("weight_versions"), Json::array({std::to_string(r)}))
+            << "rollout " << r << ": " << sample.dump();
+      }
+    }
+  }
+  // The data source went back to rollout 1's checkpoint: 4 rollouts × 4 prompts in all.
+  Json state = Json::parse(ReadFile(dir_ / "ckpt" / "rollout" / "data_source_state_3.json"));
+  EXPECT_EQ(state.at("sample_offset").get<int64_t>(), 16);
 }
 
 TEST_F(DriverE2eTest, BadDatasetLineFailsBeforeAnyWorkerStarts) {

@@ -316,6 +316,7 @@ struct FaultToleranceConfig {
   double health_check_timeout = 30.0;
   double health_check_first_wait = 0.0;
   int max_engine_restarts = 3;
+  int max_trainer_restarts = 0;
   double restart_backoff = 5.0;
   bool operator==(const FaultToleranceConfig&) const = default;
 };

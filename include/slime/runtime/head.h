@@ -101,7 +101,9 @@ struct ActorOptions {
   std::string node_name;    // a registered node
   std::vector<int> devices; // local device indices on that node
   bool devices_are_gpus = true;
-  bool restartable = false; // engines: true; trainers: false
+  bool restartable = false; // engines: true; trainers: with fault_tolerance.max_trainer_restarts
+  int max_restarts = -1;    // restarts allowed (< 0: HeadOptions::max_restarts)
+  std::string max_restarts_name;  // how errors name that limit (empty: the head's name)
   std::map<std::string, std::string> env;
   std::string init_payload;
 };

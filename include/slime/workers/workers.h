@@ -26,7 +26,9 @@
 //   Init()            builds the Trainer from the resolved config (model.hf_checkpoint) and, when
 //                     checkpoint.load holds a trainer checkpoint, loads it (model, optimizer,
 //                     RNG, LR state). An empty or missing load directory is a fresh start, as
-//                     slime's "set --load to your --save dir" idiom expects.
+//                     slime's "set --load to your --save dir" idiom expects. The request's
+//                     "load" (a directory) replaces checkpoint.load: the driver's trainer
+//                     failover points a restarted group at the job's newest checkpoint.
 //   Train(id, batch)  TrainRollout; the step and rollout metrics as JSON. With
 //                     debug.save_debug_train_data every rank writes what it trained on (below).
 //   Save(id, extra)   a checkpoint under checkpoint.save at iteration `id` (written in the
@@ -94,7 +96,7 @@ class TrainerWorker {
 
   // {"loaded": bool, "dir": "...", "rollout_id": I, "step": S, "extra_state": {...},
   //  "num_parameters": N, "device": "cpu"}; rollout_id is −1 on a fresh start.
-  StatusOr<nlohmann::json> Init();
+  StatusOr<nlohmann::json> Init(const nlohmann::json& request = nlohmann::json::object());
   // The trainer's process groups (world_size > 1), formed BEFORE Init (the model loads its TP
   // shard and runs its collectives in the TP group). OpenGroups({"master_address": this
   // rank's host}) on every rank: a group leader — TP rank 0 of a TP group, DP rank 0 of a DP
