@@ -32,7 +32,7 @@ StatusOr<OJson> MaybeParseString(const OJson& v, const std::string& key) {
   if (!v.is_string()) return v;
   try {
     return OJson::parse(v.get<std::string>());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     return Invalid(fmt::format("\"{}\": a string that is not JSON: {}", key, e.what()));
   }
 }
@@ -111,7 +111,7 @@ class PromptDatasetBuilder {
     OJson row;
     try {
       row = OJson::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
       return Invalid(fmt::format("malformed JSON: {}", e.what()));
     }
     if (!row.is_object()) {
@@ -474,7 +474,7 @@ Status PromptDataSource::Load(const std::string& path) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     return Invalid(fmt::format("{}: malformed JSON: {}", path, e.what()));
   }
   SLIME_ASSIGN_OR_RETURN(DataSourceState s, DataSourceState::FromJson(j, path));

@@ -441,7 +441,7 @@ class LineReader {
     OJson row;
     try {
       row = OJson::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
       return Invalid(fmt::format("malformed JSON: {}", e.what()));
     }
     if (!row.is_object()) {
@@ -461,7 +461,7 @@ class LineReader {
         if (it->is_string()) {
           try {
             tools = OJson::parse(it->get<std::string>());
-          } catch (const nlohmann::json::parse_error& e) {
+          } catch (const nlohmann::json::exception& e) {
             return Invalid(
                 fmt::format("\"{}\": a string that is not JSON: {}", options_.tools_key, e.what()));
           }

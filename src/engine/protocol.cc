@@ -239,6 +239,16 @@ StatusOr<std::optional<bool>> ReadBool(const Json& v, std::string_view field) {
   return std::optional<bool>(v.get<bool>());
 }
 
+StatusOr<Json> ParseJsonBody(std::string_view body) {
+  if (body.find_first_not_of(" \t\r\n") == std::string_view::npos) return Json::object();
+  try {
+    return Json::parse(body);
+  } catch (const Json::exception& e) {  // parse_error, and out_of_range for 1e999
+    return absl::InvalidArgumentError(
+        fmt::format("request body is not valid JSON: {}", std::string(e.what())));
+  }
+}
+
 StatusOr<std::optional<std::string>> ReadString(const Json& v, std::string_view field) {
   if (v.is_null()) return std::optional<std::string>();
   if (!v.is_string()) {

@@ -53,15 +53,14 @@ void SendError(const Writer& w, int status, std::string_view message) {
   w->SendJson(status, http::ErrorBody(message));
 }
 
-// Parses a JSON body; an empty body is {} (slime posts {} or nothing to control endpoints).
+// Parses a JSON body (ParseJsonBody: an empty body is {}); a malformed one is answered 400.
 std::optional<json> ParseBody(const http::Request& req, const Writer& w) {
-  if (req.body.find_first_not_of(" \t\r\n") == std::string::npos) return json::object();
-  try {
-    return json::parse(req.body);
-  } catch (const json::parse_error& e) {
-    SendError(w, 400, fmt::format("request body is not valid JSON: {}", e.what()));
+  StatusOr<json> body = ParseJsonBody(req.body);
+  if (!body.ok()) {
+    SendError(w, 400, std::string(body.status().message()));
     return std::nullopt;
   }
+  return std::move(body).value();
 }
 
 std::vector<std::string> ReadTags(const json& body) {

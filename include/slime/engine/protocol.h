@@ -151,6 +151,12 @@ int HttpStatusForOutputs(std::span<const RequestOutput> outs);
 
 // --- Helpers shared with the OpenAI endpoints ---------------------------------------------------
 
+// A request body as JSON: whitespace-only (or empty) is {} (slime posts {} or nothing to control
+// endpoints); anything that does not parse is an InvalidArgument "request body is not valid
+// JSON: ..." — including numbers that overflow a double (1e999), which nlohmann reports as
+// out_of_range rather than parse_error. Never throws.
+StatusOr<nlohmann::json> ParseJsonBody(std::string_view body);
+
 // A random 32-hex-digit id (SGLang's uuid4().hex shape).
 std::string RandomHexId();
 // "data: <json>\n\n" and the terminating "data: [DONE]\n\n".
