@@ -248,6 +248,11 @@ StatusOr<ParsedOpenAi> Finish(OpenAiEndpoint endpoint, const Json& body, const O
   SLIME_ASSIGN_OR_RETURN(std::optional<std::string> rid, ReadString(Member(body, "rid"), "rid"));
   req.num_prompts = static_cast<int64_t>(prompts.size());
   const int64_t total = req.num_prompts * n;
+  if (total > kMaxExpandedInputs) {
+    return FieldError("n", fmt::format("{} prompts × n = {} exceeds the limit of {} choices per "
+                                       "request",
+                                       req.num_prompts, total, kMaxExpandedInputs));
+  }
   for (int64_t i = 0; i < req.num_prompts; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       GenerateInput in;

@@ -449,7 +449,10 @@ StatusOr<SamplingParams> ParseSamplingParams(const Json& params, const SamplingF
                       fmt::format("{} must be in [0, {}] ({} = {}), got {}", f, *sp.max_new_tokens,
                                   name("max_new_tokens"), *sp.max_new_tokens, sp.min_new_tokens));
   }
-  if (*n < 1) return range_error("n", "at least 1", static_cast<double>(*n));
+  if (*n < 1 || *n > kMaxSamplesPerPrompt) {
+    return range_error("n", fmt::format("in [1, {}]", kMaxSamplesPerPrompt),
+                       static_cast<double>(*n));
+  }
   if (stream_interval < 1) {
     return range_error("stream_interval", "at least 1", static_cast<double>(stream_interval));
   }
@@ -824,6 +827,12 @@ StatusOr<ParsedGenerate> ParseGenerateRequest(const Json& body, const tokenizer:
       return FieldError(
           top_field, fmt::format("{} must be at least 0, got {}", top_field, top_logprobs_num[i]));
     }
+  }
+  if (static_cast<int64_t>(num_prompts) * n > kMaxExpandedInputs) {
+    return FieldError("n", fmt::format("{} prompts × n = {} exceeds the limit of {} inputs per "
+                                       "request",
+                                       num_prompts, static_cast<int64_t>(num_prompts) * n,
+                                       kMaxExpandedInputs));
   }
   SLIME_ASSIGN_OR_RETURN(std::vector<std::string> rids,
                          ExpandRids(Member(body, "rid"), num_prompts, n, parsed.is_batch));

@@ -258,8 +258,9 @@ void BpeModel::ApplyMerges(Ids* symbols) const {
     prev[i] = i - 1;
   }
   auto push = [&](int32_t pos) {
+    if (pos < 0) return;  // (before reading next[pos]: a merge at position 0 pushes prev = -1)
     const int32_t right = next[pos];
-    if (pos < 0 || right < 0) return;
+    if (right < 0) return;
     auto it = merges_.find(PairKey(sym[pos], sym[right]));
     if (it == merges_.end()) return;
     heap.push_back({it->second.rank, pos, sym[pos], sym[right], it->second.new_id});

@@ -54,6 +54,13 @@ struct ProtocolLimits {
   int64_t vocab_size = 0;      // token ids must be in [0, vocab_size)
 };
 
+// Bounds on what one request may expand into (a request is parsed into prompts × n inputs before
+// anything else, so these keep one body from allocating without bound): `n` (samples per
+// prompt) at most kMaxSamplesPerPrompt, prompts × n at most kMaxExpandedInputs. Both are
+// InvalidArgument naming `n`.
+inline constexpr int64_t kMaxSamplesPerPrompt = 1024;
+inline constexpr int64_t kMaxExpandedInputs = 65536;
+
 // Request fields that were ignored, each warned about once per process (or per log object).
 // Thread-safe; one instance is shared by every request handler.
 class UnknownFieldLog {
