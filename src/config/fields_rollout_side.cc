@@ -110,7 +110,7 @@ void AddClusterFields(std::vector<FieldSpec<Config>>* table) {
       .Doc(
           "SGLang's --api-key for the engines: local engines require it on every route but "
           "/health, and every call the job makes to an engine (local or external) sends it as "
-          "`Authorization: Bearer`. Write `${NAME}` to take it from an environment variable; "
+          "`Authorization: Bearer`. The driver's own /metrics requires it too. Write `${NAME}` to take it from an environment variable; "
           "never logged, shown as <redacted> by --dry-run. Empty: engines are open.");
   b.Add("engine_admin_api_key", &ClusterConfig::engine_admin_api_key)
       .ReadBy("config", "workers")

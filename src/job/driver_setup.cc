@@ -156,6 +156,11 @@ Status Driver::StartRuntime() {
   // Metrics: the registry is served by the driver's own HTTP server.
   http::Router router;
   http::AddMetricsRoute(router, registry_);
+  // The job's one read key guards the driver's /metrics as it guards the engines' (one scrape
+  // credential for both); a request without it gets 401.
+  http::AccessKeys keys;
+  keys.api_key = config_.cluster.engine_api_key;
+  router.SetAccessKeys(std::move(keys));
   http::ServerOptions so;
   so.host = !config_.metrics.prometheus_host.empty() ? config_.metrics.prometheus_host
             : config_.metrics.prometheus_port         ? "0.0.0.0"

@@ -780,6 +780,20 @@ TEST_F(DriverE2eTest, LocalEnginesRequireTheConfiguredKeys) {
   auto flush = user.Get("/flush_cache");
   ASSERT_TRUE(flush.ok()) << flush.status();
   EXPECT_EQ(flush->status, 403) << "the user key on an admin route: " << flush->body;
+  // The driver's own /metrics takes the same key.
+  const std::string metrics_url =
+      Json::parse(ReadFile(dir_ / "run" / "driver.json")).value("metrics_url", "");
+  const std::string hostport = metrics_url.substr(7, metrics_url.find("/metrics") - 7);
+  const std::string driver_host = hostport.substr(0, hostport.rfind(':'));
+  const int driver_port = std::stoi(hostport.substr(hostport.rfind(':') + 1));
+  auto driver_anonymous = http::Client(driver_host, driver_port).Get("/metrics");
+  ASSERT_TRUE(driver_anonymous.ok()) << driver_anonymous.status();
+  EXPECT_EQ(driver_anonymous->status, 401) << "the driver's /metrics without the key";
+  auto driver_user =
+      http::Client(driver_host, driver_port, {.bearer_token = user_key}).Get("/metrics");
+  ASSERT_TRUE(driver_user.ok()) << driver_user.status();
+  EXPECT_EQ(driver_user->status, 200) << driver_user->body;
+  EXPECT_EQ(driver_user->body.find(user_key), std::string::npos) << "the key in /metrics";
 
   std::optional<int> code = run.Wait(std::chrono::seconds(400));
   ASSERT_EQ(code, std::optional<int>(0)) << "stdout:\n" << run.out() << "\nstderr:\n"
