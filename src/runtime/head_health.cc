@@ -43,7 +43,11 @@ void Head::HandleActorLossLocked(ActorRecord* actor, const std::string& reason,
   const int max_restarts = o.max_restarts >= 0 ? o.max_restarts : options_.max_restarts;
   const std::string& limit_name =
       o.max_restarts_name.empty() ? options_.max_restarts_name : o.max_restarts_name;
-  if (o.restartable && actor->restarts < max_restarts) {
+  // Placement is fixed: an actor of a lost node has nowhere to restart, so it does not wait out
+  // its restarts there (the job fails now, naming the node).
+  bool node_alive = false;
+  for (const auto& node : nodes_) node_alive |= node->info.name() == o.node_name && node->alive;
+  if (o.restartable && actor->restarts < max_restarts && node_alive) {
     ++actor->restarts;
     if (actor->restarts_metric != nullptr) actor->restarts_metric->Increment();
     const double backoff = options_.restart_backoff_s * std::pow(2.0, actor->restarts - 1);
@@ -55,10 +59,11 @@ void Head::HandleActorLossLocked(ActorRecord* actor, const std::string& reason,
   }
   SetState(actor, ActorState::kDead);
   const std::string why =
-      o.restartable
-          ? fmt::format("it was restarted {} time(s) already, the limit ({} = {})",
-                        actor->restarts, limit_name, max_restarts)
-          : fmt::format("{} actors are not restartable", o.role);
+      !o.restartable ? fmt::format("{} actors are not restartable", o.role)
+      : !node_alive  ? fmt::format("its node {} is lost and no other node has its devices",
+                                   o.node_name)
+                     : fmt::format("it was restarted {} time(s) already, the limit ({} = {})",
+                                   actor->restarts, limit_name, max_restarts);
   FailJobLocked(fmt::format("actor {} (role {}, rank {}) on node {} died: {}; {}, so the job fails",
                             o.actor_id, o.role, o.rank, o.node_name, reason, why));
   (void)actions;

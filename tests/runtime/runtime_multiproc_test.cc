@@ -416,6 +416,43 @@ TEST(RuntimeMultiprocTest, KilledTrainerFailsTheJobWithAClearMessage) {
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("dead"));
 }
 
+// A node whose agent goes away (no heartbeats) takes its actors with it; placement is fixed, so
+// even a restartable actor there has nowhere to go: the job fails within the heartbeat timeout,
+// naming the node, without spending restarts on it.
+TEST(RuntimeMultiprocTest, ALostNodeFailsTheJobNamingItWithoutRestarts) {
+  HeadOptions options;
+  options.max_restarts = 5;
+  options.restart_backoff_s = 0.1;
+  Cluster c("lostnode", 1, options);
+  AgentOptions ao;
+  ao.head_address = c.head->address();
+  ao.token = c.head->token();
+  ao.node_name = "n1";
+  ao.num_gpus = 1;
+  ao.worker_binary = slime::testing::TrainBin();
+  auto n1 = Agent::Start(ao);
+  ASSERT_TRUE(n1.ok()) << n1.status();
+  ASSERT_TRUE(c.head->WaitForNodes(2, 10s).ok());
+  ActorOptions engine;
+  engine.actor_id = "engine-0";
+  engine.actor_type = "test";
+  engine.role = "engine";
+  engine.node_name = "n1";
+  engine.devices = {0};
+  engine.restartable = true;
+  ASSERT_TRUE(c.head->StartActors({engine}).ok());
+  ASSERT_TRUE(c.head->WaitForActors({"engine-0"}, 60s).ok()) << FormatStatus(c.head->Snapshot());
+  const auto lost_at = std::chrono::steady_clock::now();
+  n1->reset();  // the agent goes away: its heartbeats stop (heartbeat timeout 2 s)
+  ASSERT_TRUE(c.head->WaitForJobFailure(10s)) << FormatStatus(c.head->Snapshot());
+  EXPECT_LT(std::chrono::steady_clock::now() - lost_at, 2s + 1500ms);
+  const std::string failure = c.head->failure();
+  EXPECT_THAT(failure, HasSubstr("actor engine-0"));
+  EXPECT_THAT(failure, HasSubstr("its node n1 was lost (no agent heartbeat for 2.0 s)"));
+  EXPECT_THAT(failure, HasSubstr("its node n1 is lost and no other node has its devices"));
+  EXPECT_EQ(c.StatusOf("engine-0").restarts(), 0);
+}
+
 TEST(RuntimeMultiprocTest, HungWorkerIsDetectedAndReplaced) {
   HeadOptions options;
   options.heartbeat_interval_s = 0.1;
