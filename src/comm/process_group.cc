@@ -13,9 +13,16 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -63,6 +70,66 @@ std::string LoopbackBindAddress() {
   const char* own = std::getenv("SLIME_BIND_HOST");
   if (own != nullptr && std::string_view(own).starts_with("127.")) return own;
   return "127.0.0.1";
+}
+
+// Whether the torch we build against lets the store's server take a socket we bound ourselves
+// (TCPStoreOptions::masterListenFd, in both of its servers from 2.8 on): then it listens on
+// master_address only. torch 1.13 has no such option; its server listens on every interface.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+#define SLIME_STORE_TAKES_LISTEN_FD 1
+constexpr bool kStoreBindsItsAddress = true;
+#else
+constexpr bool kStoreBindsItsAddress = false;
+#endif
+
+// A listening TCP socket on `host` (an address or a name; its first IPv4 address, else IPv6),
+// `port` (0: the kernel picks one). Returns the descriptor; throws on failure.
+[[maybe_unused]] int ListenOn(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    throw std::runtime_error(fmt::format("cannot resolve '{}': {}", host, gai_strerror(rc)));
+  }
+  const addrinfo* pick = found;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      pick = a;
+      break;
+    }
+  }
+  int fd = socket(pick->ai_family, pick->ai_socktype | SOCK_CLOEXEC, pick->ai_protocol);
+  std::string error;
+  if (fd < 0) {
+    error = fmt::format("socket(): {}", std::strerror(errno));
+  } else {
+    const int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    if (bind(fd, pick->ai_addr, pick->ai_addrlen) != 0) {
+      error = fmt::format("cannot bind {}:{}: {}", host, port, std::strerror(errno));
+    } else if (listen(fd, 2048) != 0) {
+      error = fmt::format("cannot listen on {}:{}: {}", host, port, std::strerror(errno));
+    }
+  }
+  freeaddrinfo(found);
+  if (!error.empty()) {
+    if (fd >= 0) close(fd);
+    throw std::runtime_error(error);
+  }
+  return fd;
+}
+
+// The port a socket is bound to.
+[[maybe_unused]] int BoundPort(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    throw std::runtime_error(fmt::format("getsockname(): {}", std::strerror(errno)));
+  }
+  return addr.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port)
+                                   : ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
 }
 
 // Runs `fn`, turning LibTorch / Gloo / NCCL exceptions into a Status whose message starts with
@@ -210,10 +277,25 @@ StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Open(const ProcessGroupOpt
     so.numWorkers = static_cast<std::size_t>(options.world_size);
     so.waitWorkers = options.rank != 0;
     so.timeout = Millis(options.timeout_s);
-    // The server binds every interface; master_address is what clients dial.
+#ifdef SLIME_STORE_TAKES_LISTEN_FD
+    // The server listens on master_address only: on a socket we bind, which it takes over.
+    if (so.isServer) {
+      const int fd = ListenOn(options.master_address, options.master_port);
+      so.port = static_cast<std::uint16_t>(BoundPort(fd));
+      so.masterListenFd = fd;
+    }
+#endif
     pg->state_->store = c10::make_intrusive<c10d::TCPStore>(options.master_address, so);
     pg->port_ = pg->state_->store->getPort();
   }));
+  if (options.rank == 0) {
+    spdlog::info("comm: the c10d store of group '{}' listens on {}:{}{}", options.group_name,
+                 kStoreBindsItsAddress ? options.master_address : "every interface", pg->port_,
+                 kStoreBindsItsAddress ? ""
+                                       : fmt::format(" (torch {} cannot bind one address; clients "
+                                                     "dial {})",
+                                                     TORCH_VERSION, options.master_address));
+  }
   return pg;
 }
 

@@ -5,9 +5,14 @@
 // model's TP and PP group adapters on c10d. (Broadcast and AllReduceSum are covered in weight_sync_test.cc.)
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <chrono>
+#include <fstream>
 #include <functional>
+#include <set>
+#include <sstream>
+#include <string>
 #include <future>
 #include <memory>
 #include <thread>
@@ -60,6 +65,63 @@ void ExpectAllOk(const std::vector<Status>& statuses) {
 torch::Tensor Input(int rank, std::vector<int64_t> shape, torch::ScalarType dtype) {
   const int64_t n = torch::empty(shape).numel();
   return (torch::arange(n, torch::kFloat32).view(shape) * 0.5 + 100 * rank).to(dtype);
+}
+
+// The local addresses (hex, as /proc/net/tcp{,6} write them) of the sockets listening on `port`.
+std::set<std::string> ListeningAddresses(int port) {
+  std::set<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const size_t colon = local.rfind(':');
+      if (state != "0A" || colon == std::string::npos) continue;  // 0A: LISTEN
+      if (std::stoi(local.substr(colon + 1), nullptr, 16) == port) out.insert(local.substr(0, colon));
+    }
+  }
+  return out;
+}
+
+// Rank 0's c10d store listens on the group's master_address only, where the torch we build
+// against lets it (2.8+: a socket we bind, handed over as masterListenFd); torch 1.13's server
+// listens on every interface (docs/operations.md says so). Either way a rank that dials the
+// address joins and the group works.
+TEST(StoreTest, TheStoreListensOnTheMasterAddressWhereTorchAllows) {
+  ProcessGroupOptions o;
+  o.world_size = 2;
+  o.backend = "gloo";
+  o.group_name = "bind-test";
+  o.master_address = "127.0.0.2";
+  o.timeout_s = 30;
+  auto root = ProcessGroup::Open(o);
+  ASSERT_TRUE(root.ok()) << root.status();
+  const std::set<std::string> listening = ListeningAddresses((*root)->port());
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+  EXPECT_EQ(listening, std::set<std::string>{"0200007F"}) << "expected 127.0.0.2 only";
+#else
+  // 1.13: the wildcard address (IPv6 "::" when the host has IPv6, else 0.0.0.0).
+  ASSERT_EQ(listening.size(), 1u);
+  EXPECT_TRUE(*listening.begin() == "00000000" ||
+              *listening.begin() == "00000000000000000000000000000000")
+      << *listening.begin();
+#endif
+  auto peer = std::async(std::launch::async, [&]() -> Status {
+    ProcessGroupOptions p = o;
+    p.rank = 1;
+    p.master_port = (*root)->port();
+    SLIME_ASSIGN_OR_RETURN(auto own, ProcessGroup::Create(p));
+    torch::Tensor t = torch::ones({4});
+    return own->AllReduceSum(t);
+  });
+  ASSERT_TRUE((*root)->Join().ok());
+  torch::Tensor t = torch::ones({4});
+  ASSERT_TRUE((*root)->AllReduceSum(t).ok());
+  EXPECT_TRUE(torch::equal(t, torch::full({4}, 2.0f)));
+  EXPECT_TRUE(peer.get().ok());
 }
 
 TEST(CollectivesTest, AllGatherConcatenatesInRankOrderAlongAnyDim) {
