@@ -1,9 +1,9 @@
 // Tests of the SFT dataset (token ids and loss masks from chat JSONL) and of EpochSampler.
 //
-// Two tokenizers: a tiny one built in memory here (always available; every byte is one token,
-// plus the merge "\n\n" and the ChatML / Llama-3 special tokens, so expected ids can be written
-// out by hand), and the real Qwen3 tokenizer from scripts/fetch_test_data.sh (those tests skip
-// with a message when it is missing).
+// Two tokenizers: a tiny one built in memory (tests/support/byte_tokenizer.h; always available;
+// every byte is one token, plus the merge "\n\n" and the ChatML / Llama-3 special tokens, so
+// expected ids can be written out by hand), and the real Qwen3 tokenizer from
+// scripts/fetch_test_data.sh (those tests skip with a message when it is missing).
 #include "slime/data/sft_dataset.h"
 
 #include <gtest/gtest.h>
@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "byte_tokenizer.h"
 #include "slime/tokenizer/tokenizer.h"
-#include "slime/tokenizer/unicode.h"
 #include "test_paths.h"
 
 namespace slime::data {
@@ -60,64 +60,24 @@ constexpr char kLlama3Template[] =
     "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
     "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
 
-// The tiny tokenizer with `chat_template` ("" for none).
+// The tiny tokenizer (tests/support/byte_tokenizer.h, with the Qwen2-style split pre-tokenizer)
+// with `chat_template` ("" for none).
 std::unique_ptr<Tokenizer> TinyTokenizer(const std::string& chat_template) {
-  using Json = nlohmann::json;
-  Json vocab = Json::object();
-  auto spell = [](uint8_t b) {
-    std::string s;
-    tokenizer::AppendUtf8(tokenizer::ByteToUnicode(b), &s);
-    return s;
-  };
-  for (int b = 0; b < 256; ++b) vocab[spell(static_cast<uint8_t>(b))] = b;
-  vocab[spell('\n') + spell('\n')] = kNN;
-  auto added = [](int id, const char* content, bool special) {
-    return Json{{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
-                {"rstrip", false}, {"normalized", false}, {"special", special}};
-  };
-  Json j;
-  j["version"] = "1.0";
-  j["truncation"] = nullptr;
-  j["padding"] = nullptr;
-  j["added_tokens"] =
-      Json::array({added(kImStart, "<|im_start|>", true), added(kImEnd, "<|im_end|>", true),
-                   added(kThink, "<think>", false), added(kThinkEnd, "</think>", false),
-                   added(kHeaderStart, "<|start_header_id|>", true),
-                   added(kHeaderEnd, "<|end_header_id|>", true), added(kEot, "<|eot_id|>", true),
-                   added(kBot, "<|begin_of_text|>", true)});
-  j["normalizer"] = nullptr;
-  j["pre_tokenizer"] =
-      Json{{"type", "Sequence"},
-           {"pretokenizers",
-            Json::array(
-                {Json{{"type", "Split"},
-                      {"pattern",
-                       {{"Regex", R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N})"
-                                  R"(| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}}},
-                      {"behavior", "Isolated"},
-                      {"invert", false}},
-                 Json{{"type", "ByteLevel"},
-                      {"add_prefix_space", false},
-                      {"trim_offsets", false},
-                      {"use_regex", false}}})}};
-  j["post_processor"] = nullptr;
-  j["decoder"] = Json{{"type", "ByteLevel"},
-                      {"add_prefix_space", false},
-                      {"trim_offsets", false},
-                      {"use_regex", false}};
-  j["model"] = Json{{"type", "BPE"},
-                    {"dropout", nullptr},
-                    {"unk_token", nullptr},
-                    {"continuing_subword_prefix", ""},
-                    {"end_of_word_suffix", ""},
-                    {"fuse_unk", false},
-                    {"byte_fallback", false},
-                    {"ignore_merges", false},
-                    {"vocab", vocab},
-                    {"merges", Json::array({spell('\n') + " " + spell('\n')})}};
-  Json config{{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|im_end|>"}};
+  slime::testing::ByteTokenizerOptions options;
+  options.pre_tokenizer = slime::testing::ByteTokenizerOptions::PreTokenizer::kSplitThenBytes;
+  options.merges = {"\n\n"};  // kNN
+  options.added_tokens = {{kImStart, "<|im_start|>"},
+                          {kImEnd, "<|im_end|>"},
+                          {kThink, "<think>", false},
+                          {kThinkEnd, "</think>", false},
+                          {kHeaderStart, "<|start_header_id|>"},
+                          {kHeaderEnd, "<|end_header_id|>"},
+                          {kEot, "<|eot_id|>"},
+                          {kBot, "<|begin_of_text|>"}};
+  nlohmann::json config{{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|im_end|>"}};
   if (!chat_template.empty()) config["chat_template"] = chat_template;
-  auto tok = Tokenizer::FromJsonText(j.dump(), config.dump(), "tiny-tokenizer");
+  auto tok = Tokenizer::FromJsonText(slime::testing::ByteTokenizerJson(options), config.dump(),
+                                     "tiny-tokenizer");
   EXPECT_TRUE(tok.ok()) << tok.status();
   return tok.ok() ? std::move(tok).value() : nullptr;
 }

@@ -10,54 +10,21 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "byte_tokenizer.h"
 #include "slime/tokenizer/tokenizer.h"
-#include "slime/tokenizer/unicode.h"
 #include "test_paths.h"
 
 namespace slime::engine::testing {
 
-// Byte-level tokenizer: ids 0..255 are the bytes (no merges), 256 = "<|end|>" (special, EOS),
-// 257 = "<|im_end|>" (special), 258 = "<tool>" (added, not special).
+// Byte-level tokenizer (tests/support/byte_tokenizer.h): ids 0..255 are the bytes (no merges),
+// 256 = "<|end|>" (special, EOS), 257 = "<|im_end|>" (special), 258 = "<tool>" (added, not
+// special).
 inline std::unique_ptr<tokenizer::Tokenizer> ByteTokenizer() {
-  using Json = nlohmann::json;
-  Json vocab = Json::object();
-  for (int b = 0; b < 256; ++b) {
-    std::string s;
-    tokenizer::AppendUtf8(tokenizer::ByteToUnicode(static_cast<uint8_t>(b)), &s);
-    vocab[s] = b;
-  }
-  auto added = [](int id, const char* content, bool special) {
-    return Json{{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
-                {"rstrip", false}, {"normalized", false}, {"special", special}};
-  };
-  Json j;
-  j["version"] = "1.0";
-  j["truncation"] = nullptr;
-  j["padding"] = nullptr;
-  j["added_tokens"] = Json::array(
-      {added(256, "<|end|>", true), added(257, "<|im_end|>", true), added(258, "<tool>", false)});
-  j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = Json{{"type", "ByteLevel"},
-                            {"add_prefix_space", false},
-                            {"trim_offsets", false},
-                            {"use_regex", true}};
-  j["post_processor"] = nullptr;
-  j["decoder"] = Json{{"type", "ByteLevel"},
-                      {"add_prefix_space", false},
-                      {"trim_offsets", false},
-                      {"use_regex", true}};
-  j["model"] = Json{{"type", "BPE"},
-                    {"dropout", nullptr},
-                    {"unk_token", nullptr},
-                    {"continuing_subword_prefix", ""},
-                    {"end_of_word_suffix", ""},
-                    {"fuse_unk", false},
-                    {"byte_fallback", false},
-                    {"ignore_merges", false},
-                    {"vocab", vocab},
-                    {"merges", Json::array()}};
-  const Json config{{"eos_token", "<|end|>"}};
-  auto tok = tokenizer::Tokenizer::FromJsonText(j.dump(), config.dump(), "byte-tokenizer");
+  slime::testing::ByteTokenizerOptions options;
+  options.added_tokens = {{256, "<|end|>"}, {257, "<|im_end|>"}, {258, "<tool>", false}};
+  const nlohmann::json config{{"eos_token", "<|end|>"}};
+  auto tok = tokenizer::Tokenizer::FromJsonText(slime::testing::ByteTokenizerJson(options),
+                                                config.dump(), "byte-tokenizer");
   if (!tok.ok()) return nullptr;
   return std::move(tok).value();
 }

@@ -6,48 +6,15 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "slime/tokenizer/unicode.h"
+#include "byte_tokenizer.h"
 
 namespace slime::fuzz {
 
 const tokenizer::Tokenizer& FuzzTokenizer() {
   static const std::unique_ptr<tokenizer::Tokenizer> tok = [] {
-    using Json = nlohmann::json;
-    Json vocab = Json::object();
-    for (int b = 0; b < 256; ++b) {
-      std::string s;
-      tokenizer::AppendUtf8(tokenizer::ByteToUnicode(static_cast<uint8_t>(b)), &s);
-      vocab[s] = b;
-    }
-    auto added = [](int id, const char* content) {
-      return Json{{"id", id},        {"content", content},  {"single_word", false},
-                  {"lstrip", false}, {"rstrip", false},     {"normalized", false},
-                  {"special", true}};
-    };
-    const Json byte_level{{"type", "ByteLevel"},
-                          {"add_prefix_space", false},
-                          {"trim_offsets", false},
-                          {"use_regex", true}};
-    Json j;
-    j["version"] = "1.0";
-    j["truncation"] = nullptr;
-    j["padding"] = nullptr;
-    j["added_tokens"] = Json::array({added(256, "<|end|>"), added(257, "<|im_end|>")});
-    j["normalizer"] = nullptr;
-    j["pre_tokenizer"] = byte_level;
-    j["post_processor"] = nullptr;
-    j["decoder"] = byte_level;
-    j["model"] = Json{{"type", "BPE"},
-                      {"dropout", nullptr},
-                      {"unk_token", nullptr},
-                      {"continuing_subword_prefix", ""},
-                      {"end_of_word_suffix", ""},
-                      {"fuse_unk", false},
-                      {"byte_fallback", false},
-                      {"ignore_merges", false},
-                      {"vocab", vocab},
-                      {"merges", Json::array()}};
-    const Json config{
+    slime::testing::ByteTokenizerOptions options;
+    options.added_tokens = {{256, "<|end|>"}, {257, "<|im_end|>"}};
+    const nlohmann::json config{
         {"eos_token", "<|end|>"},
         {"chat_template",
          "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -58,7 +25,8 @@ const tokenizer::Tokenizer& FuzzTokenizer() {
          "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
          "{% if tools %}{% for tool in tools %}{{ tool | tojson }}{% endfor %}{% endif %}"
          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}};
-    auto made = tokenizer::Tokenizer::FromJsonText(j.dump(), config.dump(), "fuzz-tokenizer");
+    auto made = tokenizer::Tokenizer::FromJsonText(slime::testing::ByteTokenizerJson(options),
+                                                   config.dump(), "fuzz-tokenizer");
     if (!made.ok()) {
       std::fprintf(stderr, "fuzz tokenizer: %s\n", made.status().ToString().c_str());
       std::abort();

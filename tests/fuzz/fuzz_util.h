@@ -6,8 +6,9 @@
 
 namespace slime::fuzz {
 
-// Byte-level BPE tokenizer (ids 0..255 the bytes, 256 "<|end|>" special EOS, 257 "<|im_end|>")
-// with a small ChatML chat template; built once per process, never null.
+// Byte-level BPE tokenizer (tests/support/byte_tokenizer.h: ids 0..255 the bytes, no merges,
+// 256 "<|end|>" special EOS, 257 "<|im_end|>" special) with a small ChatML chat template; built
+// once per process, never null.
 const tokenizer::Tokenizer& FuzzTokenizer();
 
 }  // namespace slime::fuzz
