@@ -97,6 +97,8 @@ Status Driver::RecoverTrainers(const Status& cause, int64_t failed_rollout) {
       lost = LostTrainer();
     }
     if (!lost) return last;  // not a trainer loss
+    // The head failed the job (e.g. the trainer's node was lost): no restart can help.
+    if (head_->job_failed()) return last;
     const int limit = config_.fault_tolerance.max_trainer_restarts;
     if (trainer_group_restarts_ >= limit) {
       return absl::AbortedError(fmt::format(
@@ -106,7 +108,7 @@ Status Driver::RecoverTrainers(const Status& cause, int64_t failed_rollout) {
     }
     ++trainer_group_restarts_;
     last = RestartTrainerGroup(*lost, failed_rollout);
-    if (last.ok()) return last;
+    if (last.ok() || head_->job_failed()) return last;
     spdlog::error("trainer group restart {} failed: {}", trainer_group_restarts_,
                   std::string(last.message()));
   }

@@ -69,29 +69,47 @@ void Head::HandleActorLossLocked(ActorRecord* actor, const std::string& reason,
   (void)actions;
 }
 
+void Head::MarkNodeLostLocked(NodeRecord* node, Clock::time_point now,
+                              std::vector<Action>* actions) {
+  node->alive = false;
+  nodes_alive_metric_->fetch_sub(1);
+  const double silent_s =
+      std::chrono::duration<double>(now - node->last_heartbeat).count();
+  spdlog::error("node {} lost: no agent heartbeat for {:.1f} s", node->info.name(), silent_s);
+  for (auto& [id, a] : actors_) {
+    if (a->options.node_name == node->info.name() &&
+        (a->state == ActorState::kAlive || a->state == ActorState::kStarting)) {
+      HandleActorLossLocked(a.get(),
+                            fmt::format("its node {} was lost (no agent heartbeat for {:.1f} s)",
+                                        node->info.name(), silent_s),
+                            actions);
+    }
+  }
+}
+
 std::vector<Head::Action> Head::CheckDeadlinesLocked(Clock::time_point now) {
   std::vector<Action> actions;
   const auto timeout = Ms(options_.heartbeat_timeout_s);
   for (auto& node : nodes_) {
-    if (!node->alive || now - node->last_heartbeat <= timeout) continue;
-    node->alive = false;
-    nodes_alive_metric_->fetch_sub(1);
-    spdlog::error("node {} lost: no agent heartbeat for {:.1f} s", node->info.name(),
-                  options_.heartbeat_timeout_s);
-    for (auto& [id, a] : actors_) {
-      if (a->options.node_name == node->info.name() &&
-          (a->state == ActorState::kAlive || a->state == ActorState::kStarting)) {
-        HandleActorLossLocked(a.get(),
-                              fmt::format("its node {} was lost (no agent heartbeat for {:.1f} s)",
-                                          node->info.name(), options_.heartbeat_timeout_s),
-                              &actions);
-      }
+    if (node->alive && now - node->last_heartbeat > timeout) {
+      MarkNodeLostLocked(node.get(), now, &actions);
     }
   }
   for (auto& [id, a] : actors_) {
     switch (a->state) {
       case ActorState::kAlive:
         if (now - a->last_heartbeat > timeout) {
+          // A silent worker on a node whose agent is silent too (three intervals and more): the
+          // node is gone, not the worker hung; its actors cannot restart there.
+          NodeRecord* node = nullptr;
+          for (auto& n : nodes_) {
+            if (n->info.name() == a->options.node_name) node = n.get();
+          }
+          if (node != nullptr && node->alive &&
+              now - node->last_heartbeat > Ms(3 * options_.heartbeat_interval_s)) {
+            MarkNodeLostLocked(node, now, &actions);
+            break;
+          }
           actions.push_back(Action{Action::kKill, id, a->incarnation, true});
           HandleActorLossLocked(
               a.get(),

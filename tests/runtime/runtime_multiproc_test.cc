@@ -448,7 +448,7 @@ TEST(RuntimeMultiprocTest, ALostNodeFailsTheJobNamingItWithoutRestarts) {
   EXPECT_LT(std::chrono::steady_clock::now() - lost_at, 2s + 1500ms);
   const std::string failure = c.head->failure();
   EXPECT_THAT(failure, HasSubstr("actor engine-0"));
-  EXPECT_THAT(failure, HasSubstr("its node n1 was lost (no agent heartbeat for 2.0 s)"));
+  EXPECT_THAT(failure, HasSubstr("its node n1 was lost (no agent heartbeat for "));
   EXPECT_THAT(failure, HasSubstr("its node n1 is lost and no other node has its devices"));
   EXPECT_EQ(c.StatusOf("engine-0").restarts(), 0);
 }

@@ -24,7 +24,10 @@
 #      (127.0.0.3) this time: "resumed from .../iter_0000001 at rollout 2", both trainers
 #      loaded rollout 1 / step 2, only rollout 2 runs, with the prompts an uninterrupted run
 #      gives rollout 2, and the tracker then names iteration 2.
-# Every job must exit 0, its agents must exit 0 on SIGTERM afterwards, and no worker may be left.
+#   4. lost: job 1's layout for 40 rollouts with engine and trainer restarts allowed; agent
+#      nodeb is SIGKILLed after rollout 0: the job fails (exit 1) within the heartbeat timeout,
+#      naming the node, spends no restart on it and leaves no worker behind.
+# Jobs 1-3 must exit 0, their agents must exit 0 on SIGTERM afterwards, and no worker may be left.
 #
 # Usage: multinode_train_test.sh SLIME_TRAIN_BIN SOURCE_DIR
 # Exit: 0 pass, 1 fail, 77 skip (only when the Qwen3 tokenizer of scripts/fetch_test_data.sh is
@@ -432,6 +435,58 @@ else
   check_dump resume 2 "$head_ip 127.0.0.3"
   [ "$(cat "$tmp/dp/ckpt/latest_checkpointed_iteration.txt" 2> /dev/null)" = 2 ] ||
     fail "job resume: the tracker names '$(cat "$tmp/dp/ckpt/latest_checkpointed_iteration.txt" 2> /dev/null)', expected 2"
+fi
+
+# ---- 4. lost: job 1's layout with 40 rollouts and restarts allowed; agent nodeb is SIGKILLed
+# once rollout 0 is done. Its workers die with it and the node cannot come back (placement is
+# fixed), so the job must fail within the head's heartbeat timeout (10 s), naming the node, with
+# no restart spent on it and no worker left on node0.
+write_config lost 2 2 1 2 1 40
+cat >> "$tmp/lost.yaml" << EOF
+fault_tolerance:
+  max_engine_restarts: 3
+  max_trainer_restarts: 2
+EOF
+lost_out="$tmp/lost/head.out"
+log "job lost: driver on $head_ip, agent nodeb=127.0.0.2 (SIGKILLed after rollout 0)"
+"$bin" --config "$tmp/lost.yaml" > "$lost_out" 2>&1 &
+lost_pid=$!
+deadline=$((SECONDS + 60))
+until [ -s "$tmp/lost/head.json" ] || [ "$SECONDS" -ge "$deadline" ]; do sleep 0.1; done
+address=$(sed -n 's/.*"address"[[:space:]]*:[[:space:]]*"\([^"]*\)".*/\1/p' "$tmp/lost/head.json" 2> /dev/null)
+"$bin" agent --head "$address" --token-file "$tmp/lost/head.json" --node-name nodeb \
+  --bind 127.0.0.2 --cpu-slots 2 > "$tmp/lost/agent-nodeb.out" 2>&1 &
+lost_agent=$!
+deadline=$((SECONDS + 150))
+until grep -q "rollout 0/40 |" "$lost_out" || [ "$SECONDS" -ge "$deadline" ] ||
+      ! kill -0 "$lost_pid" 2> /dev/null; do sleep 0.1; done
+if ! grep -q "rollout 0/40 |" "$lost_out"; then
+  fail "job lost: rollout 0 never finished"
+  kill -KILL "$lost_pid" "$lost_agent" 2> /dev/null
+else
+  kill -KILL "$lost_agent"
+  killed_ms=$(($(date +%s%N) / 1000000))
+  deadline=$((SECONDS + 60))
+  while kill -0 "$lost_pid" 2> /dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.1; done
+  took_ms=$(($(date +%s%N) / 1000000 - killed_ms))
+  if kill -0 "$lost_pid" 2> /dev/null; then
+    fail "job lost: the driver still runs 60 s after agent nodeb was killed"
+    kill -KILL "$lost_pid"
+  fi
+  wait "$lost_pid"
+  rc=$?
+  log "job lost: driver exit code $rc, $took_ms ms after the agent was killed"
+  [ "$rc" = 1 ] || fail "job lost: driver exit code $rc, expected 1"
+  # The heartbeat timeout (10 s), then the driver's shutdown: well under 25 s.
+  [ "$took_ms" -lt 25000 ] || fail "job lost: the job took $took_ms ms to fail, expected < 25 s"
+  expect_grep "job lost: the node is named lost" "node nodeb lost: no agent heartbeat for [0-9.]+ s" "$lost_out"
+  expect_grep "job lost: the failure names the node" \
+    "on node nodeb died: its node nodeb was lost .*its node nodeb is lost and no other node has its devices" "$lost_out"
+  grep -q "restart 1/" "$lost_out" && fail "job lost: a restart was spent on the lost node: $(grep "restart 1/" "$lost_out" | head -n 1)"
+  for pid in $(sed -n 's/.*actor [a-z]*-[0-9]* alive: pid \([0-9]*\) .*/\1/p' "$lost_out"); do
+    [ -d "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2> /dev/null)" != Z ] &&
+      fail "job lost: worker pid $pid left behind"
+  done
 fi
 
 if [ "$failures" -ne 0 ]; then

@@ -192,6 +192,10 @@ class Head : public ActorDirectory {
   void HealthLoop();
   std::vector<Action> CheckDeadlinesLocked(std::chrono::steady_clock::time_point now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The node's agent is gone: marks it lost and hands each of its actors to
+  // HandleActorLossLocked (which fails the job: they cannot restart elsewhere).
+  void MarkNodeLostLocked(NodeRecord* node, std::chrono::steady_clock::time_point now,
+                          std::vector<Action>* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An alive/starting actor stopped being (exit, hang, lost node): restart or fail the job.
   void HandleActorLossLocked(ActorRecord* actor, const std::string& reason,
                              std::vector<Action>* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
