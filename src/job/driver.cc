@@ -328,16 +328,22 @@ Status Driver::SyncAndHandGpuToEngines(int64_t rollout_id, MetricValues* values)
   return absl::OkStatus();
 }
 
+StatusOr<http::Response> Driver::PostToEngine(const std::string& address, const std::string& path,
+                                              const std::string& body,
+                                              std::chrono::milliseconds timeout) const {
+  SLIME_ASSIGN_OR_RETURN(auto hp, runtime::SplitHostPort(address));
+  http::ClientOptions co;
+  co.timeout = timeout;
+  co.bearer_token = config::EngineAccessToken(config_.cluster);
+  return http::Client(hp.first, hp.second, co).Post(path, body);
+}
+
 Status Driver::EngineMemory(bool release, const std::vector<std::string>& tags) {
   const std::string path = release ? "/release_memory_occupation" : "/resume_memory_occupation";
   const std::string body = Json{{"tags", tags.empty() ? Json(nullptr) : Json(tags)}}.dump();
   for (const std::string& address : engines_->Addresses()) {
-    SLIME_ASSIGN_OR_RETURN(auto hp, runtime::SplitHostPort(address));
-    http::ClientOptions co;
-    co.timeout = std::chrono::minutes(10);
-    co.bearer_token = config::EngineAccessToken(config_.cluster);
-    http::Client client(hp.first, hp.second, co);
-    SLIME_ASSIGN_OR_RETURN(http::Response r, client.Post(path, body));
+    SLIME_ASSIGN_OR_RETURN(http::Response r,
+                           PostToEngine(address, path, body, std::chrono::minutes(10)));
     if (r.status != 200) return http::StatusFromHttp(r.status, "engine " + address + " " + path, r.body);
   }
   // Released: everything at once; back: the K/V cache comes back last.

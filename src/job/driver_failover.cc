@@ -145,7 +145,6 @@ Status Driver::RestartTrainerGroup(const std::string& lost, int64_t failed_rollo
 
   // 2. Groups, then every rank loads the newest checkpoint of this job (or what the job
   //    started from).
-  if (trainer_ids_.size() > 1) SLIME_RETURN_IF_ERROR(FormTrainerGroups());
   std::string load;
   const std::optional<std::string>& save = config_.checkpoint.save;
   if (checkpoint_saved_ && save && std::filesystem::exists(*save + "/" + kTrackerFile)) {
@@ -153,10 +152,7 @@ Status Driver::RestartTrainerGroup(const std::string& lost, int64_t failed_rollo
   } else if (config_.checkpoint.load) {
     load = *config_.checkpoint.load;
   }
-  const Json request = load.empty() ? Json::object() : Json{{"load", load}};
-  SLIME_ASSIGN_OR_RETURN(std::vector<std::string> replies, CallTrainers("init", request.dump()));
-  Json init = Json::parse(replies.front(), nullptr, false);
-  if (!init.is_object()) return absl::InternalError("init on trainer-0: reply is not JSON");
+  SLIME_ASSIGN_OR_RETURN(Json init, InitTrainerRanks(load));
   if (init.value("loaded", false)) {
     SLIME_RETURN_IF_ERROR(Resume(init, load));
   } else {
@@ -204,13 +200,8 @@ Status Driver::RestoreRolloutSide(const RolloutSideState& state) {
 void Driver::DropEngineWeightGroups() {
   const std::string body = Json{{"group_name", kWeightUpdateGroup}}.dump();
   for (const std::string& address : engines_->Addresses()) {
-    StatusOr<std::pair<std::string, int>> hp = runtime::SplitHostPort(address);
-    if (!hp.ok()) continue;
-    http::ClientOptions co;
-    co.timeout = std::chrono::seconds(60);
-    co.bearer_token = config::EngineAccessToken(config_.cluster);
-    http::Client client(hp->first, hp->second, co);
-    StatusOr<http::Response> r = client.Post("/destroy_weights_update_group", body);
+    StatusOr<http::Response> r =
+        PostToEngine(address, "/destroy_weights_update_group", body, std::chrono::seconds(60));
     // Not there (disk or CUDA IPC transport, or never formed): nothing to drop.
     spdlog::info("engine {}: the old weight-update group {}", address,
                  r.ok() && r->status == 200 ? "destroyed"

@@ -39,6 +39,7 @@
 #include "slime/common/signal_watcher.h"
 #include "slime/common/status.h"
 #include "slime/data/prompt_dataset.h"
+#include "slime/http/client.h"
 #include "slime/http/server.h"
 #include "slime/job/driver.h"
 #include "slime/metrics/registry.h"
@@ -117,7 +118,13 @@ class Driver : public RolloutSteps {
                                 std::chrono::milliseconds timeout);
   // The trainers' tensor- and data-parallel groups (open_groups, then join_groups).
   Status FormTrainerGroups();
+  // The first setup: InitTrainerRanks with checkpoint.load, then the driver side resumed from
+  // what the ranks loaded.
   Status InitTrainers();
+  // The trainers' groups formed, then `init` on every rank (through CallTrainers), loading
+  // checkpoint `load` when it is not empty (else what the config names); rank 0's reply.
+  // Serves the first setup and a trainer group restart alike.
+  StatusOr<Json> InitTrainerRanks(const std::string& load);
   // The engines as tracked from now on (engines_), the coordinator configured over them, and
   // trainer rank 0's weight-update group with the first weight push.
   Status ConnectEngines();
@@ -197,6 +204,10 @@ class Driver : public RolloutSteps {
   // graphs) back while the trainer works, take the weights back for the weight sync and the K/V
   // cache after it. `tags`: SGLang's memory tags ([] = all).
   Status EngineMemory(bool release, const std::vector<std::string>& tags);
+  // POST `body` to `path` of the engine at `address` (host:port) with the job's access key.
+  StatusOr<http::Response> PostToEngine(const std::string& address, const std::string& path,
+                                        const std::string& body,
+                                        std::chrono::milliseconds timeout) const;
   // Colocated with offload_train: every trainer moves its weights and optimizer state to host
   // memory while the engines generate.
   Status TrainerMemory(bool release, const char* metric, MetricValues* values);

@@ -410,20 +410,23 @@ Status Driver::FormTrainerGroups() {
 
 Status Driver::InitTrainers() {
   const auto start = Clock::now();
-  // The groups first: a tensor-parallel trainer loads its shard and runs collectives in init.
-  if (trainer_ids_.size() > 1) SLIME_RETURN_IF_ERROR(FormTrainerGroups());
-  runtime::ActorGroup trainers = head_->Group(trainer_ids_);
-  runtime::CallOptions co;
-  co.timeout = LongCall();
-  SLIME_ASSIGN_OR_RETURN(std::vector<std::string> replies, trainers.CallAll("init", "{}", co));
-  Json init = Json::parse(replies.front(), nullptr, false);
-  if (init.is_discarded()) return absl::InternalError("init on trainer-0: reply is not JSON");
+  RecordTrainerIncarnations();  // with failover, a loss from here on fails the init at once
+  SLIME_ASSIGN_OR_RETURN(Json init, InitTrainerRanks(""));
   spdlog::info("trainers ready in {:.1f} s ({} parameters on {})", Since(start),
                init.value("num_parameters", int64_t{0}), init.value("device", std::string("?")));
   SLIME_RETURN_IF_ERROR(Resume(init, config_.checkpoint.load.value_or("")));
   if (config_.checkpoint.start_rollout_id) start_rollout_id_ = *config_.checkpoint.start_rollout_id;
-  RecordTrainerIncarnations();
   return absl::OkStatus();
+}
+
+StatusOr<Json> Driver::InitTrainerRanks(const std::string& load) {
+  // The groups first: a tensor-parallel trainer loads its shard and runs collectives in init.
+  if (trainer_ids_.size() > 1) SLIME_RETURN_IF_ERROR(FormTrainerGroups());
+  const Json request = load.empty() ? Json::object() : Json{{"load", load}};
+  SLIME_ASSIGN_OR_RETURN(std::vector<std::string> replies, CallTrainers("init", request.dump()));
+  Json init = Json::parse(replies.front(), nullptr, false);
+  if (!init.is_object()) return absl::InternalError("init on trainer-0: reply is not JSON");
+  return init;
 }
 
 // ---- The engines: tracked for recovery, wired to the coordinator, given the trainer's weights.
