@@ -23,12 +23,15 @@ struct ArchInfo {
   int64_t default_max_positions;  // transformers' class default
   bool qkv_bias_always;           // Qwen2: q/k/v biases, no o_proj bias, attention_bias ignored
   bool qk_norm;                   // Qwen3
+  bool moe;                       // reads the mixture-of-experts fields (ParseMoe)
 };
 
 constexpr ArchInfo kArchs[] = {
-    {"llama", ModelArch::kLlama, 0, 2048, false, false},
-    {"qwen2", ModelArch::kQwen2, 0, 32768, true, false},
-    {"qwen3", ModelArch::kQwen3, 128, 32768, false, true},
+    {"llama", ModelArch::kLlama, 0, 2048, false, false, false},
+    {"qwen2", ModelArch::kQwen2, 0, 32768, true, false, false},
+    {"qwen3", ModelArch::kQwen3, 128, 32768, false, true, false},
+    // Qwen3MoeConfig has no head_dim default: the modeling falls back to hidden / heads.
+    {"qwen3_moe", ModelArch::kQwen3Moe, 0, 32768, false, true, true},
 };
 
 std::string SupportedArchList() {
@@ -211,6 +214,65 @@ StatusOr<RopeConfig> ParseRope(const FieldReader& r) {
   return rope;
 }
 
+// The mixture-of-experts fields (MoeConfig), with Qwen3MoeConfig's defaults for absent keys.
+StatusOr<MoeConfig> ParseMoe(const FieldReader& r, int64_t num_layers) {
+  const Json& root = r.root();
+  MoeConfig m;
+  // transformers 5 maps num_experts to num_local_experts (attribute_map); accept either key.
+  const char* experts_key =
+      FieldReader::Find(root, "num_experts") == nullptr &&
+              FieldReader::Find(root, "num_local_experts") != nullptr
+          ? "num_local_experts"
+          : "num_experts";
+  SLIME_ASSIGN_OR_RETURN(std::optional<int64_t> experts,
+                         r.OptInt(root, experts_key, experts_key));
+  m.num_experts = experts.value_or(128);
+  if (m.num_experts < 0) {
+    return r.Error(experts_key,
+                   fmt::format("must be >= 0 (0: no sparse layers), got {}", m.num_experts));
+  }
+  SLIME_ASSIGN_OR_RETURN(std::optional<int64_t> k,
+                         r.OptInt(root, "num_experts_per_tok", "num_experts_per_tok"));
+  m.num_experts_per_tok = k.value_or(8);
+  SLIME_ASSIGN_OR_RETURN(m.moe_intermediate_size,
+                         r.PositiveInt(root, "moe_intermediate_size", "moe_intermediate_size",
+                                       int64_t{768}));
+  SLIME_ASSIGN_OR_RETURN(m.norm_topk_prob,
+                         r.Bool(root, "norm_topk_prob", "norm_topk_prob", false));
+  SLIME_ASSIGN_OR_RETURN(m.decoder_sparse_step,
+                         r.PositiveInt(root, "decoder_sparse_step", "decoder_sparse_step",
+                                       int64_t{1}));
+  SLIME_ASSIGN_OR_RETURN(std::optional<double> coef,
+                         r.OptDouble(root, "router_aux_loss_coef", "router_aux_loss_coef"));
+  m.router_aux_loss_coef = coef.value_or(0.001);
+  if (!(m.router_aux_loss_coef >= 0.0) || !std::isfinite(m.router_aux_loss_coef)) {
+    return r.Error("router_aux_loss_coef",
+                   fmt::format("must be a finite number >= 0, got {}", m.router_aux_loss_coef));
+  }
+  if (const Json* layers = FieldReader::Find(root, "mlp_only_layers"); layers != nullptr) {
+    if (!layers->is_array()) {
+      return r.Error("mlp_only_layers",
+                     fmt::format("must be a list of layer indices, got {}", Excerpt(*layers)));
+    }
+    for (size_t i = 0; i < layers->size(); ++i) {
+      const Json& v = (*layers)[i];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= num_layers) {
+        return r.Error(fmt::format("mlp_only_layers[{}]", i),
+                       fmt::format("must be a layer index in [0, {}) (num_hidden_layers), got {}",
+                                   num_layers, Excerpt(v)));
+      }
+      m.mlp_only_layers.push_back(v.get<int64_t>());
+    }
+  }
+  if (m.num_experts > 0 &&
+      (m.num_experts_per_tok < 1 || m.num_experts_per_tok > m.num_experts)) {
+    return r.Error("num_experts_per_tok",
+                   fmt::format("must be in 1..num_experts ({}), got {}", m.num_experts,
+                               m.num_experts_per_tok));
+  }
+  return m;
+}
+
 StatusOr<ModelConfig> ParseObject(const Json& root, const std::string& source) {
   FieldReader r(root, source);
   SLIME_ASSIGN_OR_RETURN(std::optional<std::string> model_type,
@@ -285,6 +347,9 @@ StatusOr<ModelConfig> ParseObject(const Json& root, const std::string& source) {
     c.o_bias = bias;
   }
   c.qk_norm = arch->qk_norm;
+  if (arch->moe) {
+    SLIME_ASSIGN_OR_RETURN(c.moe, ParseMoe(r, c.num_hidden_layers));
+  }
 
   // Fields whose non-default values we do not implement.
   SLIME_ASSIGN_OR_RETURN(std::optional<std::string> act,
@@ -337,6 +402,13 @@ StatusOr<ModelConfig> ParseObject(const Json& root, const std::string& source) {
 
 }  // namespace
 
+bool MoeConfig::IsSparseLayer(int64_t layer) const {
+  for (int64_t dense : mlp_only_layers) {
+    if (dense == layer) return false;
+  }
+  return num_experts > 0 && (layer + 1) % decoder_sparse_step == 0;
+}
+
 const char* ModelArchName(ModelArch arch) {
   for (const ArchInfo& a : kArchs) {
     if (a.arch == arch) return a.model_type;
@@ -382,6 +454,10 @@ Status ValidateTensorParallel(const ModelConfig& c, int tp_size) {
   const Check checks[] = {{"num_attention_heads", c.num_attention_heads},
                           {"num_key_value_heads", c.num_key_value_heads},
                           {"intermediate_size", c.intermediate_size},
+                          // each expert is split like the dense MLP (ffn/moe.h)
+                          {"moe_intermediate_size", c.moe.num_experts > 0
+                                                        ? c.moe.moe_intermediate_size
+                                                        : int64_t{0}},
                           {"vocab_size", c.vocab_size}};
   for (const Check& check : checks) {
     if (check.value % tp_size != 0) {

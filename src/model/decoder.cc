@@ -168,7 +168,8 @@ torch::Tensor DecoderModel::Layer(int index, const LayerWeights& w, const torch:
     return GatherFromSequenceParallelRegion(
         RmsNorm(in, CopyToTensorParallelRegion(norm, tp), eps), tp, t, /*reduce_grad=*/true);
   };
-  const FeedForwardContext ctx{config_, index, tp, sp};
+  FeedForwardContext ctx{config_, index, tp, sp};
+  if (capture_router_logits_) ctx.router_logits = &router_logits_.at(index);
 
   // Attention block.
   torch::Tensor h = region_input(x, w.input_norm);  // [T, hidden]
@@ -200,7 +201,11 @@ torch::Tensor DecoderModel::Layer(int index, const LayerWeights& w, const torch:
 
   // Feed-forward block (ffn/feed_forward.h).
   h = region_input(out, w.post_attention_norm);
-  return out + ffn_[index]->Forward(w.ffn, h, ctx);  // [T or rows_r, hidden]
+  torch::Tensor y = out + ffn_[index]->Forward(w.ffn, h, ctx);  // [T or rows_r, hidden]
+  if (router_loss_hook_ && ctx.router_logits != nullptr && ctx.router_logits->defined()) {
+    y = router_loss_hook_(index, *ctx.router_logits, y);
+  }
+  return y;
 }
 
 torch::Tensor DecoderModel::RecomputedRun(const LayerRun& run, const torch::Tensor& x,
@@ -266,6 +271,7 @@ torch::Tensor DecoderModel::ForwardImpl(const torch::Tensor& ids, const torch::T
   const PipelineStage& stage = weights_.stage;
   const bool sp = sequence_parallel();
   const int64_t total = ids.size(0);
+  if (capture_router_logits_) router_logits_.assign(config_.num_hidden_layers, torch::Tensor());
   // [T, hidden] (or this rank's sequence shard under SP): the embedding, or (a later pipeline
   // stage) the previous stage's output.
   torch::Tensor x;

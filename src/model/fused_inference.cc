@@ -266,6 +266,7 @@ torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch:
   s.eps = config_.rms_norm_eps;
   s.dt = internal::KernelDType(x_in);
   s.tp = tp_.get();
+  s.config = &config_;
   // Decode steps (a few rows, one rank): our small-m GEMM streams the weights near HBM bandwidth;
   // otherwise the Megatron-style layers (cuBLAS, and the all-reduce of row-parallel outputs).
   s.small_gemm = tp_->size() == 1 && cuda::SmallGemmSupported(s.t, s.n, s.dt);
@@ -276,6 +277,7 @@ torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch:
   if (!fold) h = internal::RmsNorm(s.residual, weights_.layers[0].input_norm, s.eps);
   for (int l = 0; l < static_cast<int>(config_.num_hidden_layers); ++l) {
     const LayerWeights& w = weights_.layers[l];
+    s.layer = l;
     torch::Tensor qkv;  // [T, (heads + 2 kv_heads) D]
     if (fold) {
       qkv = s.NormLinear(w.input_norm, w.qkv_proj, w.qkv_bias);

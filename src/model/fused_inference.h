@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "slime/model/config.h"
 #include "slime/model/cuda/launch.h"
 #include "slime/model/tensor_parallel.h"
 
@@ -37,6 +38,8 @@ struct FusedForwardState {
   double eps = 0;  // the RMSNorms' epsilon
   cuda::DType dt = cuda::DType::kBFloat16;
   TensorParallelGroup* tp = nullptr;
+  const ModelConfig* config = nullptr;  // the model's (blocks that run their eager forward)
+  int layer = -1;                       // the layer whose block is called
   // A decode step on one rank: our small-m GEMM streams the weights (cuBLAS otherwise).
   bool small_gemm = false;
   // [T, hidden] the running x of the eager layers: each block's output is added into it in place

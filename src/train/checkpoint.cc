@@ -149,6 +149,8 @@ const char* HfArchitecture(model::ModelArch arch) {
       return "Qwen2ForCausalLM";
     case model::ModelArch::kQwen3:
       return "Qwen3ForCausalLM";
+    case model::ModelArch::kQwen3Moe:
+      return "Qwen3MoeForCausalLM";
   }
   return "unknown";
 }
@@ -197,6 +199,15 @@ Json HfConfigJson(const model::ModelConfig& c, const std::string& dtype_name) {
     j["eos_token_id"] = c.eos_token_ids;
   }
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
+  if (c.arch == model::ModelArch::kQwen3Moe) {
+    j["num_experts"] = c.moe.num_experts;
+    j["num_experts_per_tok"] = c.moe.num_experts_per_tok;
+    j["moe_intermediate_size"] = c.moe.moe_intermediate_size;
+    j["norm_topk_prob"] = c.moe.norm_topk_prob;
+    j["decoder_sparse_step"] = c.moe.decoder_sparse_step;
+    j["mlp_only_layers"] = c.moe.mlp_only_layers;
+    j["router_aux_loss_coef"] = c.moe.router_aux_loss_coef;
+  }
   j["torch_dtype"] = dtype_name;
   return j;
 }
@@ -224,6 +235,14 @@ std::string ConfigMismatch(const model::ModelConfig& saved, const model::ModelCo
   check(diff("qkv bias (attention_bias)", saved.qkv_bias, now.qkv_bias));
   check(diff("o_proj bias (attention_bias)", saved.o_bias, now.o_bias));
   check(diff("qk_norm", saved.qk_norm, now.qk_norm));
+  check(diff("num_experts", saved.moe.num_experts, now.moe.num_experts));
+  check(diff("num_experts_per_tok", saved.moe.num_experts_per_tok, now.moe.num_experts_per_tok));
+  check(diff("moe_intermediate_size", saved.moe.moe_intermediate_size,
+             now.moe.moe_intermediate_size));
+  check(diff("norm_topk_prob", saved.moe.norm_topk_prob, now.moe.norm_topk_prob));
+  check(diff("decoder_sparse_step", saved.moe.decoder_sparse_step, now.moe.decoder_sparse_step));
+  check(diff("mlp_only_layers", fmt::format("{}", fmt::join(saved.moe.mlp_only_layers, ",")),
+             fmt::format("{}", fmt::join(now.moe.mlp_only_layers, ","))));
   check(diff("rms_norm_eps", saved.rms_norm_eps, now.rms_norm_eps));
   check(diff("rope_theta", saved.rope.theta, now.rope.theta));
   check(diff("rope type", static_cast<int>(saved.rope.type), static_cast<int>(now.rope.type)));

@@ -1,15 +1,21 @@
-// LibTorch parts of the engine: paged attention against the model's packed forward, and the
-// sampler's math (log-prob definition, truncation, seeding, penalties) on fixed logits.
+// LibTorch parts of the engine: paged attention against the model's packed forward, the
+// sampler's math (log-prob definition, truncation, seeding, penalties) on fixed logits, and a
+// mixture-of-experts model (qwen3_moe) generating greedily on the CPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <future>
 #include <map>
 #include <numeric>
 #include <random>
 
+#include "engine_test_util.h"
+#include "slime/engine/engine.h"
 #include "slime/engine/model_runner.h"
+#include "slime/model/decoder.h"
 #include "slime/engine/sampler.h"
 #include "test_paths.h"
 
@@ -312,6 +318,67 @@ TEST(SamplerTest, UniformsAreInOpenUnitIntervalAndDeterministic) {
   EXPECT_NEAR(sum / 10000, 0.5, 0.02);
   EXPECT_EQ(SamplerUniform(42, 3), SamplerUniform(42, 3));
   EXPECT_NE(SamplerUniform(42, 3), SamplerUniform(43, 3));
+}
+
+// The real engine on a random Qwen3-MoE (tests/data/model/configs/qwen3-moe-tiny.json: two
+// sparse layers of 8 experts, 2 per token): a batch of greedy requests (chunked prefill next to
+// decodes) generates, token for token, the argmax of the model's own full forward over the
+// sequence so far.
+TEST(MoeEngineTest, GreedyTokensAreTheArgmaxOfTheFullForward) {
+  if (!std::filesystem::exists(test_util::TokenizerDir() + "/tokenizer.json")) {
+    GTEST_SKIP() << "Qwen3 tokenizer missing at " << test_util::TokenizerDir()
+                 << " (scripts/fetch_test_data.sh)";
+  }
+  const std::string dir = test_util::RandomModelDir(
+      "engine-moe-cpu", test_util::TestModelConfig("qwen3-moe-tiny.json"), 3, "fp32");
+  EngineOptions o;
+  o.model_path = dir;
+  o.device = "cpu";
+  o.dtype = "float32";
+  o.page_size = 4;
+  o.max_total_tokens = 2048;
+  o.context_length = 128;
+  o.chunked_prefill_size = 16;
+  o.max_batch_tokens = 16;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto reference = model::DecoderModel::Load(dir, torch::kFloat32, torch::kCPU);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+
+  const int new_tokens = 6;
+  std::vector<GenerateInput> inputs;
+  for (int len : {5, 23, 9}) {
+    GenerateInput g;
+    g.rid = "r" + std::to_string(inputs.size());
+    for (int32_t t : RandomTokens(len, 150000, 10 + len)) g.input_ids.push_back(t);
+    g.sampling.max_new_tokens = new_tokens;
+    g.sampling.temperature = 0.0;
+    g.sampling.ignore_eos = true;
+    inputs.push_back(std::move(g));
+  }
+  std::vector<std::promise<RequestOutput>> done(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    (*engine)->Submit(inputs[i], [&done, i](const RequestOutput& out) {
+      if (out.finish.finished()) done[i].set_value(out);
+    });
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::future<RequestOutput> f = done[i].get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(120)), std::future_status::ready) << i;
+    const RequestOutput out = f.get();
+    ASSERT_EQ(out.output_ids.size(), static_cast<size_t>(new_tokens)) << out.finish.message;
+    std::vector<int64_t> seq(inputs[i].input_ids.begin(), inputs[i].input_ids.end());
+    for (int step = 0; step < new_tokens; ++step) {
+      const int64_t len = static_cast<int64_t>(seq.size());
+      auto hidden = (*reference)->ForwardPacked(torch::tensor(seq, torch::kLong), {0, len});
+      ASSERT_TRUE(hidden.ok()) << hidden.status();
+      auto logits = (*reference)->Logits(hidden->narrow(0, len - 1, 1));
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      const int64_t want = (*logits)[0].argmax().item<int64_t>();
+      ASSERT_EQ(out.output_ids[step], want) << "request " << out.rid << ", token " << step;
+      seq.push_back(want);
+    }
+  }
 }
 
 }  // namespace

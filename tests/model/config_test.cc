@@ -130,7 +130,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfigCase{"not_object", R"([1, 2])", "JSON object", absl::StatusCode::kInvalidArgument},
         BadConfigCase{"no_model_type", "{" BASE_FIELDS "}", "model_type",
                       absl::StatusCode::kInvalidArgument},
-        BadConfigCase{"moe_not_yet", R"({"model_type": "qwen3_moe", )" BASE_FIELDS "}", "qwen3_moe",
+        BadConfigCase{"unsupported_arch", R"({"model_type": "deepseek_v3", )" BASE_FIELDS "}", "deepseek_v3",
                       absl::StatusCode::kUnimplemented},
         BadConfigCase{"missing_hidden", R"({"model_type": "qwen3", "vocab_size": 10,
             "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2})",

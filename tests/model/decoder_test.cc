@@ -385,7 +385,7 @@ class ThreadGroup final : public TensorParallelGroup {
 };
 
 TEST(TensorParallelTest, TwoRankForwardMatchesSingleRank) {
-  for (const std::string arch : {"qwen2", "qwen3", "llama3"}) {
+  for (const std::string arch : {"qwen2", "qwen3", "llama3", "qwen3_moe"}) {
     ModelConfig c = TinyConfig(arch);
     c.vocab_size = 96;
     auto ref = MakeTinyModel(c, torch::kFloat32, 21);

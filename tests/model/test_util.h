@@ -78,6 +78,18 @@ inline std::string TinyQwen3ConfigJson() {
 })";
 }
 
+// Qwen3-MoE: 4 experts, 2 per token, layer 1 dense (mlp_only_layers), renormalised weights.
+inline std::string TinyQwen3MoeConfigJson() {
+  return R"({
+  "model_type": "qwen3_moe", "vocab_size": 101, "hidden_size": 32, "intermediate_size": 48,
+  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+  "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+  "tie_word_embeddings": false, "hidden_act": "silu", "num_experts": 4,
+  "num_experts_per_tok": 2, "moe_intermediate_size": 16, "norm_topk_prob": true,
+  "decoder_sparse_step": 1, "mlp_only_layers": [1], "router_aux_loss_coef": 0.01
+})";
+}
+
 // Llama 3 with llama3 rope scaling and attention_bias, untied, head_dim 16 != hidden / heads.
 // Original context 64: wavelengths 6.3 (kept), 32 (smoothed) and >= 167 (scaled) cover every
 // regime of the llama3 rule.

@@ -10,9 +10,10 @@
 namespace slime::model::testing {
 
 ModelConfig TinyConfig(const std::string& arch) {
-  const std::string json = arch == "qwen2"   ? TinyQwen2ConfigJson()
-                           : arch == "qwen3" ? TinyQwen3ConfigJson()
-                                             : TinyLlama3ConfigJson();
+  const std::string json = arch == "qwen2"       ? TinyQwen2ConfigJson()
+                           : arch == "qwen3"     ? TinyQwen3ConfigJson()
+                           : arch == "qwen3_moe" ? TinyQwen3MoeConfigJson()
+                                                 : TinyLlama3ConfigJson();
   auto c = ParseModelConfigJson(json, arch + ".json");
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? *c : ModelConfig{};

@@ -1,4 +1,5 @@
-// The tiny models of the model tests: the parsed config of "qwen2", "qwen3" or "llama3" (the
+// The tiny models of the model tests: the parsed config of "qwen2", "qwen3", "qwen3_moe" or
+// "llama3" (the
 // JSON texts of test_util.h) and a DecoderModel of it with seeded random weights whose biases and
 // norms are perturbed (reference_decoder.h), on the CPU.
 #ifndef SLIME_TESTS_MODEL_TINY_MODEL_H_

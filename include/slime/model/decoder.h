@@ -34,8 +34,10 @@
 
 #include <torch/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "slime/common/status.h"
@@ -87,6 +89,23 @@ class DecoderModel {
   // unchanged) when the options do not fit this stage's layers.
   Status SetRecompute(const RecomputeOptions& options);
   const RecomputeOptions& recompute() const { return recompute_; }
+
+  // Router logits of the mixture-of-experts layers (ffn/moe.h), for the trainer's load-balancing
+  // loss and routing replay. With capture on, every eager forward first resets router_logits()
+  // to one undefined tensor per layer, then each sparse layer of this stage stores its logits
+  // [T, E] (model dtype; part of the graph when one is recorded); dense layers stay undefined.
+  // The fused inference path stores nothing. Under activation recomputation a recomputed
+  // layer's entry is the no-graph forward's, replaced by the backward's rerun (same values).
+  void set_capture_router_logits(bool on) { capture_router_logits_ = on; }
+  const std::vector<torch::Tensor>& router_logits() const { return router_logits_; }
+  // The trainer's router loss (train/moe_aux_loss.h), Megatron's MoEAuxLossAutoScaler way:
+  // with capture on and a hook set, each sparse layer's output y [T or rows_r, hidden] becomes
+  // hook(layer, logits [T, E], y) in every eager forward, the backward's rerun of a recomputed
+  // layer included (there the hook runs on the autograd thread, with grad mode on; in the
+  // no-graph forward of a recomputed layer it runs with grad mode off). Null: no hook.
+  using RouterLossHook = std::function<torch::Tensor(int layer, const torch::Tensor& logits,
+                                                     const torch::Tensor& out)>;
+  void set_router_loss_hook(RouterLossHook hook) { router_loss_hook_ = std::move(hook); }
 
   void set_attention_impl(AttentionImpl impl) { attention_impl_ = impl; }
   AttentionImpl attention_impl() const { return attention_impl_; }
@@ -188,6 +207,9 @@ class DecoderModel {
   RecomputeOptions recompute_;
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
   bool sequence_parallel_ = false;
+  bool capture_router_logits_ = false;
+  std::vector<torch::Tensor> router_logits_;  // layer -> [T, E] or undefined (capture on)
+  RouterLossHook router_loss_hook_;
 };
 
 // RoPE inverse frequencies [head_dim / 2] (float32, CPU) for the config's rope type, computed as

@@ -10,6 +10,7 @@
 #include "slime/common/check.h"
 #include "slime/model/ffn/dense_mlp.h"
 #include "slime/model/ffn/feed_forward.h"
+#include "slime/model/ffn/moe.h"
 
 namespace slime::model {
 namespace {
@@ -28,14 +29,13 @@ struct BlockRow {
 
 constexpr BlockRow kBlocks[] = {
     {"dense", &Instance<DenseMlp>},
+    {"moe", &Instance<MoeBlock>},
 };
 
 }  // namespace
 
 std::string_view FeedForwardName(const ModelConfig& config, int layer) {
-  (void)config;
-  (void)layer;
-  return "dense";
+  return config.moe.IsSparseLayer(layer) ? "moe" : "dense";
 }
 
 const FeedForwardBlock& FeedForwardFor(const ModelConfig& config, int layer) {
@@ -64,6 +64,11 @@ torch::Tensor FeedForwardContext::RowParallel(const torch::Tensor& x, const torc
                                               const torch::Tensor& bias) const {
   return sequence_parallel ? RowParallelLinearToSequenceShard(x, weight, bias, tp)
                            : RowParallelLinear(x, weight, bias, tp);
+}
+
+torch::Tensor FeedForwardContext::ReducePartial(const torch::Tensor& partial) const {
+  return sequence_parallel ? ReduceScatterToSequenceParallelRegion(partial, tp)
+                           : ReduceFromTensorParallelRegion(partial, tp);
 }
 
 }  // namespace slime::model

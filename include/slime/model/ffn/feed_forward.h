@@ -1,6 +1,6 @@
 // The feed-forward block of a decoder layer, as a seam: one interface that the decoder, the
 // parameter table and the fused inference path call, with one implementation per kind of block
-// (DenseMlp now, ffn/dense_mlp.h; a mixture-of-experts block next), picked per layer by name
+// (DenseMlp, ffn/dense_mlp.h; MoeBlock, ffn/moe.h, Qwen3-MoE's sparse layers), picked per layer by name
 // from the block table in src/model/ffn/registry.cc. A new block is a folder of its own
 // (header here, source in src/model/ffn/) and a row in that table; docs/architecture.md
 // ("Adding a feed-forward block") lists the steps.
@@ -44,11 +44,17 @@ struct FeedForwardContext {
   // Sequence parallelism (DecoderModel::sequence_parallel()): the block's row-parallel output
   // ends in this rank's rows of the sequence instead of all T.
   bool sequence_parallel = false;
+  // When set, a routed block (moe) stores the layer's router logits [T, E] here (h's dtype,
+  // differentiable); other blocks leave it alone. DecoderModel::set_capture_router_logits.
+  torch::Tensor* router_logits = nullptr;
 
   // y = sum_r x_r W_r^T + b of a row-parallel weight (tensor_parallel.h): all-reduced [T, out],
   // or under sequence parallelism reduce-scattered to this rank's rows [rows_r, out].
   torch::Tensor RowParallel(const torch::Tensor& x, const torch::Tensor& weight,
                             const torch::Tensor& bias) const;
+  // The sum over the ranks of this rank's partial output y_r [T, out] (e.g. a block that sums
+  // several row-parallel products itself): all-reduced, or reduce-scattered to [rows_r, out].
+  torch::Tensor ReducePartial(const torch::Tensor& partial) const;
 };
 
 class FeedForwardBlock {
@@ -91,8 +97,8 @@ class FeedForwardBlock {
                                   const internal::FusedForwardState& state) const = 0;
 };
 
-// The name of layer `layer`'s block. "dense" for every layer of the supported architectures;
-// Qwen3-MoE will pick its sparse layers from decoder_sparse_step / mlp_only_layers here.
+// The name of layer `layer`'s block: "moe" for the sparse layers of Qwen3-MoE
+// (MoeConfig::IsSparseLayer: decoder_sparse_step, mlp_only_layers), "dense" for every other.
 std::string_view FeedForwardName(const ModelConfig& config, int layer);
 
 // The block named FeedForwardName(config, layer), from the block table.
