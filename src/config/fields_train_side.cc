@@ -470,6 +470,26 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
       .ReadBy("train")
       .Slime("--calculate-per-token-loss")
       .Doc("Average the loss over all tokens of the step instead of per-sample token means.");
+  b.Add("moe_aux_loss_coeff", &TrainConfig::moe_aux_loss_coeff)
+      .ReadBy("train")
+      .Slime("--moe-aux-loss-coeff")
+      .Min(0)
+      .Doc(
+          "Weight of the mixture-of-experts load-balancing loss (Megatron's): each sparse "
+          "layer adds coeff · E · Σ_e f_e · P_e (f_e: share of the top-k slots routed to expert "
+          "e, P_e: mean router probability) over the micro-batch's real tokens; summed over the "
+          "layers, token-weighted mean over the step's micro-batches. 0 (Megatron's default) = "
+          "off; the model's router_aux_loss_coef is not read (HF's loss pools the layers and "
+          "is k times this per-layer term, docs/algorithms.md). Nonzero needs a model with sparse layers (qwen3_moe). Logs train/moe_aux_loss "
+          "and train/moe_load_imbalance/layer_{l}.");
+  b.Add("moe_z_loss_coeff", &TrainConfig::moe_z_loss_coeff)
+      .ReadBy("train")
+      .Slime("--moe-z-loss-coeff")
+      .Min(0)
+      .Doc(
+          "Weight of the router z-loss (Megatron's): each sparse layer adds coeff · mean over "
+          "tokens of logsumexp(router logits)², reduced like moe_aux_loss_coeff. 0 = off. "
+          "Nonzero needs a model with sparse layers. Logs train/moe_z_loss.");
   b.Add("mtp_num_layers", &TrainConfig::mtp_num_layers)
       .Refused("multi-token prediction is later work")
       .Slime("--mtp-num-layers")

@@ -494,6 +494,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   const torch::ScalarType dtype =
       options.dtype.value_or(options.device.is_cuda() ? torch::kBFloat16 : torch::kFloat32);
   SLIME_ASSIGN_OR_RETURN(std::unique_ptr<model::DecoderModel> model, LoadActor(options, dtype));
+  SLIME_RETURN_IF_ERROR(CheckMoeLossConfig(config.train, model->config()));
   BatchingOptions batching = MakeBatchingOptions(config.train, model->config(), options.dp_size);
   SLIME_RETURN_IF_ERROR(ValidateBatchingOptions(batching));
   SLIME_ASSIGN_OR_RETURN(LrSchedule schedule,
@@ -509,6 +510,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
       impl->grad_reducer,
       internal::MakeGradReducer("trainer", config.train, options.dp_size, optimizer->distributed(),
                                 options.dp_all_reduce_async, impl->trainable));
+  impl->moe_loss = MoeRouterLoss::Create(config.train, model->config(), model->stage(),
+                                         options.tp_group->size());
   impl->algorithm = algorithm;
   impl->policy = policy;
   impl->batching = batching;

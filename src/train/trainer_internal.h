@@ -38,6 +38,7 @@
 #include "slime/train/loss_registry.h"
 #include "slime/train/losses.h"
 #include "slime/train/lr_schedule.h"
+#include "slime/train/moe_aux_loss.h"
 #include "slime/train/trainer.h"
 #include "torch_guard.h"
 
@@ -186,12 +187,19 @@ using StageLossFn = std::function<StatusOr<torch::Tensor>(size_t k, const torch:
 // stage only. Gradients accumulate in the stage's parameters. Every stage must run it with the
 // same micro-batches. With one stage: forward, loss, backward per micro-batch.
 // `before_last_backward` (optional) runs just before the stage's last backward pass of the step
-// (GradReducer::Arm).
+// (GradReducer::Arm). `hooks` (each optional) run on every stage: before_pass(k) just before
+// the forward and just before the backward of micro-batch k (the MoE router loss selects the
+// micro-batch its hook reads, moe_aux_loss.h), after_forward(k) right after the stage's forward.
+struct MicroBatchHooks {
+  std::function<void(size_t k)> before_pass;
+  std::function<Status(size_t k)> after_forward;
+};
 Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGroup& pp,
                            const data::RolloutBatch& batch,
                            const std::vector<const std::vector<int64_t>*>& micro_batches,
                            int64_t pad_multiple, const StageLossFn& loss,
-                           const std::function<void()>& before_last_backward = nullptr);
+                           const std::function<void()>& before_last_backward = nullptr,
+                           const MicroBatchHooks& hooks = {});
 
 // ForwardOnly through the pipeline (stage size > 1): activations flow stage to stage, the last
 // stage computes the log-probs (and entropy), and one broadcast gives every stage all of them,
@@ -229,6 +237,8 @@ struct Trainer::Impl {
 
   std::unique_ptr<Critic> critic;             // TrainerNeeds::critic (advantage_estimator "ppo")
   std::unique_ptr<GradReducer> grad_reducer;  // train.overlap_grad_reduce, when it applies
+  // train.moe_aux_loss_coeff / moe_z_loss_coeff on a model with sparse layers; else null.
+  std::unique_ptr<MoeRouterLoss> moe_loss;
 
   // Background saves (Trainer::Save): the writer is made by the first one; the times of the
   // last Save / WaitForSave.

@@ -47,7 +47,8 @@ Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGr
                            const data::RolloutBatch& batch,
                            const std::vector<const std::vector<int64_t>*>& micro_batches,
                            int64_t pad_multiple, const StageLossFn& loss,
-                           const std::function<void()>& before_last_backward) {
+                           const std::function<void()>& before_last_backward,
+                           const MicroBatchHooks& hooks) {
   const model::PipelineStage& stage = model.stage();
   const int s = stage.rank;
   const int p = stage.size;
@@ -83,7 +84,11 @@ Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGr
       x.requires_grad_(true);  // a leaf: backward leaves the input gradient in x.grad()
       input = x;
     }
+    if (hooks.before_pass) hooks.before_pass(k);
     SLIME_ASSIGN_OR_RETURN(torch::Tensor hidden, model.ForwardPacked(input, in.forward_cu_seqlens));
+    if (hooks.after_forward) {
+      SLIME_RETURN_IF_ERROR(InStage(hooks.after_forward(k), stage, "after the forward", k));
+    }
     torch::Tensor out = hidden;
     if (stage.is_last()) {
       SLIME_ASSIGN_OR_RETURN(out, loss(k, hidden, in));
@@ -98,6 +103,7 @@ Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGr
     InFlight f = std::move(in_flight.front());
     in_flight.pop_front();
     if (++backwards == m && before_last_backward) before_last_backward();
+    if (hooks.before_pass) hooks.before_pass(f.k);
     if (stage.is_last()) {
       if (f.output.requires_grad()) f.output.backward();
     } else {

@@ -57,6 +57,33 @@ StepDenominators MakeDenominators(const data::RolloutBatch& batch, const std::ve
   return d;
 }
 
+// The real (unpadded) tokens of `samples`.
+int64_t RealTokens(const data::RolloutBatch& batch, const std::vector<int64_t>& samples) {
+  int64_t n = 0;
+  for (int64_t i : samples) n += static_cast<int64_t>(batch.samples[i].tokens.size());
+  return n;
+}
+
+std::vector<int64_t> MicroBatchTokens(const data::RolloutBatch& batch,
+                                      const std::vector<MicroBatch>& micro_batches) {
+  std::vector<int64_t> tokens;
+  for (const MicroBatch& mb : micro_batches) tokens.push_back(RealTokens(batch, mb.samples));
+  return tokens;
+}
+
+// values[i] summed over the pipeline stages (float64 on the CPU, as ShareStepMetrics).
+Status SumOverStages(model::PipelineParallelGroup& pp, std::vector<double>& values) {
+  if (pp.size() == 1 || values.empty()) return absl::OkStatus();
+  return internal::GuardTorch("trainer: sum the MoE metrics over the pipeline", [&]() -> Status {
+    torch::Tensor t = torch::tensor(values, torch::kFloat64);
+    SLIME_RETURN_IF_ERROR(pp.AllReduceSum(t));
+    for (size_t i = 0; i < values.size(); ++i) {
+      values[i] = t[static_cast<int64_t>(i)].item<double>();
+    }
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace
 
 namespace internal {
@@ -388,10 +415,22 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
     if (critic_only) return metrics;
   }
 
+  MoeRouterLoss* moe = impl_->moe_loss.get();
+  if (moe != nullptr) {
+    moe->BeginStep(RealTokens(batch, step.samples), MicroBatchTokens(batch, micro_batches));
+  }
   std::map<std::string, torch::Tensor> sums;
   SLIME_ASSIGN_OR_RETURN(bool overlap_armed,
                          ForwardBackward(loss, batch, micro_batches, reducers, tensors, sums));
   SLIME_RETURN_IF_ERROR(ReduceOverDataParallel(overlap_armed, sums));
+  std::vector<double> moe_values;  // this stage's MoE metrics, MetricNames() order
+  if (moe != nullptr) {
+    Status taken = GuardTorch("trainer: read the MoE metrics", [&]() -> Status {
+      moe_values = moe->TakeStageMetrics(sums);
+      return absl::OkStatus();
+    });
+    SLIME_RETURN_IF_ERROR(taken);
+  }
   // Tied embeddings over a pipeline: the first stage's embedding and the last stage's LM head
   // copy are one parameter; each gets the sum of both gradients (after the DP sums, so both
   // copies add the same two numbers) and the two stay equal through identical updates.
@@ -405,6 +444,13 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
   // Every stage reports the last stage's loss metrics.
   SLIME_RETURN_IF_ERROR(
       internal::ShareStepMetrics(*options_.pp_group, model_->stage().is_last(), metrics.values));
+  // The MoE metrics: each stage holds its own layers' share; their sum is the model's.
+  if (moe != nullptr) {
+    SLIME_RETURN_IF_ERROR(SumOverStages(*options_.pp_group, moe_values));
+    for (size_t i = 0; i < moe_values.size(); ++i) {
+      metrics.values[moe->MetricNames()[i]] = moe_values[i];
+    }
+  }
   SLIME_RETURN_IF_ERROR(ApplyOptimizerStep(num_steps, metrics));
   return metrics;
 }
@@ -439,6 +485,20 @@ StatusOr<bool> Trainer::ForwardBackward(const LossTypeSpec& loss, const data::Ro
   };
   std::vector<const std::vector<int64_t>*> mb_samples;
   for (const MicroBatch& mb : micro_batches) mb_samples.push_back(&mb.samples);
+  // The MoE router loss (moe_aux_loss.h): its hook attaches each sparse layer's term in the
+  // forward (or a recomputed layer's rerun in the backward) of the selected micro-batch.
+  MoeRouterLoss* moe = impl_->moe_loss.get();
+  internal::MicroBatchHooks hooks;
+  if (moe != nullptr) {
+    moe->Install(*model_);
+    hooks.before_pass = [moe](size_t k) { moe->Select(k); };
+    hooks.after_forward = [&](size_t) {
+      return GuardTorch("trainer: MoE metrics", [&]() -> Status {
+        moe->AccumulateMetrics(*model_, sums);
+        return absl::OkStatus();
+      });
+    };
+  }
   // train.overlap_grad_reduce: the gradient buckets are posted during the last backward pass.
   GradReducer* overlap = impl_->grad_reducer.get();
   bool armed = false;
@@ -448,7 +508,9 @@ StatusOr<bool> Trainer::ForwardBackward(const LossTypeSpec& loss, const data::Ro
                                                      if (overlap == nullptr) return;
                                                      overlap->Arm();
                                                      armed = true;
-                                                   });
+                                                   },
+                                                   hooks);
+  if (moe != nullptr) moe->Uninstall(*model_);
   if (!scheduled.ok()) {
     if (overlap != nullptr) overlap->Disarm();
     return scheduled;

@@ -259,6 +259,8 @@ struct TrainConfig {
   std::optional<int> recompute_num_layers;
   bool recompute_loss_function = true;  // slime: false; ours keeps no [tokens, vocab] buffer
   bool calculate_per_token_loss = false;
+  double moe_aux_loss_coeff = 0.0;  // MoE load-balancing loss (train/moe_aux_loss.h); 0 = off
+  double moe_z_loss_coeff = 0.0;    // MoE router z-loss; 0 = off
   std::optional<int> mtp_num_layers;
   double mtp_loss_scaling_factor = 0.2;
   bool enable_mtp_training = false;
