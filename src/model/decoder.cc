@@ -83,6 +83,19 @@ DecoderModel::DecoderModel(ModelConfig config, ModelWeights weights,
   }
 }
 
+Status DecoderModel::set_routing_replay(std::vector<torch::Tensor> experts) {
+  if (experts.empty()) {
+    routing_replay_ = nullptr;
+    return absl::OkStatus();
+  }
+  if (static_cast<int64_t>(experts.size()) != config_.num_hidden_layers) {
+    return absl::InvalidArgumentError(fmt::format("routing replay for {} layers; the model has {}",
+                                       experts.size(), config_.num_hidden_layers));
+  }
+  routing_replay_ = std::make_shared<const std::vector<torch::Tensor>>(std::move(experts));
+  return absl::OkStatus();
+}
+
 Status DecoderModel::SetRecompute(const RecomputeOptions& options) {
   SLIME_RETURN_IF_ERROR(ValidateRecompute(options, weights_.stage, config_.num_hidden_layers));
   recompute_ = options;
@@ -153,7 +166,7 @@ Status DecoderModel::CheckWhole(const char* what) const {
 
 torch::Tensor DecoderModel::Layer(int index, const LayerWeights& w, const torch::Tensor& x,
                                   const torch::Tensor& cos, const torch::Tensor& sin,
-                                  AttentionBackend& attention,
+                                  AttentionBackend& attention, const RoutingReplay& replay,
                                   const std::shared_ptr<AttentionBackend>& checkpointed_attention) {
   const double eps = config_.rms_norm_eps;
   const int64_t t = cos.size(0);  // all T tokens (x holds this rank's rows under SP)
@@ -170,6 +183,8 @@ torch::Tensor DecoderModel::Layer(int index, const LayerWeights& w, const torch:
   };
   FeedForwardContext ctx{config_, index, tp, sp};
   if (capture_router_logits_) ctx.router_logits = &router_logits_.at(index);
+  if (capture_routed_experts_) ctx.routed_experts = &routed_experts_.at(index);
+  if (replay != nullptr && (*replay)[index].defined()) ctx.replay_experts = &(*replay)[index];
 
   // Attention block.
   torch::Tensor h = region_input(x, w.input_norm);  // [T, hidden]
@@ -210,7 +225,8 @@ torch::Tensor DecoderModel::Layer(int index, const LayerWeights& w, const torch:
 
 torch::Tensor DecoderModel::RecomputedRun(const LayerRun& run, const torch::Tensor& x,
                                           const torch::Tensor& cos, const torch::Tensor& sin,
-                                          std::shared_ptr<AttentionBackend> attention) {
+                                          std::shared_ptr<AttentionBackend> attention,
+                                          RoutingReplay replay) {
   // The region's inputs: x, then every parameter the run's layers hold, in spec order.
   std::vector<torch::Tensor> inputs{x};
   std::vector<const ParamSpec*> slots;  // inputs[1 + i] is slots[i]'s tensor
@@ -222,7 +238,7 @@ torch::Tensor DecoderModel::RecomputedRun(const LayerRun& run, const torch::Tens
       slots.push_back(&spec);
     }
   }
-  auto region = [this, run, cos, sin, attention = std::move(attention),
+  auto region = [this, run, cos, sin, attention = std::move(attention), replay = std::move(replay),
                  slots = std::move(slots)](const std::vector<torch::Tensor>& in) {
     // The layers' weights with every parameter replaced by the region's input for it.
     std::vector<LayerWeights> w(weights_.layers.begin() + run.first,
@@ -232,7 +248,7 @@ torch::Tensor DecoderModel::RecomputedRun(const LayerRun& run, const torch::Tens
     }
     torch::Tensor h = in[0];
     for (int64_t l = run.first; l < run.end; ++l) {
-      h = Layer(static_cast<int>(l), w[l - run.first], h, cos, sin, *attention);
+      h = Layer(static_cast<int>(l), w[l - run.first], h, cos, sin, *attention, replay);
     }
     return h;
   };
@@ -246,20 +262,21 @@ torch::Tensor DecoderModel::StageLayers(torch::Tensor x, const torch::Tensor& co
   const int64_t end = stage.end_layer < 0 ? config_.num_hidden_layers : stage.end_layer;
   const bool recompute = owned != nullptr && recompute_.granularity != RecomputeGranularity::kNone &&
                          torch::GradMode::is_enabled() && !projections_fused();
+  const RoutingReplay replay = routing_replay_;  // this forward's, for its recomputed regions
   if (!recompute) {
     for (int64_t l = stage.first_layer; l < end; ++l) {
-      x = Layer(static_cast<int>(l), weights_.layers[l], x, cos, sin, attention);
+      x = Layer(static_cast<int>(l), weights_.layers[l], x, cos, sin, attention, replay);
     }
     return x;
   }
   const std::shared_ptr<AttentionBackend> selective = recompute_.selective() ? owned : nullptr;
   for (const LayerRun& run : RecomputePlan(recompute_, stage.first_layer, end)) {
     if (run.recompute) {
-      x = RecomputedRun(run, x, cos, sin, owned);
+      x = RecomputedRun(run, x, cos, sin, owned, replay);
       continue;
     }
     for (int64_t l = run.first; l < run.end; ++l) {
-      x = Layer(static_cast<int>(l), weights_.layers[l], x, cos, sin, attention, selective);
+      x = Layer(static_cast<int>(l), weights_.layers[l], x, cos, sin, attention, replay, selective);
     }
   }
   return x;
@@ -272,6 +289,7 @@ torch::Tensor DecoderModel::ForwardImpl(const torch::Tensor& ids, const torch::T
   const bool sp = sequence_parallel();
   const int64_t total = ids.size(0);
   if (capture_router_logits_) router_logits_.assign(config_.num_hidden_layers, torch::Tensor());
+  if (capture_routed_experts_) routed_experts_.assign(config_.num_hidden_layers, torch::Tensor());
   // [T, hidden] (or this rank's sequence shard under SP): the embedding, or (a later pipeline
   // stage) the previous stage's output.
   torch::Tensor x;

@@ -278,6 +278,10 @@ torch::Tensor DecoderModel::FusedForward(const torch::Tensor& x_in, const torch:
   for (int l = 0; l < static_cast<int>(config_.num_hidden_layers); ++l) {
     const LayerWeights& w = weights_.layers[l];
     s.layer = l;
+    s.routed_experts = capture_routed_experts_ ? &routed_experts_[l] : nullptr;
+    s.replay_experts = routing_replay_ != nullptr && (*routing_replay_)[l].defined()
+                           ? &(*routing_replay_)[l]
+                           : nullptr;
     torch::Tensor qkv;  // [T, (heads + 2 kv_heads) D]
     if (fold) {
       qkv = s.NormLinear(w.input_norm, w.qkv_proj, w.qkv_bias);

@@ -40,6 +40,10 @@ struct FusedForwardState {
   TensorParallelGroup* tp = nullptr;
   const ModelConfig* config = nullptr;  // the model's (blocks that run their eager forward)
   int layer = -1;                       // the layer whose block is called
+  // Routing of the called layer (a routed block's FeedForwardContext fields): the experts to
+  // replay, and where to store the experts used; null when off.
+  const torch::Tensor* replay_experts = nullptr;
+  torch::Tensor* routed_experts = nullptr;
   // A decode step on one rank: our small-m GEMM streams the weights (cuBLAS otherwise).
   bool small_gemm = false;
   // [T, hidden] the running x of the eager layers: each block's output is added into it in place

@@ -286,6 +286,86 @@ TEST(MoeBlockTest, SpecsAreTheHfNamesAtTheirSlots) {
   EXPECT_EQ(names[3], "model.layers.1.mlp.experts.0.down_proj.weight");
 }
 
+// --- routing replay ------------------------------------------------------------------------
+
+TEST(MoeRoutingReplayTest, ReplayingTheRoutersOwnChoiceIsRouteBitForBit) {
+  torch::manual_seed(5);
+  for (bool norm : {true, false}) {
+    const torch::Tensor logits = torch::randn({17, 8}) * 3.0;
+    const MoeBlock::Routing r = MoeBlock::Route(logits, 3, norm, torch::kFloat32);
+    // Each row ascending.
+    EXPECT_TRUE(torch::equal(r.experts, std::get<0>(r.experts.sort(1))));
+    // Given in another order, the same experts route alike.
+    const MoeBlock::Routing again =
+        MoeBlock::Replay(logits, r.experts.flip({1}), norm, torch::kFloat32);
+    EXPECT_TRUE(torch::equal(again.experts, r.experts));
+    EXPECT_TRUE(torch::equal(again.weights, r.weights));
+  }
+  const torch::Tensor logits = torch::randn({4, 8});
+  EXPECT_THROW(MoeBlock::Replay(logits, torch::full({4, 2}, 8, torch::kLong), true, torch::kFloat32),
+               c10::Error);
+  EXPECT_THROW(MoeBlock::Replay(logits, torch::zeros({3, 2}, torch::kLong), true, torch::kFloat32),
+               c10::Error);
+}
+
+// The whole tiny model: capture the routing of a forward, replay it (same logits, bit for bit),
+// replay another routing (the layers use it, the logits change, the router still gets a
+// gradient), and refuse a replay of the wrong length.
+TEST(MoeRoutingReplayTest, TheModelReplaysAGivenRouting) {
+  TempDir dir;
+  WriteFile(dir.Join("cfg/config.json"), TinyMoeJson().dump(2));
+  WriteFile(dir.Join("tok/tokenizer.json"),
+            R"({"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}}})");
+  Status s = InitRandomModel(dir.Join("cfg/config.json"), dir.Join("tok"), dir.Join("model"), 3,
+                             "fp32");
+  ASSERT_TRUE(s.ok()) << s;
+  auto loaded = DecoderModel::Load(dir.Join("model"), torch::kFloat32, torch::kCPU);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  DecoderModel& m = **loaded;
+  const int64_t layers = m.config().num_hidden_layers, e = m.config().moe.num_experts;
+  const torch::Tensor ids = torch::tensor({5, 900, 17, 3, 42, 7, 1000, 12, 9}, torch::kLong);
+  auto forward = [&] {
+    auto hidden = m.ForwardPacked(ids, {0, 4, 9});
+    EXPECT_TRUE(hidden.ok()) << hidden.status();
+    auto logits = m.Logits(*hidden);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    return *logits;
+  };
+
+  m.set_capture_routed_experts(true);
+  const torch::Tensor routed_logits = forward();
+  const std::vector<torch::Tensor> routed = m.routed_experts();
+  ASSERT_EQ(static_cast<int64_t>(routed.size()), layers);
+  for (const torch::Tensor& r : routed) {
+    ASSERT_TRUE(r.defined());
+    EXPECT_EQ(r.sizes(), (std::vector<int64_t>{9, m.config().moe.num_experts_per_tok}));
+  }
+
+  ASSERT_TRUE(m.set_routing_replay(routed).ok());
+  EXPECT_TRUE(torch::equal(forward(), routed_logits));
+  for (int64_t l = 0; l < layers; ++l) EXPECT_TRUE(torch::equal(m.routed_experts()[l], routed[l]));
+
+  // Another routing: every expert id moved by one (still distinct in each row).
+  std::vector<torch::Tensor> moved;
+  for (const torch::Tensor& r : routed) moved.push_back((r + 1).remainder(e));
+  ASSERT_TRUE(m.set_routing_replay(moved).ok());
+  for (auto& p : m.mutable_weights().layers[0].ffn.params) p.requires_grad_(true);
+  const torch::Tensor moved_logits = forward();
+  EXPECT_GT((moved_logits - routed_logits).abs().max().item<double>(), 1e-7);
+  for (int64_t l = 0; l < layers; ++l) {
+    EXPECT_TRUE(torch::equal(m.routed_experts()[l], std::get<0>(moved[l].sort(1)))) << l;
+  }
+  moved_logits.square().sum().backward();
+  const torch::Tensor router_grad = m.weights().layers[0].ffn.params[MoeBlock::kRouter].grad();
+  ASSERT_TRUE(router_grad.defined());
+  EXPECT_GT(router_grad.abs().sum().item<double>(), 0.0);
+
+  EXPECT_EQ(m.set_routing_replay({routed[0]}).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(m.set_routing_replay({}).ok());  // off: the router routes again
+  for (auto& p : m.mutable_weights().layers[0].ffn.params) p.requires_grad_(false);
+  EXPECT_TRUE(torch::equal(forward(), routed_logits));
+}
+
 // --- the whole model against the PyTorch reference ------------------------------------------
 
 class Qwen3MoeReferenceTest : public ::testing::TestWithParam<bool> {};
@@ -354,7 +434,8 @@ TEST_P(Qwen3MoeReferenceTest, LogitsAndExpertChoicesMatchThePyTorchReference) {
       ASSERT_TRUE(experts.ok()) << experts.status();
       const MoeBlock::Routing r =
           MoeBlock::Route(m.router_logits()[l], k, m.config().moe.norm_topk_prob, torch::kFloat32);
-      EXPECT_TRUE(torch::equal(r.experts, *experts))
+      // The reference keeps top-k's order; Route gives each row ascending.
+      EXPECT_TRUE(torch::equal(r.experts, std::get<0>(experts->sort(1))))
           << "sequence " << i << " layer " << l << ":\n" << r.experts << "\nvs\n" << *experts;
     }
   }

@@ -107,6 +107,20 @@ class DecoderModel {
                                                      const torch::Tensor& out)>;
   void set_router_loss_hook(RouterLossHook hook) { router_loss_hook_ = std::move(hook); }
 
+  // The experts each row was routed to in the mixture-of-experts layers (routing replay, slime's
+  // R3). With capture on, every forward (eager or fused) first resets routed_experts() to one
+  // undefined tensor per layer, then each sparse layer of this stage stores [T, k] int64, each
+  // row ascending.
+  void set_capture_routed_experts(bool on) { capture_routed_experts_ = on; }
+  const std::vector<torch::Tensor>& routed_experts() const { return routed_experts_; }
+  // Replay: the forwards after this route row t of sparse layer l to experts[l][t] ([T, k]
+  // int64 on any device, T the forward's rows) instead of the router's top-k; the weights are
+  // the router's probabilities there, so the router still learns. One entry per layer of the
+  // model (undefined: that layer routes itself; dense layers ignore theirs); an empty vector
+  // turns replay off. A layer recomputed in the backward replays what its forward replayed.
+  // InvalidArgument (nothing changed) when the vector has another length.
+  Status set_routing_replay(std::vector<torch::Tensor> experts);
+
   void set_attention_impl(AttentionImpl impl) { attention_impl_ = impl; }
   AttentionImpl attention_impl() const { return attention_impl_; }
 
@@ -159,6 +173,10 @@ class DecoderModel {
   KvCache NewKvCache(int64_t capacity) const;
 
  private:
+  // The layers' routing replay of one forward (set_routing_replay), shared with the recomputed
+  // regions it starts; null or empty: none.
+  using RoutingReplay = std::shared_ptr<const std::vector<torch::Tensor>>;
+
   DecoderModel(ModelConfig config, ModelWeights weights, std::shared_ptr<TensorParallelGroup> tp);
   // `owned`, when set, is `attention` owned here, so that it outlives the forward: recomputed
   // regions run it again in the backward. Without it nothing is recomputed.
@@ -180,7 +198,7 @@ class DecoderModel {
   // checkpointed region (selective recomputation). -> [T or rows_r, hidden]
   torch::Tensor Layer(int index, const LayerWeights& w, const torch::Tensor& x,
                       const torch::Tensor& cos, const torch::Tensor& sin,
-                      AttentionBackend& attention,
+                      AttentionBackend& attention, const RoutingReplay& replay,
                       const std::shared_ptr<AttentionBackend>& checkpointed_attention = nullptr);
   // This stage's layers on x: one after the other, or, when a graph is recorded, recompute is
   // on and `owned` is set, by the recompute plan.
@@ -191,7 +209,7 @@ class DecoderModel {
   // inputs are x and the layers' parameters.
   torch::Tensor RecomputedRun(const LayerRun& run, const torch::Tensor& x,
                               const torch::Tensor& cos, const torch::Tensor& sin,
-                              std::shared_ptr<AttentionBackend> attention);
+                              std::shared_ptr<AttentionBackend> attention, RoutingReplay replay);
   Status CheckIds(const torch::Tensor& ids) const;
   // FailedPrecondition naming `what` unless this is a whole model (one pipeline stage).
   Status CheckWhole(const char* what) const;
@@ -210,6 +228,9 @@ class DecoderModel {
   bool capture_router_logits_ = false;
   std::vector<torch::Tensor> router_logits_;  // layer -> [T, E] or undefined (capture on)
   RouterLossHook router_loss_hook_;
+  bool capture_routed_experts_ = false;
+  std::vector<torch::Tensor> routed_experts_;  // layer -> [T, k] int64 or undefined (capture on)
+  RoutingReplay routing_replay_;               // layer -> [T, k] int64 or undefined; null: off
 };
 
 // RoPE inverse frequencies [head_dim / 2] (float32, CPU) for the config's rope type, computed as

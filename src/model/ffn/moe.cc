@@ -26,10 +26,9 @@ struct Grouping {
 
 Grouping Group(const MoeBlock::Routing& r, int64_t num_experts) {
   const int64_t t = r.experts.size(0), k = r.experts.size(1), n = t * k;
-  // HF adds a token's expert outputs in ascending expert id: order each token's slots so.
-  auto [experts, within] = r.experts.sort(/*dim=*/1);  // [T, k]
-  const torch::Tensor weights = r.weights.gather(1, within).reshape({n});
-  const torch::Tensor flat = experts.reshape({n});  // int64
+  // HF adds a token's expert outputs in ascending expert id: Route's order.
+  const torch::Tensor weights = r.weights.reshape({n});
+  const torch::Tensor flat = r.experts.reshape({n});  // int64
   // Unique keys (expert, slot): any sort gives the stable order, on every LibTorch version.
   const torch::Tensor slots = torch::arange(n, flat.options());
   const torch::Tensor order = std::get<1>((flat * n + slots).sort(/*dim=*/0));
@@ -64,12 +63,41 @@ void MoeBlock::AppendParameterSpecs(const ModelConfig& c, int layer,
   }
 }
 
+namespace {
+
+// The routing of probs [T, E] (float32) to experts [T, k]: both in ascending expert id, the
+// weights renormalised over that order when asked.
+MoeBlock::Routing RouteTo(const torch::Tensor& probs, const torch::Tensor& experts,
+                          bool norm_topk_prob, torch::ScalarType dtype) {
+  const torch::Tensor sorted = std::get<0>(experts.sort(/*dim=*/1));
+  torch::Tensor weights = probs.gather(1, sorted);
+  if (norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  return MoeBlock::Routing{weights.to(dtype), sorted};
+}
+
+}  // namespace
+
 MoeBlock::Routing MoeBlock::Route(const torch::Tensor& router_logits, int64_t top_k,
                                   bool norm_topk_prob, torch::ScalarType dtype) {
   const torch::Tensor probs = torch::softmax(router_logits, -1, torch::kFloat32);  // [T, E]
-  auto [weights, experts] = torch::topk(probs, top_k, /*dim=*/-1);               // [T, k]
-  if (norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
-  return Routing{weights.to(dtype), experts};
+  const torch::Tensor experts = std::get<1>(torch::topk(probs, top_k, /*dim=*/-1));  // [T, k]
+  return RouteTo(probs, experts, norm_topk_prob, dtype);
+}
+
+MoeBlock::Routing MoeBlock::Replay(const torch::Tensor& router_logits,
+                                   const torch::Tensor& experts, bool norm_topk_prob,
+                                   torch::ScalarType dtype) {
+  TORCH_CHECK(experts.dim() == 2 && experts.size(0) == router_logits.size(0),
+              "moe routing replay: experts ", experts.sizes(), " for ", router_logits.size(0),
+              " rows");
+  const torch::Tensor ids = experts.to(router_logits.device(), torch::kInt64);
+  if (ids.numel() > 0) {
+    const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+    TORCH_CHECK(lo >= 0 && hi < router_logits.size(1), "moe routing replay: expert ids [", lo,
+                ", ", hi, "] outside [0, ", router_logits.size(1), ")");
+  }
+  const torch::Tensor probs = torch::softmax(router_logits, -1, torch::kFloat32);
+  return RouteTo(probs, ids, norm_topk_prob, dtype);
 }
 
 torch::Tensor MoeBlock::Forward(const FeedForwardWeights& w, const torch::Tensor& h,
@@ -81,7 +109,13 @@ torch::Tensor MoeBlock::Forward(const FeedForwardWeights& w, const torch::Tensor
   // partial sum over the ranks, all-reduced by copy-to-region (as q_norm / k_norm).
   const torch::Tensor logits = Linear(h, CopyToTensorParallelRegion(w.params[kRouter], ctx.tp));
   if (ctx.router_logits != nullptr) *ctx.router_logits = logits;  // [T, E]
-  const Routing routing = Route(logits, k, m.norm_topk_prob, h.scalar_type());
+  const Routing routing =
+      ctx.replay_experts != nullptr
+          ? Replay(logits, *ctx.replay_experts, m.norm_topk_prob, h.scalar_type())
+          : Route(logits, k, m.norm_topk_prob, h.scalar_type());
+  TORCH_CHECK(routing.experts.size(1) == k, "moe routing replay: ", routing.experts.size(1),
+              " experts a row for layer ", ctx.layer, ", whose tokens take ", k);
+  if (ctx.routed_experts != nullptr) *ctx.routed_experts = routing.experts;
   const Grouping g = Group(routing, m.num_experts);
 
   // Expert e over its rows of the gathered input: [rows_e, hidden] -> [rows_e, hidden] (this
@@ -117,7 +151,9 @@ torch::Tensor MoeBlock::FusedForward(const FeedForwardWeights& w, const torch::T
                                      const internal::FusedForwardState& s) const {
   TORCH_CHECK(s.config != nullptr && s.tp != nullptr,
               "moe fused forward: the state names no config or TP group");
-  const FeedForwardContext ctx{*s.config, s.layer, *s.tp};
+  FeedForwardContext ctx{*s.config, s.layer, *s.tp};
+  ctx.replay_experts = s.replay_experts;
+  ctx.routed_experts = s.routed_experts;
   return Forward(w, h, ctx);
 }
 

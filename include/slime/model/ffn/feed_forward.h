@@ -47,6 +47,13 @@ struct FeedForwardContext {
   // When set, a routed block (moe) stores the layer's router logits [T, E] here (h's dtype,
   // differentiable); other blocks leave it alone. DecoderModel::set_capture_router_logits.
   torch::Tensor* router_logits = nullptr;
+  // Routing replay (DecoderModel::set_routing_replay): when set, a routed block sends row t to the
+  // experts (*replay_experts)[t] ([T, k] int64) instead of its router's top-k; the weights are
+  // still the router's probabilities at those experts. Other blocks ignore it.
+  const torch::Tensor* replay_experts = nullptr;
+  // When set, a routed block stores the experts it sent each row to here: [T, k] int64, each row
+  // ascending (DecoderModel::set_capture_routed_experts). Other blocks leave it alone.
+  torch::Tensor* routed_experts = nullptr;
 
   // y = sum_r x_r W_r^T + b of a row-parallel weight (tensor_parallel.h): all-reduced [T, out],
   // or under sequence parallelism reduce-scattered to this rank's rows [rows_r, out].

@@ -5,6 +5,7 @@
 //   logits = h Wr^T                                   h [T, hidden], Wr [E, hidden] -> [T, E]
 //   p      = softmax(logits) in float32               [T, E]
 //   w, idx = topk(p, k)                               [T, k] (torch::topk's order on ties)
+//   idx, w = idx in ascending expert id, w with them  (so a replayed routing sums alike)
 //   w      = w / sum(w)  if norm_topk_prob; then cast to h's dtype
 //   y[t]   = sum_j w[t, j] * expert_{idx[t, j]}(h[t]) expert_e(x) = down_e(silu(gate_e(x)) * up_e(x))
 //
@@ -21,6 +22,10 @@
 // enters the TP region (its gradient, a partial sum per rank, is all-reduced). Every rank
 // routes identically; the weighted partial outputs are summed over the ranks once at the end
 // (FeedForwardContext::ReducePartial; reduce-scattered under sequence parallelism).
+//
+// Routing replay (slime's R3): with FeedForwardContext::replay_experts, idx is given instead of
+// chosen by top-k (the engine's routing of the same tokens), and w = p at idx, renormalised the
+// same way; with FeedForwardContext::routed_experts, Forward stores the idx it used.
 //
 // Router logits: when FeedForwardContext::router_logits is set, Forward stores the layer's
 // logits [T, E] (h's dtype, differentiable) there — DecoderModel::set_capture_router_logits;
@@ -59,11 +64,17 @@ class MoeBlock final : public FeedForwardBlock {
   // The routing of T tokens: each token's k experts and their weights (see the file comment).
   struct Routing {
     torch::Tensor weights;  // [T, k] h's dtype (renormalised when norm_topk_prob)
-    torch::Tensor experts;  // [T, k] int64 expert ids, in torch::topk's order (best first)
+    torch::Tensor experts;  // [T, k] int64 expert ids, ascending in each row
   };
   // router_logits [T, E] -> the top-k routing, as HF computes it; `dtype` is h's.
   static Routing Route(const torch::Tensor& router_logits, int64_t top_k, bool norm_topk_prob,
                        torch::ScalarType dtype);
+  // router_logits [T, E] routed to the given experts [T, k] (int64, distinct in each row, any
+  // order): the weights are the probabilities Route would give them. With `experts` equal to
+  // Route's choice, the result is Route's bit for bit. Fails (c10::Error) on a shape or id out
+  // of range.
+  static Routing Replay(const torch::Tensor& router_logits, const torch::Tensor& experts,
+                        bool norm_topk_prob, torch::ScalarType dtype);
 
   std::string_view name() const override { return "moe"; }
   void AppendParameterSpecs(const ModelConfig& config, int layer,
