@@ -707,8 +707,11 @@ TEST(BatchInvariantCudaTest, AttentionQueriesAreTheSameBitsAloneInAChunkOrInTheW
       const torch::Tensor v = torch::randn({l, kv_heads, d}, opts);
       const torch::Tensor whole = InvariantCausalAttention(q, k, v);
       // The last 37 queries as a chunk over the cached prefix, and single decode steps.
-      const torch::Tensor chunk = InvariantCausalAttention(q.narrow(0, l - 37, 37), k, v);
-      EXPECT_TRUE(torch::equal(chunk, whole.narrow(0, l - 37, 37))) << "chunk, D " << d;
+      // (37 rows run one warp per row, 300 and 101 the multi-warp kernel on other row tilings.)
+      for (int64_t n : {int64_t{37}, int64_t{101}}) {
+        const torch::Tensor chunk = InvariantCausalAttention(q.narrow(0, l - n, n), k, v);
+        EXPECT_TRUE(torch::equal(chunk, whole.narrow(0, l - n, n))) << "chunk " << n << ", D " << d;
+      }
       for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{150}, l - 1}) {
         const torch::Tensor step = InvariantCausalAttention(
             q.narrow(0, i, 1), k.narrow(0, 0, i + 1), v.narrow(0, 0, i + 1));
@@ -741,9 +744,9 @@ TEST(BatchInvariantCudaTest, PagedAttentionIsTheSameBitsAsAttentionOverTheSequen
   const auto longs = torch::TensorOptions().dtype(torch::kLong);
   const torch::Tensor kc = torch::randn({slots, kv_heads, d}, opts);
   const torch::Tensor vc = torch::randn({slots, kv_heads, d}, opts);
-  // Three sequences on shuffled pages; each one's new tokens: a decode step, a 5-token chunk,
-  // and a whole 40-token prefill.
-  const std::vector<int64_t> lens = {77, 130, 40}, news = {1, 5, 40};
+  // Three sequences on shuffled pages; each one's new tokens: a decode step, a 70-token chunk,
+  // and a whole 40-token prefill (111 rows: row tiles of the multi-warp kernel span sequences).
+  const std::vector<int64_t> lens = {77, 130, 40}, news = {1, 70, 40};
   const torch::Tensor perm = torch::randperm(64, longs);
   std::vector<torch::Tensor> rows_of;
   std::vector<int64_t> key_rows, meta;

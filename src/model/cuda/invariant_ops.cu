@@ -296,9 +296,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 
 // ---- attention on tensor cores (bfloat16 / float16, head_dim 64 or 128) ----------------------
 //
-// One warp takes up to kTcRows query rows of one head that read the same keys (a prefill's rows
-// of one sequence; a decode step's rows one per warp) and walks the keys in blocks of kTcKeys
-// at absolute positions 0, kTcKeys, 2 kTcKeys, ... For a row and a block the arithmetic is fixed:
+// A warp takes up to kTcRows query rows of one head that read the same keys and walks the keys
+// in blocks of kTcKeys at absolute positions 0, kTcKeys, 2 kTcKeys, ... For a row and a block
+// the arithmetic is fixed (TcAttendBlock):
 //   s_j = (Q Kᵀ)_j · scale, Q Kᵀ on tensor cores (16x16x16 steps over head_dim, ascending);
 //   over the row's keys j <= last in the block: m' = max(m, max_j s_j), c = exp(m - m'),
 //   p_j = exp(s_j - m') rounded to T (0 for keys past last), l = l c + (Σ_{j<16} p_j + Σ_{j>=16} p_j),
@@ -307,9 +307,33 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 // share the warp changes nothing in a row's numbers (a tensor-core product element reads its
 // own row of Q only), so decode, chunked prefill and the trainer's packed forward agree bit
 // for bit, as the CUDA-core kernel above does, at tensor-core speed.
+//
+// Two kernels run that arithmetic: InvariantAttentionTcKernel, one warp per block of threads
+// (decode rows, one per warp, and short or unaligned inputs), and InvariantAttentionTcCtaKernel
+// for prefills and the trainer: kTcWarps warps over kTcWarps · kTcRows consecutive rows share
+// each key block through shared memory, the next block's loads in flight while the warps
+// compute. The two give every row the same bits.
 constexpr int kTcRows = 16;
 constexpr int kTcKeys = 32;
 constexpr int kTcPad = 8;
+constexpr int kTcWarps = 4;
+
+template <typename T>
+using TcQFragment =
+    nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, nvcuda::wmma::row_major>;
+
+// One warp's scratch for a key block: the scores, the rounded probabilities, one 16-dim slice
+// of P V.
+template <typename T>
+struct __align__(32) TcScratch {
+  float ss[kTcRows][kTcKeys + 4];
+  T ps[kTcRows][kTcKeys + kTcPad];
+  float ts[kTcRows][16 + 4];
+};
+
+// K (kv[0]) and V (kv[1]) of one key block, rows kTcKeys, zeros past the group's last key.
+template <typename T, int D>
+using TcKeyBlock = T[2][kTcKeys][D + kTcPad];
 
 template <bool kPaged>
 __device__ __forceinline__ int64_t KeyRow(const InvariantAttentionArgs& a, int64_t r,
@@ -321,16 +345,153 @@ __device__ __forceinline__ int64_t KeyRow(const InvariantAttentionArgs& a, int64
   return a.key_rows != nullptr ? a.key_rows[first + j] : first + j;
 }
 
+// The block update of the header above for the warp's rows: lane pair (2i, 2i + 1) owns row i
+// (`mine`: the row is in the group being walked; `my_last`: its last key), `half` its half of
+// the block's keys and of each 16-dim slice of o.
+template <typename T, int D>
+__device__ __forceinline__ void TcAttendBlock(const TcQFragment<T> (&qf)[D / 16],
+                                              const TcKeyBlock<T, D>& kv, TcScratch<T>& sc,
+                                              int64_t kb, bool mine, int64_t my_last, float scale,
+                                              float& m, float& l, float (&o)[D / 16][8]) {
+  namespace wmma = nvcuda::wmma;
+  const int lane = threadIdx.x & 31, i = lane >> 1, half = lane & 1;
+  // S = Q Kᵀ [kTcRows, kTcKeys]
+#pragma unroll
+  for (int nf = 0; nf < kTcKeys / 16; ++nf) {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
+      wmma::load_matrix_sync(fb, &kv[0][nf * 16][kk * 16], D + kTcPad);
+      wmma::mma_sync(acc, qf[kk], fb, acc);
+    }
+    wmma::store_matrix_sync(&sc.ss[0][nf * 16], acc, kTcKeys + 4, wmma::mem_row_major);
+  }
+  __syncwarp();
+  // The online softmax of row i: this lane takes keys half * 16 .. half * 16 + 15.
+  float bmax = -INFINITY;
+#pragma unroll
+  for (int jj = 0; jj < 16; ++jj) {
+    const int j = half * 16 + jj;
+    if (mine && kb + j <= my_last) bmax = fmaxf(bmax, sc.ss[i][j] * scale);
+  }
+  bmax = fmaxf(bmax, __shfl_xor_sync(kFullMask, bmax, 1));
+  const bool update = mine && bmax != -INFINITY;
+  const float m_new = update ? fmaxf(m, bmax) : m;
+  const float c = update ? expf(m - m_new) : 1.f;
+  float psum = 0.f;
+#pragma unroll
+  for (int jj = 0; jj < 16; ++jj) {
+    const int j = half * 16 + jj;
+    const float p = update && kb + j <= my_last ? expf(sc.ss[i][j] * scale - m_new) : 0.f;
+    const T pt = To<T>(p);
+    sc.ps[i][j] = pt;
+    psum += F(pt);
+  }
+  const float other = __shfl_xor_sync(kFullMask, psum, 1);
+  const float bsum = half == 0 ? psum + other : other + psum;  // one order on both lanes
+  if (update) {
+    l = l * c + bsum;
+    m = m_new;
+  }
+  __syncwarp();
+  // o = o c + P V, 16 dims at a time.
+#pragma unroll
+  for (int f = 0; f < D / 16; ++f) {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+    for (int kk = 0; kk < kTcKeys / 16; ++kk) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+      wmma::load_matrix_sync(fa, &sc.ps[0][kk * 16], kTcKeys + kTcPad);
+      wmma::load_matrix_sync(fb, &kv[1][kk * 16][f * 16], D + kTcPad);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(&sc.ts[0][0], acc, 16 + 4, wmma::mem_row_major);
+    __syncwarp();
+    if (update) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[f][e] = o[f][e] * c + sc.ts[i][half * 8 + e];
+    }
+    __syncwarp();
+  }
+}
+
+// Row r's first key index and last key (last < 0: no keys, nothing to do).
+template <bool kPaged>
+__device__ __forceinline__ void RowKeys(const InvariantAttentionArgs& a, int64_t r,
+                                        int64_t* first, int64_t* last) {
+  *first = kPaged ? 0 : a.row_meta[2 * r];
+  *last = kPaged ? static_cast<int64_t>(a.seq_lens[r]) - 1 : a.row_meta[2 * r + 1];
+}
+
+// Stages `rows` query rows of head h (zeros past rows_here) through `qs` and loads the warp's
+// kTcRows of them, starting at row `first_row`, as tensor-core fragments. Leaves qs free.
+template <typename T, int D>
+__device__ __forceinline__ void LoadQueries(const InvariantAttentionArgs& a, int64_t row0, int h,
+                                            int rows, int rows_here, T (*qs)[D + kTcPad],
+                                            int first_row, TcQFragment<T> (&qf)[D / 16],
+                                            bool whole_block) {
+  for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
+    const int i = idx / D, c = idx % D;
+    qs[i][c] = i < rows_here ? static_cast<const T*>(a.q)[(row0 + i) * a.q_row_stride +
+                                                          static_cast<int64_t>(h) * D + c]
+                             : To<T>(0.f);
+  }
+  if (whole_block) __syncthreads();
+  else __syncwarp();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    nvcuda::wmma::load_matrix_sync(qf[kk], &qs[first_row][kk * 16], D + kTcPad);
+  }
+  if (whole_block) __syncthreads();
+  else __syncwarp();
+}
+
+// Chooses the next group among `n` rows: the first unfinished row and every unfinished row
+// reading its keys (paged: the row alone). One thread calls it.
+template <bool kPaged>
+__device__ __forceinline__ void NextGroup(int n, const int64_t* first_s, const int64_t* last_s,
+                                          int* done_s, int* group_s, int* leader_s,
+                                          int64_t* glast_s) {
+  int leader = -1;
+  for (int r = 0; r < n && leader < 0; ++r) {
+    if (!done_s[r]) leader = r;
+  }
+  int64_t glast = -1;
+  for (int r = 0; r < n; ++r) {
+    const bool in = leader >= 0 && !done_s[r] &&
+                    (kPaged ? r == leader : first_s[r] == first_s[leader]);
+    group_s[r] = in;
+    if (in) {
+      done_s[r] = 1;
+      glast = max(glast, last_s[r]);
+    }
+  }
+  *leader_s = leader;
+  *glast_s = glast;
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void StoreRows(const InvariantAttentionArgs& a, int64_t row, int h,
+                                          bool valid, float l, const float (&o)[D / 16][8]) {
+  if (!valid) return;
+  const int half = threadIdx.x & 1;
+  T* out = static_cast<T*>(a.out) + (row * a.heads + h) * static_cast<int64_t>(D);
+#pragma unroll
+  for (int f = 0; f < D / 16; ++f) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[f * 16 + half * 8 + e] = To<T>(o[f][e] / l);
+  }
+}
+
 template <typename T, int D, bool kPaged, bool kVec>
 __global__ void __launch_bounds__(32) InvariantAttentionTcKernel(InvariantAttentionArgs a,
                                                                  int tile_rows) {
-  namespace wmma = nvcuda::wmma;
-  __shared__ __align__(32) T qs[kTcRows][D + kTcPad];
-  __shared__ __align__(32) T ks[kTcKeys][D + kTcPad];
-  __shared__ __align__(32) T vs[kTcKeys][D + kTcPad];
-  __shared__ __align__(32) float ss[kTcRows][kTcKeys + 4];
-  __shared__ __align__(32) T ps[kTcRows][kTcKeys + kTcPad];
-  __shared__ __align__(32) float ts[kTcRows][16 + 4];
+  __shared__ __align__(32) TcKeyBlock<T, D> kv;
+  __shared__ TcScratch<T> sc;
   __shared__ int64_t first_s[kTcRows], last_s[kTcRows];
   __shared__ int done_s[kTcRows], group_s[kTcRows];
   __shared__ int leader_s;
@@ -344,26 +505,18 @@ __global__ void __launch_bounds__(32) InvariantAttentionTcKernel(InvariantAttent
   const T* k = static_cast<const T*>(a.k) + static_cast<int64_t>(g) * D;
   const T* v = static_cast<const T*>(a.v) + static_cast<int64_t>(g) * D;
 
-  for (int idx = lane; idx < kTcRows * D; idx += 32) {
-    const int i = idx / D, c = idx % D;
-    qs[i][c] = i < rows_here ? static_cast<const T*>(a.q)[(row0 + i) * a.q_row_stride +
-                                                          static_cast<int64_t>(h) * D + c]
-                             : To<T>(0.f);
-  }
+  TcQFragment<T> qf[D / 16];
+  LoadQueries<T, D>(a, row0, h, kTcRows, rows_here, &kv[0][0], 0, qf, false);
   if (lane < kTcRows) {
-    const int64_t r = row0 + lane;
     int64_t first = 0, last = -1;
-    if (lane < rows_here) {
-      first = kPaged ? 0 : a.row_meta[2 * r];
-      last = kPaged ? static_cast<int64_t>(a.seq_lens[r]) - 1 : a.row_meta[2 * r + 1];
-    }
+    if (lane < rows_here) RowKeys<kPaged>(a, row0 + lane, &first, &last);
     first_s[lane] = first;
     last_s[lane] = last;
     done_s[lane] = last < 0;
   }
   __syncwarp();
 
-  const int i = lane >> 1, half = lane & 1;  // this lane's row, and its half of the block / dims
+  const int i = lane >> 1;
   float m = -INFINITY, l = 0.f;
   float o[D / 16][8];
 #pragma unroll
@@ -373,25 +526,7 @@ __global__ void __launch_bounds__(32) InvariantAttentionTcKernel(InvariantAttent
   }
 
   while (true) {
-    // The next group: the first unfinished row and every unfinished row reading its keys.
-    if (lane == 0) {
-      int leader = -1;
-      for (int r = 0; r < kTcRows && leader < 0; ++r) {
-        if (!done_s[r]) leader = r;
-      }
-      int64_t glast = -1;
-      for (int r = 0; r < kTcRows; ++r) {
-        const bool in = leader >= 0 && !done_s[r] &&
-                        (kPaged ? r == leader : first_s[r] == first_s[leader]);
-        group_s[r] = in;
-        if (in) {
-          done_s[r] = 1;
-          glast = max(glast, last_s[r]);
-        }
-      }
-      leader_s = leader;
-      glast_s = glast;
-    }
+    if (lane == 0) NextGroup<kPaged>(kTcRows, first_s, last_s, done_s, group_s, &leader_s, &glast_s);
     __syncwarp();
     const int leader = leader_s;
     if (leader < 0) break;
@@ -402,7 +537,6 @@ __global__ void __launch_bounds__(32) InvariantAttentionTcKernel(InvariantAttent
     const int64_t my_last = last_s[i];
 
     for (int64_t kb = 0; kb <= glast; kb += kTcKeys) {
-      // K and V of keys kb .. kb + kTcKeys - 1 (zeros past the group's last key).
       for (int idx = lane; idx < kTcKeys * (D / 8); idx += 32) {
         const int j = idx / (D / 8), c = (idx % (D / 8)) * 8;
         const int64_t key = kb + j;
@@ -411,110 +545,146 @@ __global__ void __launch_bounds__(32) InvariantAttentionTcKernel(InvariantAttent
           const T* kr = k + row * a.kv_row_stride + c;
           const T* vr = v + row * a.kv_row_stride + c;
           if (kVec) {
-            *reinterpret_cast<Vec16<T>*>(&ks[j][c]) = *reinterpret_cast<const Vec16<T>*>(kr);
-            *reinterpret_cast<Vec16<T>*>(&vs[j][c]) = *reinterpret_cast<const Vec16<T>*>(vr);
+            *reinterpret_cast<Vec16<T>*>(&kv[0][j][c]) = *reinterpret_cast<const Vec16<T>*>(kr);
+            *reinterpret_cast<Vec16<T>*>(&kv[1][j][c]) = *reinterpret_cast<const Vec16<T>*>(vr);
           } else {
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
-              ks[j][c + e] = kr[e];
-              vs[j][c + e] = vr[e];
+              kv[0][j][c + e] = kr[e];
+              kv[1][j][c + e] = vr[e];
             }
           }
         } else {
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            ks[j][c + e] = To<T>(0.f);
-            vs[j][c + e] = To<T>(0.f);
+            kv[0][j][c + e] = To<T>(0.f);
+            kv[1][j][c + e] = To<T>(0.f);
           }
         }
       }
       __syncwarp();
-      // S = Q Kᵀ [kTcRows, kTcKeys]
-#pragma unroll
-      for (int nf = 0; nf < kTcKeys / 16; ++nf) {
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-        wmma::fill_fragment(acc, 0.f);
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
-          wmma::load_matrix_sync(fa, &qs[0][kk * 16], D + kTcPad);
-          wmma::load_matrix_sync(fb, &ks[nf * 16][kk * 16], D + kTcPad);
-          wmma::mma_sync(acc, fa, fb, acc);
-        }
-        wmma::store_matrix_sync(&ss[0][nf * 16], acc, kTcKeys + 4, wmma::mem_row_major);
-      }
-      __syncwarp();
-      // The online softmax of row i: this lane takes keys half * 16 .. half * 16 + 15.
-      float bmax = -INFINITY;
-#pragma unroll
-      for (int jj = 0; jj < 16; ++jj) {
-        const int j = half * 16 + jj;
-        if (mine && kb + j <= my_last) bmax = fmaxf(bmax, ss[i][j] * a.scale);
-      }
-      bmax = fmaxf(bmax, __shfl_xor_sync(kFullMask, bmax, 1));
-      const bool update = mine && bmax != -INFINITY;
-      const float m_new = update ? fmaxf(m, bmax) : m;
-      const float c = update ? expf(m - m_new) : 1.f;
-      float psum = 0.f;
-#pragma unroll
-      for (int jj = 0; jj < 16; ++jj) {
-        const int j = half * 16 + jj;
-        const float p = update && kb + j <= my_last ? expf(ss[i][j] * a.scale - m_new) : 0.f;
-        const T pt = To<T>(p);
-        ps[i][j] = pt;
-        psum += F(pt);
-      }
-      const float other = __shfl_xor_sync(kFullMask, psum, 1);
-      const float bsum = half == 0 ? psum + other : other + psum;  // one order on both lanes
-      if (update) {
-        l = l * c + bsum;
-        m = m_new;
-      }
-      __syncwarp();
-      // o = o c + P V, 16 dims at a time.
-#pragma unroll
-      for (int f = 0; f < D / 16; ++f) {
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-        wmma::fill_fragment(acc, 0.f);
-#pragma unroll
-        for (int kk = 0; kk < kTcKeys / 16; ++kk) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
-          wmma::load_matrix_sync(fa, &ps[0][kk * 16], kTcKeys + kTcPad);
-          wmma::load_matrix_sync(fb, &vs[kk * 16][f * 16], D + kTcPad);
-          wmma::mma_sync(acc, fa, fb, acc);
-        }
-        wmma::store_matrix_sync(&ts[0][0], acc, 16 + 4, wmma::mem_row_major);
-        __syncwarp();
-        if (update) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) o[f][e] = o[f][e] * c + ts[i][half * 8 + e];
-        }
-        __syncwarp();
-      }
+      TcAttendBlock<T, D>(qf, kv, sc, kb, mine, my_last, a.scale, m, l, o);
     }
   }
-  if (i < rows_here) {
-    T* out = static_cast<T*>(a.out) + ((row0 + i) * a.heads + h) * static_cast<int64_t>(D);
+  StoreRows<T, D>(a, row0 + i, h, i < rows_here, l, o);
+}
+
+// kTcWarps warps over kTcWarps · kTcRows consecutive rows of head h (keys 16-byte aligned,
+// key_rows/row_meta addressing): the warps share each key block, loaded by all the block's
+// threads, the next block's 16-byte chunks held in registers while the warps compute.
+template <typename T, int D>
+__global__ void __launch_bounds__(kTcWarps * 32)
+    InvariantAttentionTcCtaKernel(InvariantAttentionArgs a) {
+  constexpr int kRows = kTcWarps * kTcRows;
+  constexpr int kThreads = kTcWarps * 32;
+  constexpr int kChunks = kTcKeys * (D / 8) / kThreads;  // 16-byte chunks of K (and V) a thread moves
+  static_assert(kTcKeys * (D / 8) % kThreads == 0, "key block must split evenly over the threads");
+  static_assert(2 * kTcKeys >= kRows, "the queries are staged through the key block");
+  __shared__ __align__(32) TcKeyBlock<T, D> kv;
+  __shared__ TcScratch<T> scratch[kTcWarps];
+  __shared__ int64_t first_s[kRows], last_s[kRows];
+  __shared__ int done_s[kRows], group_s[kRows];
+  __shared__ int leader_s;
+  __shared__ int64_t glast_s;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int h = blockIdx.y;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const int rows_here = static_cast<int>(min(static_cast<int64_t>(kRows), a.rows - row0));
+  const int g = h / (a.heads / a.kv_heads);
+  const T* k = static_cast<const T*>(a.k) + static_cast<int64_t>(g) * D;
+  const T* v = static_cast<const T*>(a.v) + static_cast<int64_t>(g) * D;
+
+  TcQFragment<T> qf[D / 16];
+  LoadQueries<T, D>(a, row0, h, kRows, rows_here, &kv[0][0], warp * kTcRows, qf, true);
+  if (tid < kRows) {
+    int64_t first = 0, last = -1;
+    if (tid < rows_here) RowKeys<false>(a, row0 + tid, &first, &last);
+    first_s[tid] = first;
+    last_s[tid] = last;
+    done_s[tid] = last < 0;
+  }
+  __syncthreads();
+
+  const int my_row = warp * kTcRows + (lane >> 1);
+  float m = -INFINITY, l = 0.f;
+  float o[D / 16][8];
 #pragma unroll
-    for (int f = 0; f < D / 16; ++f) {
+  for (int f = 0; f < D / 16; ++f) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) out[f * 16 + half * 8 + e] = To<T>(o[f][e] / l);
+    for (int e = 0; e < 8; ++e) o[f][e] = 0.f;
+  }
+
+  while (true) {
+    if (tid == 0) NextGroup<false>(kRows, first_s, last_s, done_s, group_s, &leader_s, &glast_s);
+    __syncthreads();
+    const int leader = leader_s;
+    if (leader < 0) break;
+    const int64_t glast = glast_s;
+    const int64_t gfirst = first_s[leader];
+    const bool mine = group_s[my_row] != 0;
+    const int64_t my_last = last_s[my_row];
+    // The warp's last key in this group: blocks past it change none of its rows.
+    long long wlast = mine ? my_last : -1;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      wlast = max(wlast, __shfl_xor_sync(kFullMask, wlast, off));
+    }
+
+    uint4 kreg[kChunks], vreg[kChunks];
+    auto fetch = [&](int64_t kb) {
+#pragma unroll
+      for (int t = 0; t < kChunks; ++t) {
+        const int idx = tid + t * kThreads;
+        const int64_t key = kb + idx / (D / 8);
+        if (key <= glast) {
+          const int64_t row = KeyRow<false>(a, 0, gfirst, key);
+          const int64_t off = row * a.kv_row_stride + (idx % (D / 8)) * 8;
+          kreg[t] = *reinterpret_cast<const uint4*>(k + off);
+          vreg[t] = *reinterpret_cast<const uint4*>(v + off);
+        } else {
+          kreg[t] = make_uint4(0, 0, 0, 0);
+          vreg[t] = make_uint4(0, 0, 0, 0);
+        }
+      }
+    };
+    fetch(0);
+    for (int64_t kb = 0; kb <= glast; kb += kTcKeys) {
+#pragma unroll
+      for (int t = 0; t < kChunks; ++t) {
+        const int idx = tid + t * kThreads;
+        const int j = idx / (D / 8), c = (idx % (D / 8)) * 8;
+        *reinterpret_cast<uint4*>(&kv[0][j][c]) = kreg[t];
+        *reinterpret_cast<uint4*>(&kv[1][j][c]) = vreg[t];
+      }
+      __syncthreads();
+      if (kb + kTcKeys <= glast) fetch(kb + kTcKeys);
+      if (kb <= wlast) {
+        TcAttendBlock<T, D>(qf, kv, scratch[warp], kb, mine, my_last, a.scale, m, l, o);
+      }
+      __syncthreads();
     }
   }
+  StoreRows<T, D>(a, row0 + my_row, h, my_row < rows_here, l, o);
 }
 
 template <typename T, int D>
 int LaunchTcAttention(const InvariantAttentionArgs& a, cudaStream_t s) {
   const bool paged = a.page_table != nullptr;
+  const bool vec = reinterpret_cast<uintptr_t>(a.k) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(a.v) % 16 == 0 && a.kv_row_stride % 8 == 0;
+  if (!paged && vec && a.rows >= kTcWarps * kTcRows) {
+    // A prefill or the trainer's forward: consecutive rows mostly read the same keys.
+    const dim3 grid(static_cast<unsigned>((a.rows + kTcWarps * kTcRows - 1) / (kTcWarps * kTcRows)),
+                    static_cast<unsigned>(a.heads));
+    InvariantAttentionTcCtaKernel<T, D><<<grid, kTcWarps * 32, 0, s>>>(a);
+    return static_cast<int>(cudaGetLastError());
+  }
   // One row per warp where rows are separate sequences (decode); otherwise 16 consecutive rows,
   // which in a prefill mostly read the same keys. Either way a row gets the same bits.
   const int tile_rows = paged || a.rows < 4 * kTcRows ? 1 : kTcRows;
   const dim3 grid(static_cast<unsigned>((a.rows + tile_rows - 1) / tile_rows),
                   static_cast<unsigned>(a.heads));
-  const bool vec = reinterpret_cast<uintptr_t>(a.k) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(a.v) % 16 == 0 && a.kv_row_stride % 8 == 0;
   if (paged) {
     if (vec) InvariantAttentionTcKernel<T, D, true, true><<<grid, 32, 0, s>>>(a, tile_rows);
     else InvariantAttentionTcKernel<T, D, true, false><<<grid, 32, 0, s>>>(a, tile_rows);

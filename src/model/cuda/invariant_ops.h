@@ -15,7 +15,9 @@
 //                        and block, S = Q Kᵀ and P V on tensor cores (16-wide steps in
 //                        ascending order), the block's online-softmax update in a fixed order
 //                        (p rounded to the storage dtype), a block without a key of the row
-//                        skipped; a row's numbers never depend on the other rows of its warp.
+//                        skipped; a row's numbers never depend on the other rows of its warp
+//                        (prefills and the trainer run 4 such warps over 64 rows sharing each
+//                        key block in shared memory; decode one row per warp: same bits).
 //                        Other dtypes / head sizes: per query row and head, one warp walks the
 //                        row's keys j = 0..last in ascending order: s = (Σ_d q_d k_jd, a fixed
 //                        butterfly over the lanes) · scale, then the online softmax
