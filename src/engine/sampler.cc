@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 
 #include "slime/model/batch_invariant.h"
 
@@ -241,14 +242,23 @@ SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRo
   }
   torch::Tensor chosen_lp;
   if (logprobs.defined() && model::BatchInvariant() && model::InvariantKernelsServe(device)) {
-    // Deterministic mode: per row, the trainer's log-prob computation on the same logits and
-    // temperature (model/batch_invariant.h), so the two agree to the bit.
-    std::vector<torch::Tensor> per_row;
-    for (int64_t b = 0; b < batch; ++b) {
-      per_row.push_back(model::InvariantTokenLogProbs(
-          logits.narrow(0, b, 1), chosen.narrow(0, b, 1), rows[b].params->temperature));
+    // Deterministic mode: the trainer's log-prob computation on the same logits and temperature
+    // (model/batch_invariant.h), so the two agree to the bit. Its row statistics do not depend
+    // on the row count, so the rows of one temperature go in one call (usually the whole batch).
+    std::map<double, std::vector<int64_t>> by_temperature;
+    for (int64_t b = 0; b < batch; ++b) by_temperature[rows[b].params->temperature].push_back(b);
+    if (by_temperature.size() == 1) {
+      chosen_lp = model::InvariantTokenLogProbs(logits, chosen, rows[0].params->temperature);
+    } else {
+      chosen_lp = torch::empty({batch}, fopts.device(device));
+      for (const auto& [temperature, members] : by_temperature) {
+        const torch::Tensor index = torch::tensor(members, lopts).to(device);
+        chosen_lp.index_copy_(0, index,
+                              model::InvariantTokenLogProbs(logits.index_select(0, index),
+                                                            chosen.index_select(0, index),
+                                                            temperature));
+      }
     }
-    chosen_lp = torch::cat(per_row);
   } else {
     chosen_lp = logprobs.defined() ? logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
                                    : torch::zeros({batch}, fopts.device(device));

@@ -124,7 +124,8 @@ TEST_P(DeterministicEngineTest, ARequestIsTheSameBitsAloneBatchedCachedAndChunke
   const RequestOutput alone = RunAll(*engine, {probe})[0];
   ASSERT_EQ(alone.output_ids.size(), 20u);
 
-  // Among others of other lengths and seeds, some sharing part of its prompt.
+  // Among others of other lengths, seeds and temperatures (the sampler's log-probs go by
+  // temperature group), some sharing part of its prompt.
   std::vector<GenerateInput> batch;
   for (int s = 1; s <= kOthers; ++s) {
     std::vector<int32_t> p = Prompt(s, 5 + (s * 7) % 40);
@@ -132,7 +133,8 @@ TEST_P(DeterministicEngineTest, ARequestIsTheSameBitsAloneBatchedCachedAndChunke
       p = Prompt(0, 20);
       p.push_back(7 + s);
     }
-    batch.push_back(Request("r" + std::to_string(s), p, temperature, 100 + s));
+    const double t = s % 3 == 0 ? 0.7 : s % 5 == 0 ? 0.0 : temperature;
+    batch.push_back(Request("r" + std::to_string(s), p, t, 100 + s));
   }
   batch.insert(batch.begin() + 13, probe);
   const std::vector<RequestOutput> outs = RunAll(*engine, batch);
