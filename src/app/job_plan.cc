@@ -35,6 +35,7 @@ StatusOr<JobPlan> PlanJob(const config::Config& config, bool cuda_available) {
   r.tensor_parallel = config.train.tensor_model_parallel_size;
   r.pipeline_parallel = config.train.pipeline_model_parallel_size;
   r.context_parallel = config.train.context_parallel_size;
+  r.expert_parallel = config.train.expert_model_parallel_size;
   r.with_critic = config::UseCritic(config);
   r.rollout_num_gpus = cluster.rollout_num_gpus;
   r.rollout_num_gpus_per_engine = cluster.rollout_num_gpus_per_engine;

@@ -87,6 +87,9 @@ void AddServeOptions(CLI::App* cmd, ServeOptions* o) {
   cmd->add_flag("--enable-deterministic-inference", o->enable_deterministic_inference,
                 "Batch-invariant kernels: a request's tokens and log-probs do not depend on the "
                 "batch, prefill chunking or prefix-cache hits (CPU and CUDA)");
+  cmd->add_flag("--enable-return-routed-experts", o->enable_return_routed_experts,
+                "Honour return_routed_experts on /generate (mixture-of-experts models): each "
+                "token's experts in meta_info.routed_experts");
   cmd->add_option("--random-seed", o->random_seed, "Seed of requests without sampling_seed");
   cmd->add_option("--stream-interval", o->stream_interval, "Tokens per streamed chunk")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -151,6 +154,7 @@ int RunServe(const ServeOptions& o) {
   eo.context_length = o.context_length;
   eo.enable_prefix_cache = !o.disable_radix_cache;
   eo.deterministic_inference = o.enable_deterministic_inference;
+  eo.enable_return_routed_experts = o.enable_return_routed_experts;
   eo.random_seed = static_cast<uint64_t>(o.random_seed);
   eo.stream_interval = o.stream_interval;
   eo.cuda_graph_max_bs = o.disable_cuda_graph ? 0 : o.cuda_graph_max_bs;

@@ -587,6 +587,74 @@ StatusOr<torch::Tensor> ProcessGroup::ReduceScatterSum(const torch::Tensor& tens
   return result;
 }
 
+namespace {
+// Checks all-to-all split sizes: one per rank, none negative, `what` summing to `rows` when
+// rows >= 0.
+Status CheckSplits(const std::string& name, const char* what, const std::vector<int64_t>& splits,
+                   int world, int64_t rows) {
+  if (static_cast<int>(splits.size()) != world) {
+    return absl::InvalidArgumentError(
+        fmt::format("all-to-all of '{}': {} has {} entries for a group of {} ranks", name, what,
+                    splits.size(), world));
+  }
+  int64_t sum = 0;
+  for (int64_t s : splits) {
+    if (s < 0) {
+      return absl::InvalidArgumentError(fmt::format(
+          "all-to-all of '{}': {} {} has a negative entry", name, what, fmt::join(splits, ",")));
+    }
+    sum += s;
+  }
+  if (rows >= 0 && sum != rows) {
+    return absl::InvalidArgumentError(
+        fmt::format("all-to-all of '{}': {} [{}] sum to {}, but the input has {} rows", name, what,
+                    fmt::join(splits, ","), sum, rows));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+StatusOr<torch::Tensor> ProcessGroup::AllToAll(const torch::Tensor& input,
+                                               const std::vector<int64_t>& send_splits,
+                                               const std::vector<int64_t>& recv_splits,
+                                               const std::string& name, double timeout_s) {
+  if (!input.defined() || input.dim() < 1) {
+    return absl::InvalidArgumentError(
+        fmt::format("all-to-all of '{}' needs a tensor of at least one dimension", name));
+  }
+  const int world = options_.world_size;
+  SLIME_RETURN_IF_ERROR(CheckSplits(name, "send_splits", send_splits, world, input.size(0)));
+  SLIME_RETURN_IF_ERROR(CheckSplits(name, "recv_splits", recv_splits, world, -1));
+  int64_t recv_rows = 0;
+  for (int64_t s : recv_splits) recv_rows += s;
+  const torch::Device dev = device();
+  torch::Tensor result;
+  Status s =
+      RunCollective("all-to-all", name, input, timeout_s, [&](std::chrono::milliseconds limit) {
+        // Written in place by the backend (on Gloo from its own thread): a normal tensor, as in
+        // AllGather.
+        c10::InferenceMode normal_tensors(false);
+        at::Tensor in = input.to(dev).contiguous();
+        std::vector<int64_t> out_shape = in.sizes().vec();
+        out_shape[0] = recv_rows;
+        at::Tensor out = torch::empty(out_shape, in.options());
+        // Gloo: each row as raw bytes [rows, row_bytes] (the splits count rows, whatever the
+        // dtype).
+        int64_t row_elems = 1;
+        for (int64_t d = 1; d < in.dim(); ++d) row_elems *= in.size(d);
+        const bool bytes = backend_ == "gloo" && row_elems > 0;
+        at::Tensor in_wire = bytes ? in.reshape({in.size(0), row_elems}).view(torch::kUInt8) : in;
+        at::Tensor out_wire = bytes ? out.view({recv_rows, row_elems}).view(torch::kUInt8) : out;
+        std::vector<int64_t> send = send_splits, recv = recv_splits;
+        c10d::AllToAllOptions ao;
+        ao.timeout = limit;
+        state_->backend->alltoall_base(out_wire, in_wire, recv, send, ao)->wait(limit);
+        result = out.device() != input.device() ? out.to(input.device()) : out;
+      });
+  if (!s.ok()) return s;
+  return result;
+}
+
 Status ProcessGroup::Broadcast(std::vector<torch::Tensor>& tensors, int root,
                                const std::vector<std::string>& names, double timeout_s) {
   SLIME_RETURN_IF_ERROR(CheckUsable());
@@ -748,6 +816,21 @@ at::Tensor ProcessGroupTensorParallel::AllGather(const at::Tensor& tensor, int64
 
 at::Tensor ProcessGroupTensorParallel::ReduceScatterSum(const at::Tensor& tensor) {
   StatusOr<torch::Tensor> out = group_->ReduceScatterSum(tensor, "tensor-parallel");
+  if (!out.ok()) throw std::runtime_error(std::string(out.status().message()));
+  return *std::move(out);
+}
+
+}  // namespace slime::comm
+
+// ---- ProcessGroupExpertParallel (include/slime/comm/tensor_parallel_group.h)
+
+namespace slime::comm {
+
+at::Tensor ProcessGroupExpertParallel::AllToAll(const at::Tensor& input,
+                                                const std::vector<int64_t>& send_splits,
+                                                const std::vector<int64_t>& recv_splits) {
+  StatusOr<torch::Tensor> out =
+      group_->AllToAll(input, send_splits, recv_splits, "expert-parallel");
   if (!out.ok()) throw std::runtime_error(std::string(out.status().message()));
   return *std::move(out);
 }

@@ -196,6 +196,14 @@ void AddRolloutFields(std::vector<FieldSpec<Config>>* table) {
       .ReadBy("rollout")
       .Slime("--rollout-skip-special-tokens")
       .Doc("Drop special tokens when detokenizing responses.");
+  b.Add("return_routed_experts", &RolloutConfig::return_routed_experts)
+      .ReadBy("rollout", "workers", "train")
+      .Doc(
+          "Ask the engines for each token's mixture-of-experts routing (SGLang's "
+          "return_routed_experts) without replaying it: the trainer reports "
+          "train/routing_agreement, the share of the engine's expert choices its own forward "
+          "makes too (docs/algorithms.md, \"Routing replay\"). "
+          "algorithm.use_rollout_routing_replay asks for them anyway.");
   b.Add("stop", &RolloutConfig::stop)
       .ReadBy("rollout")
       .Slime("--rollout-stop")

@@ -154,13 +154,25 @@ void AddAlgorithmFields(std::vector<FieldSpec<Config>>* table) {
       .Min(0)
       .Doc("Threshold of off-policy sequence masking.");
   b.Add("use_routing_replay", &AlgorithmConfig::use_routing_replay)
-      .Refused("routing replay is for MoE models, which the trainer does not support yet")
+      .ReadBy("train")
       .Slime("--use-routing-replay")
-      .Doc("MoE: record expert routing in the old-log-prob pass and replay it in training.");
+      .Doc(
+          "Routing replay: the old-log-prob forward records each token's mixture-of-experts "
+          "routing and the training forwards (and their recomputation) replay it, the "
+          "router's weights taken at the replayed experts, so the policy ratio compares one "
+          "routing (docs/algorithms.md, \"Routing replay\"). The old-log-prob forward then runs "
+          "even with one step per rollout. Needs sparse layers; refused with "
+          "use_rollout_logprobs (no old-log-prob forward) and with loss_type sft_loss.");
   b.Add("use_rollout_routing_replay", &AlgorithmConfig::use_rollout_routing_replay)
-      .Refused("routing replay is for MoE models, which the trainer does not support yet")
+      .ReadBy("train", "rollout", "workers")
       .Slime("--use-rollout-routing-replay")
-      .Doc("MoE: replay the engine's routing (implies use_routing_replay).");
+      .Doc(
+          "Rollout routing replay (R3): the engines return each token's routed experts "
+          "(return_routed_experts; our engines are started with --enable-return-routed-experts) "
+          "and every actor forward of the trainer (reference, old and training log-probs) "
+          "replays them; implies use_routing_replay. Needs sparse layers and samples generated "
+          "by the rollout itself (refused with rollout.custom_generate). Costs "
+          "4 · layers · top_k bytes per token in the samples.");
   b.Add("num_critic_only_steps", &AlgorithmConfig::num_critic_only_steps)
       .ReadBy("train")
       .Slime("--num-critic-only-steps")
@@ -412,6 +424,22 @@ void AddTrainFields(std::vector<FieldSpec<Config>>* table) {
            "PP × CP)); combines with tensor_model_parallel_size, sequence_parallel and "
            "use_distributed_optimizer. Not yet with advantage_estimator ppo (the trainers' init "
            "fails naming it).");
+  b.Add("expert_model_parallel_size", &TrainConfig::expert_model_parallel_size)
+      .ReadBy("config", "job", "train", "workers")
+      .Slime("--expert-model-parallel-size")
+      .Min(1)
+      .Doc(
+          "Expert-parallel size of the trainer (mixture-of-experts models only): the experts "
+          "of every sparse layer are split over this many data-parallel ranks, each holding a "
+          "contiguous block of num_experts / EP experts, and each layer's routed tokens go to "
+          "their expert's rank and back by all-to-all (Megatron's --expert-model-parallel-size, "
+          "expert tensor parallelism = tensor_model_parallel_size). Carved out of data "
+          "parallelism: must divide the data-parallel size; DP rank d is EP rank d % EP, and "
+          "expert gradients are summed over the DP / EP ranks with the same EP rank. The "
+          "router and the other parameters stay replicated. Checkpoints, HF export and the "
+          "weight sync hold every expert. Combines with tensor_model_parallel_size and "
+          "pipeline_model_parallel_size. Not yet with use_distributed_optimizer, "
+          "overlap_grad_reduce or advantage_estimator ppo.");
   b.Add("context_parallel_size", &TrainConfig::context_parallel_size)
       .Refused("context parallelism is later work")
       .Slime("--context-parallel-size")

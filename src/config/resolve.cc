@@ -78,6 +78,14 @@ class Resolver {
     AlgorithmConfig& a = c_.algorithm;
     const std::string& estimator = a.advantage_estimator;
     // CheckFields refused an unknown name (its allowed values come from algorithms.h).
+    // R3 replays the rollout's routing in every forward, the training forwards included.
+    if (a.use_rollout_routing_replay) a.use_routing_replay = true;
+    if (a.use_routing_replay && !a.use_rollout_routing_replay && a.use_rollout_logprobs) {
+      Error(
+          "algorithm.use_routing_replay replays the routing of the old-log-prob forward, which "
+          "algorithm.use_rollout_logprobs skips: set algorithm.use_rollout_routing_replay "
+          "instead (the engines' routing) or turn one off");
+    }
     const AdvantageEstimatorInfo* info = FindAdvantageEstimator(estimator);
     if (info == nullptr) return;
     // KL of either kind needs the reference model. slime requires --ref-load whenever
@@ -388,6 +396,7 @@ class Resolver {
     int actor_gpus = ActorNumGpus(c_);
     if (actor_gpus % model_parallel != 0) return;  // reported by ResolveCluster
     int dp = actor_gpus / model_parallel;
+    ResolveExpertParallel(t, dp);
     if (t.use_dynamic_batch_size) {
       if (gbs < dp) {
         Error(
@@ -400,6 +409,32 @@ class Resolver {
           "train.global_batch_size ({}) must be divisible by train.micro_batch_size × "
           "data-parallel size = {} × {} = {} (or set train.use_dynamic_batch_size)",
           gbs, t.micro_batch_size, dp, t.micro_batch_size * dp);
+    }
+  }
+
+  // train.expert_model_parallel_size: carved out of the `dp` data-parallel ranks. Whether the
+  // model has experts (and enough of them) is checked where the model is loaded.
+  void ResolveExpertParallel(const TrainConfig& t, int dp) {
+    const int ep = t.expert_model_parallel_size;
+    if (ep == 1) return;
+    if (dp % ep != 0) {
+      Error(
+          "train.expert_model_parallel_size ({}) must divide the data-parallel size ({} = actor "
+          "GPUs / (train.tensor_model_parallel_size × train.pipeline_model_parallel_size × "
+          "train.context_parallel_size)): expert parallelism is carved out of data parallelism",
+          ep, dp);
+    }
+    if (t.use_distributed_optimizer) {
+      Error(
+          "train.expert_model_parallel_size ({}) > 1 does not work with "
+          "train.use_distributed_optimizer yet; set one of them off",
+          ep);
+    }
+    if (t.overlap_grad_reduce) {
+      Error(
+          "train.expert_model_parallel_size ({}) > 1 does not work with "
+          "train.overlap_grad_reduce yet; set one of them off",
+          ep);
     }
   }
 
@@ -533,6 +568,13 @@ class Resolver {
       Error("rollout.custom_generate 'none' is not valid (leave it unset for default generation)");
     }
     check("rollout.custom_generate", r.custom_generate, r.env_url);
+    if (r.custom_generate && (c_.algorithm.use_rollout_routing_replay || r.return_routed_experts)) {
+      Error(
+          "{} cannot be used with rollout.custom_generate (custom samples are assembled by the "
+          "generator and carry no engine routing)",
+          c_.algorithm.use_rollout_routing_replay ? "algorithm.use_rollout_routing_replay"
+                                                  : "rollout.return_routed_experts");
+    }
     if (r.custom_generate && r.partial_rollout) {
       Error(
           "rollout.partial_rollout cannot be used with rollout.custom_generate (custom samples "

@@ -65,6 +65,29 @@ Status Sample::AppendResponse(std::span<const int32_t> ids, std::span<const floa
   return absl::OkStatus();
 }
 
+Status Sample::AppendRoutedExperts(std::span<const int32_t> experts, int64_t rows,
+                                   int64_t per_token) {
+  if (rows < 0 || per_token <= 0 || static_cast<int64_t>(experts.size()) != rows * per_token) {
+    return absl::InvalidArgumentError(fmt::format(
+        "sample {}: routed experts of {} entries are not {} rows × {} per token", index,
+        experts.size(), rows, per_token));
+  }
+  if (!rollout_routed_experts.empty() && per_token != routed_experts_per_token) {
+    return absl::InvalidArgumentError(fmt::format(
+        "sample {}: routed experts with {} entries per token after rows of {}", index, per_token,
+        routed_experts_per_token));
+  }
+  const int64_t limit = static_cast<int64_t>(tokens.size()) - 1;
+  if (RoutedRows() + rows > limit) {
+    return absl::InvalidArgumentError(fmt::format(
+        "sample {}: {} routed rows after {} would pass tokens − 1 = {}", index, rows,
+        RoutedRows(), limit));
+  }
+  rollout_routed_experts.insert(rollout_routed_experts.end(), experts.begin(), experts.end());
+  routed_experts_per_token = per_token;
+  return absl::OkStatus();
+}
+
 Status Sample::SetStatusFromFinishReason(std::string_view finish_reason) {
   if (finish_reason == "stop") {
     status = SampleStatus::kCompleted;
@@ -101,6 +124,18 @@ Status Sample::Validate() const {
       static_cast<int64_t>(teacher_log_probs.size()) != response_length) {
     return bad(fmt::format("teacher_log_probs has {} entries, response_length is {}",
                            teacher_log_probs.size(), response_length));
+  }
+  if (!rollout_routed_experts.empty()) {
+    const int64_t size = static_cast<int64_t>(rollout_routed_experts.size());
+    if (routed_experts_per_token <= 0 || size % routed_experts_per_token != 0) {
+      return bad(fmt::format("rollout_routed_experts has {} entries, not rows × "
+                             "routed_experts_per_token ({})",
+                             size, routed_experts_per_token));
+    }
+    if (RoutedRows() > n - 1) {
+      return bad(fmt::format("rollout_routed_experts has {} rows for {} tokens (at most {})",
+                             RoutedRows(), n, n - 1));
+    }
   }
   if (!metadata.is_object()) {
     return bad(fmt::format("metadata is {}, expected an object", metadata.type_name()));

@@ -78,6 +78,7 @@ struct LiveRequest {
   Clock::time_point last_token;
   int64_t max_new = 0;            // resolved max_new_tokens
   int64_t next_input_lp = 0;      // next position q whose logits give the logprob of token q+1
+  int64_t next_route = 0;         // next position whose routed experts are to be recorded
   int64_t last_streamed = 0;      // output length at the last stream callback
   bool in_scheduler = false;
 };
@@ -136,6 +137,7 @@ class Engine::Impl {
         if (r.in.top_logprobs_num > 0) r.out.input_top_logprobs.emplace_back();
       }
     }
+    r.next_route = r.in.routed_experts_start_len;
     auto [it, inserted] = live_.emplace(id, std::move(r));
     if (!inserted) return;
     if (metrics_) metrics_->OnRequest();
@@ -147,15 +149,47 @@ class Engine::Impl {
   }
 
   void Admit(LiveRequest& r) {
+    if (Status s = CheckRoutedExperts(r.in); !s.ok()) {
+      Finish(r.id, FinishReason::Abort(std::string(s.message()), 400));
+      return;
+    }
     const bool want_input_lp = r.in.return_logprob && r.in.logprob_start_len >= 0;
-    const int64_t limit =
+    int64_t limit =
         want_input_lp ? std::max<int64_t>(r.in.logprob_start_len, 1) - 1 : kNoPrefixMatchLimit;
+    // Routed experts are recorded from the forward, not kept with cached K/V pages: the prefix
+    // cache serves at most the positions before routed_experts_start_len.
+    if (r.in.return_routed_experts) {
+      limit = limit == kNoPrefixMatchLimit ? r.in.routed_experts_start_len
+                                           : std::min(limit, r.in.routed_experts_start_len);
+    }
     Status s = scheduler_.Add(r.id, r.in.input_ids, r.max_new, limit);
     if (!s.ok()) {
       Finish(r.id, FinishReason::Abort(std::string(s.message()), 400));
       return;
     }
     r.in_scheduler = true;
+  }
+
+  // return_routed_experts needs --enable-return-routed-experts and a sparse model (the HTTP
+  // layer refuses both first; this guards direct Submit calls).
+  Status CheckRoutedExperts(const GenerateInput& in) const {
+    if (!in.return_routed_experts) return absl::OkStatus();
+    if (!engine_->routes_experts()) {
+      return absl::InvalidArgumentError(
+          "return_routed_experts needs a mixture-of-experts model; this engine's model has no "
+          "sparse layer");
+    }
+    if (!engine_->options_.enable_return_routed_experts) {
+      return absl::InvalidArgumentError(
+          "return_routed_experts needs the engine started with --enable-return-routed-experts");
+    }
+    if (in.routed_experts_start_len < 0 ||
+        in.routed_experts_start_len >= static_cast<int64_t>(in.input_ids.size())) {
+      return absl::InvalidArgumentError(fmt::format(
+          "routed_experts_start_len must be in [0, {}) (the prompt length), got {}",
+          in.input_ids.size(), in.routed_experts_start_len));
+    }
+    return absl::OkStatus();
   }
 
   void Cancel(uint64_t id, const std::string& why) {
@@ -421,6 +455,7 @@ class Engine::Impl {
     std::vector<PagedItem> items;
     std::vector<SampleRef> to_sample;
     std::vector<ScoreRef> to_score;
+    std::vector<SampleRef> to_route;  // rows whose routed experts go to their request, in order
     std::vector<uint64_t> prefill_only_done;  // prompt done, no token left to generate
     int64_t prefill_tokens = 0, decode_tokens = 0;
   };
@@ -438,6 +473,9 @@ class Engine::Impl {
   // The step failed before its K/V was kept: rolls the batch back and aborts its requests.
   void FailBatch(const Batch& batch, const Status& s);
   Status RunForward(const StepInputs& in, ForwardOutput* out);
+  // The routed experts of the rows in `to_route` (captured by the forward) into their requests'
+  // outputs.
+  Status RecordRoutedExperts(const std::vector<SampleRef>& to_route);
   // Prompt log-probs of the rows in `to_score` into their requests' outputs.
   Status ScorePrompts(const std::vector<ScoreRef>& to_score, const ForwardOutput& fwd);
   // lps [rows, vocab] log-probs and chosen [rows] of to_score[s, e): each request's entries.
@@ -499,6 +537,16 @@ void Engine::Impl::Finish(uint64_t id, FinishReason reason) {
     scheduler_.Finish(id);
   }
   held_.erase(std::remove(held_.begin(), held_.end(), id), held_.end());
+  if (r.in.return_routed_experts) {
+    // A prompt-only request fed its last prompt token too; the answer stops before it, as for
+    // every request (rows = prompt + output − 1 − routed_experts_start_len).
+    const model::ModelConfig& c = runner_->config();
+    const int64_t rows = std::max<int64_t>(
+        0, r.out.prompt_tokens + static_cast<int64_t>(r.out.output_ids.size()) - 1 -
+               r.in.routed_experts_start_len);
+    const size_t keep = static_cast<size_t>(rows * c.num_hidden_layers * c.moe.num_experts_per_tok);
+    if (r.out.routed_experts.size() > keep) r.out.routed_experts.resize(keep);
+  }
   r.out.finish = std::move(reason);
   r.out.text = r.text->Text(r.out.finish, r.in.sampling.no_stop_trim);
   r.out.e2e_latency = Seconds(Clock::now() - r.arrival);
@@ -574,6 +622,10 @@ bool Engine::Impl::Step() {
   }
   times.forward = Clock::now();
   times.sampled = times.forward;
+  if (Status s = RecordRoutedExperts(in.to_route); !s.ok()) {
+    FailBatch(batch, s);
+    return true;
+  }
   if (Status s = ScorePrompts(in.to_score, fwd); !s.ok()) {
     FailBatch(batch, s);
     return true;
@@ -623,6 +675,15 @@ Engine::Impl::StepInputs Engine::Impl::BuildInputs(const Batch& batch) {
       }
       r.next_input_lp = std::max(r.next_input_lp, end);
     }
+    if (r.in.return_routed_experts) {
+      // Every position fed from routed_experts_start_len on, once (a retracted request's
+      // recomputed positions are not recorded again).
+      const int64_t end = item.start + item.num_tokens;
+      for (int64_t q = std::max(r.next_route, item.start); q < end; ++q) {
+        in.to_route.push_back({item.seq_id, row + (q - item.start)});
+      }
+      r.next_route = std::max(r.next_route, end);
+    }
     if (item.completes) {
       if (static_cast<int64_t>(r.out.output_ids.size()) < r.max_new) {
         in.to_sample.push_back({item.seq_id, row + item.num_tokens - 1});
@@ -647,7 +708,7 @@ void Engine::Impl::FailBatch(const Batch& batch, const Status& s) {
 Status Engine::Impl::RunForward(const StepInputs& in, ForwardOutput* out) {
   // A decode-only step (one new token per sequence, each sampled, no prompt scoring) replays
   // a captured CUDA graph when one fits; everything else runs eagerly.
-  bool decode_only = in.to_score.empty() && in.prefill_tokens == 0 &&
+  bool decode_only = in.to_score.empty() && in.to_route.empty() && in.prefill_tokens == 0 &&
                      in.to_sample.size() == in.items.size() && runner_->has_decode_graphs();
   for (size_t i = 0; decode_only && i < in.to_sample.size(); ++i) {
     decode_only = in.to_sample[i].row == static_cast<int64_t>(i);
@@ -661,8 +722,41 @@ Status Engine::Impl::RunForward(const StepInputs& in, ForwardOutput* out) {
     }
   }
   if (!out->sample_logits.defined()) {
+    // Rank 0's model sees every row (TP splits the experts' weights, not the tokens).
+    model::DecoderModel& model = runner_->model(0);
+    model.set_capture_routed_experts(!in.to_route.empty());
     out->hidden = runner_->Forward(in.input_ids, in.items);
+    model.set_capture_routed_experts(false);
     if (!out->hidden.ok()) return out->hidden.status();
+  }
+  return absl::OkStatus();
+}
+
+Status Engine::Impl::RecordRoutedExperts(const std::vector<SampleRef>& to_route) {
+  if (to_route.empty()) return absl::OkStatus();
+  const std::vector<torch::Tensor>& captured = runner_->model(0).routed_experts();
+  const model::ModelConfig& c = runner_->config();
+  const int64_t layers = c.num_hidden_layers, k = c.moe.num_experts_per_tok;
+  try {
+    std::vector<int64_t> rows;
+    for (const SampleRef& ref : to_route) rows.push_back(ref.row);
+    const torch::Tensor index = torch::tensor(rows, torch::kLong);
+    // [rows, layers, k] int32 on the CPU; a dense layer's slots stay 0.
+    torch::Tensor table = torch::zeros({static_cast<int64_t>(rows.size()), layers, k}, torch::kInt);
+    for (int64_t l = 0; l < layers && l < static_cast<int64_t>(captured.size()); ++l) {
+      if (!captured[l].defined()) continue;
+      const torch::Tensor got = captured[l].index_select(0, index.to(captured[l].device()));
+      table.select(1, l).copy_(got.to(torch::kCPU, torch::kInt));
+    }
+    const int32_t* data = table.data_ptr<int32_t>();
+    const int64_t width = layers * k;
+    for (size_t i = 0; i < to_route.size(); ++i) {
+      std::vector<int32_t>& dst = live_.at(to_route[i].id).out.routed_experts;
+      const int32_t* row = data + static_cast<int64_t>(i) * width;
+      dst.insert(dst.end(), row, row + width);
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(fmt::format("recording routed experts: {}", e.what()));
   }
   return absl::OkStatus();
 }
@@ -831,6 +925,14 @@ Engine::~Engine() { Stop(); }
 
 const model::ModelConfig& Engine::model_config() const {
   return impl_->runner()->config();
+}
+
+bool Engine::routes_experts() const {
+  const model::ModelConfig& c = model_config();
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.moe.IsSparseLayer(l)) return true;
+  }
+  return false;
 }
 
 void Engine::Stop() {

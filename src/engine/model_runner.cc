@@ -709,6 +709,12 @@ Status ModelRunner::CaptureDecodeGraphs(int64_t max_batch, int64_t context_lengt
                                   m->local_kv_heads(), device())) {
     return absl::OkStatus();
   }
+  if (m->ForwardWaitsOnHost()) {
+    spdlog::info("engine: decode CUDA graphs are off: the MoE layers' per-expert GEMMs read their "
+                 "group sizes on the host (the grouped-GEMM path needs bf16 on Hopper and is off "
+                 "in deterministic mode); every step runs eagerly");
+    return absl::OkStatus();
+  }
   if (cache->released() || weights_offloaded_) return absl::OkStatus();  // captured on resume
   return Guard("capturing decode CUDA graphs", [&]() -> Status {
     c10::DeviceGuard device_guard(device());

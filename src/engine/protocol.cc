@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/escaping.h"
 
 namespace slime::engine {
 namespace {
@@ -42,12 +43,13 @@ std::string Indexed(std::string_view field, size_t i) { return fmt::format("{}[{
 // Top-level /generate keys this engine reads.
 constexpr std::string_view kGenerateKeys[] = {
     "text", "input_ids", "sampling_params", "rid", "return_logprob",
-    "logprob_start_len", "top_logprobs_num", "stream", "return_text_in_logprobs"};
+    "logprob_start_len", "top_logprobs_num", "stream", "return_text_in_logprobs",
+    "return_routed_experts", "routed_experts_start_len"};
 // Known SGLang keys that do not change the result here: accepted silently.
 constexpr std::string_view kGenerateHarmlessKeys[] = {
     "log_metrics", "no_logs", "custom_labels", "priority", "routed_dp_rank",
     "data_parallel_rank", "routing_key", "conversation_id", "extra_key", "cache_salt",
-    "session_id", "routed_experts_start_len", "received_time", "external_trace_header",
+    "session_id", "received_time", "external_trace_header",
     "return_prompt_token_ids", "modalities"};
 // sampling_params keys this engine reads (custom_params and stream_interval: validated, unused).
 constexpr std::string_view kSamplingKeys[] = {
@@ -598,8 +600,6 @@ Status CheckTopLevelKeys(const Json& body, UnknownFieldLog* log) {
       why = "per-id logprobs are not supported by this engine (use top_logprobs_num)";
     } else if (key == "return_hidden_states") {
       why = "returning hidden states is not supported by this engine";
-    } else if (key == "return_routed_experts") {
-      why = "routed experts are not returned by this engine (dense models only)";
     } else if (key == "input_embeds") {
       why = "input_embeds is not supported by this engine; send input_ids or text";
     } else {
@@ -764,6 +764,43 @@ StatusOr<std::vector<std::string>> ExpandRids(const Json& rid, size_t num_prompt
   return rids;
 }
 
+// return_routed_experts / routed_experts_start_len: one value for every input.
+struct RoutedExpertsRequest {
+  bool on = false;
+  int64_t start_len = 0;
+};
+StatusOr<RoutedExpertsRequest> ParseRoutedExperts(const Json& body, const Prompts& prompts,
+                                                  const ProtocolLimits& limits) {
+  RoutedExpertsRequest r;
+  SLIME_ASSIGN_OR_RETURN(std::optional<bool> on,
+                         ReadBool(Member(body, "return_routed_experts"), "return_routed_experts"));
+  SLIME_ASSIGN_OR_RETURN(
+      std::optional<int64_t> start,
+      ReadInt(Member(body, "routed_experts_start_len"), "routed_experts_start_len"));
+  r.on = on.value_or(false);
+  r.start_len = start.value_or(0);
+  if (!r.on) return r;
+  if (!limits.moe_model) {
+    return FieldError("return_routed_experts",
+                      "return_routed_experts needs a mixture-of-experts model; this engine's "
+                      "model has no sparse layer (leave return_routed_experts false)");
+  }
+  if (!limits.enable_return_routed_experts) {
+    return FieldError("return_routed_experts",
+                      "return_routed_experts needs the engine started with "
+                      "--enable-return-routed-experts");
+  }
+  for (size_t i = 0; i < prompts.ids.size(); ++i) {
+    if (r.start_len < 0 || r.start_len >= static_cast<int64_t>(prompts.ids[i].size())) {
+      return FieldError("routed_experts_start_len",
+                        fmt::format("routed_experts_start_len must be in [0, prompt length) = "
+                                    "[0, {}) for {}, got {}",
+                                    prompts.ids[i].size(), prompts.fields[i], r.start_len));
+    }
+  }
+  return r;
+}
+
 }  // namespace
 
 StatusOr<ParsedGenerate> ParseGenerateRequest(const Json& body, const tokenizer::Tokenizer* tok,
@@ -834,6 +871,7 @@ StatusOr<ParsedGenerate> ParseGenerateRequest(const Json& body, const tokenizer:
                                        num_prompts, static_cast<int64_t>(num_prompts) * n,
                                        kMaxExpandedInputs));
   }
+  SLIME_ASSIGN_OR_RETURN(RoutedExpertsRequest routed, ParseRoutedExperts(body, prompts, limits));
   SLIME_ASSIGN_OR_RETURN(std::vector<std::string> rids,
                          ExpandRids(Member(body, "rid"), num_prompts, n, parsed.is_batch));
 
@@ -849,6 +887,8 @@ StatusOr<ParsedGenerate> ParseGenerateRequest(const Json& body, const tokenizer:
       in.return_logprob = return_logprob[i];
       in.logprob_start_len = logprob_start_len[i];
       in.top_logprobs_num = top_logprobs_num[i];
+      in.return_routed_experts = routed.on;
+      in.routed_experts_start_len = routed.start_len;
       in.stream = parsed.stream;
       parsed.inputs.push_back(std::move(in));
     }
@@ -924,6 +964,15 @@ Json GenerateOutputJson(const RequestOutput& out, const GenerateInput& in,
       meta["output_top_logprobs"] = std::move(output_top);
       meta["input_top_logprobs"] = std::move(input_top);
     }
+  }
+
+  if (in.return_routed_experts) {
+    std::string bytes(out.routed_experts.size() * 4, '\0');
+    for (size_t i = 0; i < out.routed_experts.size(); ++i) {  // little-endian, whatever the host
+      const auto v = static_cast<uint32_t>(out.routed_experts[i]);
+      for (int b = 0; b < 4; ++b) bytes[4 * i + b] = static_cast<char>((v >> (8 * b)) & 0xFF);
+    }
+    meta["routed_experts"] = absl::Base64Escape(bytes);
   }
 
   Json j;

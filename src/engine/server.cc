@@ -85,6 +85,8 @@ class EngineServer::Impl {
         workers_(static_cast<size_t>(std::max(1, options_.worker_threads))) {
     limits_.context_length = engine_->context_length();
     limits_.vocab_size = engine_->model_config().vocab_size;
+    limits_.enable_return_routed_experts = engine_->options().enable_return_routed_experts;
+    limits_.moe_model = engine_->routes_experts();
   }
 
   Status Start() {
@@ -331,7 +333,7 @@ json EngineServer::Impl::ServerInfo() const {
       {"disaggregation_mode", "null"},
       {"disaggregation_bootstrap_port", nullptr},
       {"encoder_only", false},
-      {"enable_return_routed_experts", false},
+      {"enable_return_routed_experts", o.enable_return_routed_experts},
       {"dtype", o.dtype},
       {"device", o.device},
       {"context_length", engine_->context_length()},

@@ -58,6 +58,8 @@ data::RolloutBatch ToTrainBatch(const rollout::RolloutResult& result, double tem
         t.teacher_log_probs = s.teacher_log_probs;  // OPD with opd_type sglang
       }
       t.truncated = s.status == data::SampleStatus::kTruncated;
+      t.rollout_routed_experts = s.rollout_routed_experts;
+      t.routed_experts_per_token = s.routed_experts_per_token;
       batch.samples.push_back(std::move(t));
       ++i;
     }

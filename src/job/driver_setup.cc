@@ -386,14 +386,20 @@ Status Driver::FormTrainerGroups() {
   // index t (led by rank p·DP·TP + t), pp[d·TP + t] = the pipeline of DP index d and TP index t
   // (led by rank d·TP + t). Each kind's leaders come in rank order in that index order, so the
   // replies are appended as they come.
-  Json join = {{"tp", Json::array()}, {"dp", Json::array()}, {"pp", Json::array()}};
+  // With expert parallelism also ep[(p·DP/EP + d/EP)·TP + t] and edp[(p·EP + d%EP)·TP + t]
+  // (workers/trainer_worker.cc), whose leaders ascend likewise.
+  Json join = {{"tp", Json::array()},
+               {"dp", Json::array()},
+               {"pp", Json::array()},
+               {"ep", Json::array()},
+               {"edp", Json::array()}};
   for (int rank = 0; rank < world; ++rank) {
     Json reply = Json::parse(opened[rank], nullptr, false);
     if (!reply.is_object()) {
       return absl::InternalError(
           fmt::format("open_groups on {}: reply is not JSON", trainer_ids_[rank]));
     }
-    for (const char* key : {"tp", "dp", "pp"}) {
+    for (const char* key : {"tp", "dp", "pp", "ep", "edp"}) {
       if (reply.contains(key)) join[key].push_back(reply[key]);
     }
   }
@@ -452,15 +458,19 @@ EngineRecoveryOptions Driver::EngineTrackingOptions() {
   eo.engine_ids = engine_ids_;
   eo.addresses = engine_addresses_;
   // The weight exporters: every rank of DP rank 0 — the TP ranks of each pipeline stage (ranks
-  // p·DP·TP + t, workers.h) — rank 0 first, the source.
+  // p·DP·TP + t, workers.h) — and with expert parallelism those of DP ranks 1..EP-1 too (each
+  // sends its experts to the others; ranks p·DP·TP + d·TP + t), rank 0 first, the source.
   const int tp = std::max(1, config_.train.tensor_model_parallel_size);
   const int pp = std::max(1, config_.train.pipeline_model_parallel_size);
+  const int ep = std::max(1, config_.train.expert_model_parallel_size);
   const int world = static_cast<int>(trainer_ids_.size());
   const int dp = std::max(1, world / (tp * pp));
   for (int p = 0; p < pp; ++p) {
-    for (int t = 0; t < tp; ++t) {
-      const int rank = p * dp * tp + t;
-      if (rank < world) eo.trainer_ids.push_back(trainer_ids_[rank]);
+    for (int d = 0; d < ep; ++d) {
+      for (int t = 0; t < tp; ++t) {
+        const int rank = (p * dp + d) * tp + t;
+        if (rank < world) eo.trainer_ids.push_back(trainer_ids_[rank]);
+      }
     }
   }
   eo.num_gpus_per_engine = config_.cluster.rollout_num_gpus_per_engine;

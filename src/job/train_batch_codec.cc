@@ -22,6 +22,9 @@ std::string EncodeTrainBatch(int64_t rollout_id, const data::RolloutBatch& batch
     p->mutable_teacher_log_probs()->Add(s.teacher_log_probs.begin(), s.teacher_log_probs.end());
     p->set_rollout_id(s.rollout_id);
     p->set_truncated(s.truncated);
+    p->mutable_rollout_routed_experts()->Add(s.rollout_routed_experts.begin(),
+                                             s.rollout_routed_experts.end());
+    p->set_routed_experts_per_token(s.routed_experts_per_token);
   }
   return proto.SerializeAsString();
 }
@@ -58,6 +61,15 @@ StatusOr<DecodedTrainBatch> DecodeTrainBatch(const std::string& bytes) {
       return bad(fmt::format("teacher_log_probs has {} entries, response_length is {}",
                              p.teacher_log_probs_size(), r));
     }
+    if (p.rollout_routed_experts_size() != 0) {
+      const int64_t width = p.routed_experts_per_token();
+      const int64_t size = p.rollout_routed_experts_size();
+      if (width <= 0 || size % width != 0 || size / width > p.tokens_size() - 1) {
+        return bad(fmt::format("rollout_routed_experts has {} entries for {} tokens of {} per "
+                               "token (at most tokens − 1 rows)",
+                               size, p.tokens_size(), width));
+      }
+    }
     data::TrainSample s;
     s.tokens.assign(p.tokens().begin(), p.tokens().end());
     s.prompt_length = p.prompt_length();
@@ -69,6 +81,10 @@ StatusOr<DecodedTrainBatch> DecodeTrainBatch(const std::string& bytes) {
     s.teacher_log_probs.assign(p.teacher_log_probs().begin(), p.teacher_log_probs().end());
     s.rollout_id = p.rollout_id();
     s.truncated = p.truncated();
+    s.rollout_routed_experts.assign(p.rollout_routed_experts().begin(),
+                                    p.rollout_routed_experts().end());
+    s.routed_experts_per_token =
+        s.rollout_routed_experts.empty() ? 0 : p.routed_experts_per_token();
     out.batch.samples.push_back(std::move(s));
   }
   return out;

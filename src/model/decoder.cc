@@ -67,10 +67,12 @@ torch::Tensor& LayerTensor(LayerWeights& w, const ParamSpec& spec) {
 }  // namespace
 
 DecoderModel::DecoderModel(ModelConfig config, ModelWeights weights,
-                           std::shared_ptr<TensorParallelGroup> tp)
+                           std::shared_ptr<TensorParallelGroup> tp,
+                           std::shared_ptr<ExpertParallelGroup> ep)
     : config_(std::move(config)),
       weights_(std::move(weights)),
       tp_(std::move(tp)),
+      ep_(std::move(ep)),
       dtype_(AnyParameter(weights_).scalar_type()),
       device_(AnyParameter(weights_).device()) {
   inv_freq_ = RopeInverseFrequencies(config_).to(device_);
@@ -103,8 +105,16 @@ Status DecoderModel::SetRecompute(const RecomputeOptions& options) {
 }
 
 StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(
-    ModelConfig config, ModelWeights weights, std::shared_ptr<TensorParallelGroup> tp) {
+    ModelConfig config, ModelWeights weights, std::shared_ptr<TensorParallelGroup> tp,
+    std::shared_ptr<ExpertParallelGroup> ep) {
   if (tp == nullptr) tp = MakeSingleRankGroup();
+  if (ep != nullptr && ep->size() == 1) ep = nullptr;
+  const ExpertShard want = ep == nullptr ? ExpertShard{} : ExpertShard{ep->rank(), ep->size()};
+  if (weights.experts.rank != want.rank || weights.experts.size != want.size) {
+    return absl::InvalidArgumentError(fmt::format(
+        "the weights hold expert block {} of {}, but the expert-parallel group is rank {} of {}",
+        weights.experts.rank, weights.experts.size, want.rank, want.size));
+  }
   SLIME_RETURN_IF_ERROR(ValidateWeights(weights, config, tp->rank(), tp->size()));
   const torch::ScalarType dt = AnyParameter(weights).scalar_type();
   if (dt != torch::kFloat32 && dt != torch::kBFloat16 && dt != torch::kFloat16) {
@@ -115,13 +125,14 @@ StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(
   return internal::GuardTorch(
       "creating the decoder", [&]() -> StatusOr<std::unique_ptr<DecoderModel>> {
         return std::unique_ptr<DecoderModel>(
-            new DecoderModel(std::move(config), std::move(weights), std::move(tp)));
+            new DecoderModel(std::move(config), std::move(weights), std::move(tp), std::move(ep)));
       });
 }
 
 StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Load(
     const std::string& model_dir, torch::ScalarType dtype, torch::Device device,
-    std::shared_ptr<TensorParallelGroup> tp, int pp_rank, int pp_size) {
+    std::shared_ptr<TensorParallelGroup> tp, int pp_rank, int pp_size,
+    std::shared_ptr<ExpertParallelGroup> ep) {
   if (tp == nullptr) tp = MakeSingleRankGroup();
   SLIME_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
   SLIME_ASSIGN_OR_RETURN(PipelineStage stage,
@@ -133,8 +144,9 @@ StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Load(
   options.tp_rank = tp->rank();
   options.tp_size = tp->size();
   options.stage = stage;
+  if (ep != nullptr) options.experts = ExpertShard{ep->rank(), ep->size()};
   SLIME_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(reader, config, options));
-  return Create(std::move(config), std::move(weights), std::move(tp));
+  return Create(std::move(config), std::move(weights), std::move(tp), std::move(ep));
 }
 
 Status DecoderModel::CheckIds(const torch::Tensor& ids) const {
@@ -182,6 +194,7 @@ torch::Tensor DecoderModel::Layer(int index, const LayerWeights& w, const torch:
         RmsNorm(in, CopyToTensorParallelRegion(norm, tp), eps), tp, t, /*reduce_grad=*/true);
   };
   FeedForwardContext ctx{config_, index, tp, sp};
+  ctx.ep = ep_.get();
   if (capture_router_logits_) ctx.router_logits = &router_logits_.at(index);
   if (capture_routed_experts_) ctx.routed_experts = &routed_experts_.at(index);
   if (replay != nullptr && (*replay)[index].defined()) ctx.replay_experts = &(*replay)[index];

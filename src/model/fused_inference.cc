@@ -127,6 +127,13 @@ bool DecoderModel::projections_fused() const {
   return !weights_.layers.empty() && weights_.layers.front().qkv_proj.defined();
 }
 
+bool DecoderModel::ForwardWaitsOnHost() const {
+  for (size_t l = 0; l < weights_.layers.size(); ++l) {
+    if (ffn_[l]->WaitsOnHost(weights_.layers[l].ffn)) return true;
+  }
+  return false;
+}
+
 void DecoderModel::FuseProjections() {
 #ifdef SLIME_MODEL_FUSED_KERNELS
   if (projections_fused() || !weights_.stage.whole() || weights_.layers.empty() ||

@@ -154,13 +154,18 @@ int64_t ModelConfig::NumParameters() const {
   return total;
 }
 
-std::vector<ParamSpec> StageParameterSpecs(const ModelConfig& c, const PipelineStage& stage) {
+std::vector<ParamSpec> StageParameterSpecs(const ModelConfig& c, const PipelineStage& stage,
+                                           const ExpertShard& experts) {
   std::vector<ParamSpec> specs = ParameterSpecs(c);
-  if (stage.whole()) return specs;
+  if (stage.whole() && experts.whole()) return specs;
   std::vector<ParamSpec> out;
   for (ParamSpec& spec : specs) {
     bool mine = false;
-    if (spec.layer >= 0) {
+    if (spec.expert >= 0 && !experts.Holds(spec.expert, c.moe.num_experts)) {
+      mine = false;  // another expert-parallel rank's expert
+    } else if (stage.whole()) {
+      mine = true;
+    } else if (spec.layer >= 0) {
       mine = stage.HasLayer(spec.layer);
     } else if (spec.model_slot == &ModelWeights::embed_tokens) {
       mine = stage.is_first() || stage.HoldsTiedCopy(c.tie_word_embeddings);
@@ -170,6 +175,30 @@ std::vector<ParamSpec> StageParameterSpecs(const ModelConfig& c, const PipelineS
     if (mine) out.push_back(std::move(spec));
   }
   return out;
+}
+
+std::vector<ParamSpec> HeldParameterSpecs(const ModelConfig& config, const ModelWeights& weights) {
+  return StageParameterSpecs(config, weights.stage, weights.experts);
+}
+
+Status ValidateExpertShard(const ModelConfig& config, const ExpertShard& experts) {
+  if (experts.size < 1 || experts.rank < 0 || experts.rank >= experts.size) {
+    return absl::InvalidArgumentError(fmt::format(
+        "expert-parallel rank {} of {} is not a rank of the group", experts.rank, experts.size));
+  }
+  if (experts.whole()) return absl::OkStatus();
+  if (config.moe.num_experts <= 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "expert parallelism (size {}) needs a mixture-of-experts model; model_type '{}' has no "
+        "experts",
+        experts.size, config.model_type));
+  }
+  if (config.moe.num_experts % experts.size != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "model config ({}): num_experts = {} is not divisible by the expert-parallel size {}",
+        config.model_type, config.moe.num_experts, experts.size));
+  }
+  return absl::OkStatus();
 }
 
 namespace {
@@ -217,10 +246,12 @@ StatusOr<ModelWeights> LoadWeights(const CheckpointReader& checkpoint, const Mod
                                    const WeightOptions& options) {
   SLIME_RETURN_IF_ERROR(ValidateTensorParallel(config, options.tp_size));
   SLIME_RETURN_IF_ERROR(CheckStage(config, options.stage));
+  SLIME_RETURN_IF_ERROR(ValidateExpertShard(config, options.experts));
   ModelWeights w;
   w.stage = options.stage;
+  w.experts = options.experts;
   w.layers.resize(config.num_hidden_layers);
-  for (const ParamSpec& spec : StageParameterSpecs(config, options.stage)) {
+  for (const ParamSpec& spec : HeldParameterSpecs(config, w)) {
     LoadTensorOptions o;
     o.expected_shape = spec.shape;
     if (spec.shard != ShardDim::kReplicated && options.tp_size > 1) {
@@ -248,11 +279,13 @@ StatusOr<ModelWeights> RandomWeights(const ModelConfig& config, uint64_t seed,
                                      const WeightOptions& options) {
   SLIME_RETURN_IF_ERROR(ValidateTensorParallel(config, options.tp_size));
   SLIME_RETURN_IF_ERROR(CheckStage(config, options.stage));
+  SLIME_RETURN_IF_ERROR(ValidateExpertShard(config, options.experts));
   return internal::GuardTorch("random model weights", [&]() -> StatusOr<ModelWeights> {
     ModelWeights w;
     w.stage = options.stage;
+    w.experts = options.experts;
     w.layers.resize(config.num_hidden_layers);
-    for (const ParamSpec& spec : StageParameterSpecs(config, options.stage)) {
+    for (const ParamSpec& spec : HeldParameterSpecs(config, w)) {
       torch::Tensor t;
       switch (spec.init) {
         case ParamInit::kOnes:
@@ -276,12 +309,13 @@ Status ValidateWeights(const ModelWeights& weights, const ModelConfig& config, i
                        int tp_size) {
   SLIME_RETURN_IF_ERROR(ValidateTensorParallel(config, tp_size));
   SLIME_RETURN_IF_ERROR(CheckStage(config, weights.stage));
+  SLIME_RETURN_IF_ERROR(ValidateExpertShard(config, weights.experts));
   if (static_cast<int64_t>(weights.layers.size()) != config.num_hidden_layers) {
     return absl::InvalidArgumentError(fmt::format("model weights have {} layers, config has {}",
                                                   weights.layers.size(), config.num_hidden_layers));
   }
   const torch::Tensor* first = nullptr;
-  for (const ParamSpec& spec : StageParameterSpecs(config, weights.stage)) {
+  for (const ParamSpec& spec : HeldParameterSpecs(config, weights)) {
     const torch::Tensor& t = ParamSlot(weights, spec);
     if (!t.defined()) {
       return absl::InvalidArgumentError(fmt::format("parameter '{}' is not set", spec.hf_name));
@@ -309,7 +343,7 @@ Status ValidateWeights(const ModelWeights& weights, const ModelConfig& config, i
 
 std::vector<NamedTensor> NamedParameters(const ModelWeights& weights, const ModelConfig& config) {
   std::vector<NamedTensor> out;
-  for (const ParamSpec& spec : StageParameterSpecs(config, weights.stage)) {
+  for (const ParamSpec& spec : HeldParameterSpecs(config, weights)) {
     out.push_back(NamedTensor{spec.hf_name, ParamSlot(weights, spec)});
   }
   return out;
@@ -321,6 +355,11 @@ Status SaveWeights(const std::string& dir, const ModelWeights& weights, const Mo
     return absl::InvalidArgumentError(fmt::format(
         "SaveWeights needs the whole model, not pipeline stage {} of {}", weights.stage.rank,
         weights.stage.size));
+  }
+  if (!weights.experts.whole()) {
+    return absl::InvalidArgumentError(
+        fmt::format("SaveWeights needs every expert, not expert-parallel rank {} of {}'s block",
+                    weights.experts.rank, weights.experts.size));
   }
   SLIME_RETURN_IF_ERROR(ValidateWeights(weights, config, 0, 1));
   return WriteCheckpoint(dir, NamedParameters(weights, config), options);

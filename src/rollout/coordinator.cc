@@ -252,7 +252,7 @@ void RolloutCoordinator::SubmitJob(const std::shared_ptr<Run>& run, Job* job, in
       bool lost = false;
       if (r.ok()) {
         const int64_t before = s.response_length;
-        st = internal::ApplyGenerateResponse(*r, &s);
+        st = internal::ApplyGenerateResponse(*r, &s, job->sampling->return_routed_experts);
         if (st.ok() && run->teacher != nullptr && !NeedsGeneration(s) && !run->Aborting()) {
           // The teacher scores the sample now, in parallel with the group's other samples.
           StatusOr<std::vector<float>> lps = run->teacher->ResponseLogProbs(s);

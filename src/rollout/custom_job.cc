@@ -100,6 +100,10 @@ class PoolSession : public EngineSession {
     if (overrides.is_object()) {
       for (const auto& [k, v] : overrides.items()) (*body)["sampling_params"][k] = v;
     }
+    // A custom generate function's turns carry no routing (docs/algorithms.md, "Routing
+    // replay"): its samples are assembled by the function, not from these rows.
+    body->erase("return_routed_experts");
+    body->erase("routed_experts_start_len");
     auto promise = std::make_shared<std::promise<StatusOr<nlohmann::json>>>();
     std::future<StatusOr<nlohmann::json>> answer = promise->get_future();
     pool_->Reserve(engine_, 1);

@@ -27,6 +27,8 @@ StatusOr<RolloutOptions> RolloutOptionsFromConfig(const config::Config& config,
   s.stop = config.rollout.stop;
   s.stop_token_ids = config.rollout.stop_token_ids;
   s.skip_special_tokens = config.rollout.skip_special_tokens;
+  s.return_routed_experts =
+      config.rollout.return_routed_experts || config.algorithm.use_rollout_routing_replay;
   const std::string filter = config.rollout.dynamic_sampling_filter.value_or("");
   if (filter.empty()) {
     o.dynamic_filter = DynamicFilter::kNone;

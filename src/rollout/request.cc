@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/escaping.h"
+
 namespace slime::rollout::internal {
 
 std::optional<nlohmann::json> BuildGenerateRequest(data::Sample* sample,
@@ -43,13 +45,88 @@ std::optional<nlohmann::json> BuildGenerateRequest(data::Sample* sample,
         max_new ? std::min<int64_t>(*sampling.min_new_tokens, *max_new) : *sampling.min_new_tokens;
   }
   if (sampling_seed) sp["sampling_seed"] = *sampling_seed;
-  return nlohmann::json{{"input_ids", sample->tokens},
-                        {"sampling_params", std::move(sp)},
-                        {"return_logprob", true},
-                        {"rid", rid}};
+  nlohmann::json body{{"input_ids", sample->tokens},
+                      {"sampling_params", std::move(sp)},
+                      {"return_logprob", true},
+                      {"rid", rid}};
+  if (sampling.return_routed_experts) {
+    body["return_routed_experts"] = true;
+    body["routed_experts_start_len"] = sample->RoutedRows();  // rows held: the rest is asked for
+  }
+  return body;
 }
 
-Status ApplyGenerateResponse(const nlohmann::json& response, data::Sample* sample) {
+StatusOr<RoutedExperts> DecodeRoutedExperts(const std::string& base64, int64_t rows) {
+  std::string bytes;
+  if (!absl::Base64Unescape(base64, &bytes)) {
+    return absl::InvalidArgumentError("meta_info.routed_experts is not base64");
+  }
+  if (bytes.size() % sizeof(int32_t) != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "meta_info.routed_experts has {} bytes, not whole int32 values", bytes.size()));
+  }
+  RoutedExperts out;
+  out.values.resize(bytes.size() / sizeof(int32_t));
+  for (size_t i = 0; i < out.values.size(); ++i) {  // little-endian, whatever the host
+    const auto* b = reinterpret_cast<const unsigned char*>(bytes.data() + 4 * i);
+    out.values[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) |
+                                         (static_cast<uint32_t>(b[1]) << 8) |
+                                         (static_cast<uint32_t>(b[2]) << 16) |
+                                         (static_cast<uint32_t>(b[3]) << 24));
+  }
+  const int64_t n = static_cast<int64_t>(out.values.size());
+  if (rows == 0) {
+    if (n != 0) {
+      return absl::InvalidArgumentError(
+          fmt::format("meta_info.routed_experts has {} values for 0 rows", n));
+    }
+    return out;
+  }
+  if (rows < 0 || n == 0 || n % rows != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "meta_info.routed_experts has {} int32 values, not a positive multiple of the {} rows "
+        "expected (prompt + output − 1 − routed_experts_start_len)",
+        n, rows));
+  }
+  out.per_token = n / rows;
+  return out;
+}
+
+namespace {
+
+// The answer's routing of the positions the request asked for (from sample->RoutedRows() to
+// the last token but one once the `num_output` ids are appended), checked against the rows the
+// sample holds. Nothing is changed: the caller appends it after the output ids.
+StatusOr<RoutedExperts> ReadRoutedExperts(const nlohmann::json& meta, size_t num_output,
+                                          const data::Sample& sample) {
+  const auto it = meta.find("routed_experts");
+  if (it == meta.end() || !it->is_string()) {
+    return absl::InternalError(fmt::format(
+        "sample {}: the engine's /generate answer has no meta_info.routed_experts (was "
+        "return_routed_experts ignored? the engine needs --enable-return-routed-experts)",
+        sample.index));
+  }
+  const int64_t rows = static_cast<int64_t>(sample.tokens.size() + num_output) - 1 -
+                       sample.RoutedRows();
+  StatusOr<RoutedExperts> decoded = DecodeRoutedExperts(it->get<std::string>(), rows);
+  if (!decoded.ok()) {
+    return absl::InternalError(
+        fmt::format("sample {}: {}", sample.index, std::string(decoded.status().message())));
+  }
+  if (rows > 0 && sample.routed_experts_per_token > 0 &&
+      decoded->per_token != sample.routed_experts_per_token) {
+    return absl::InternalError(fmt::format(
+        "sample {}: routed experts with {} entries per token after rows of {}", sample.index,
+        decoded->per_token, sample.routed_experts_per_token));
+  }
+  decoded->rows = rows;
+  return decoded;
+}
+
+}  // namespace
+
+Status ApplyGenerateResponse(const nlohmann::json& response, data::Sample* sample,
+                             bool routed_experts) {
   auto bad = [&](const std::string& what) {
     return absl::InternalError(
         fmt::format("sample {}: the engine's /generate answer {}", sample->index, what));
@@ -97,11 +174,21 @@ Status ApplyGenerateResponse(const nlohmann::json& response, data::Sample* sampl
   if (fr == meta.end() || !fr->is_object() || !fr->contains("type") || !(*fr)["type"].is_string()) {
     return bad("has no meta_info.finish_reason.type");
   }
+  // An aborted answer may stop anywhere (mid-prompt): its rows are not kept, and the
+  // continuation of the sample asks for them again from the rows it holds.
+  std::optional<RoutedExperts> routed;
+  if (routed_experts && (*fr)["type"].get<std::string>() != "abort") {
+    SLIME_ASSIGN_OR_RETURN(routed, ReadRoutedExperts(meta, ids.size(), *sample));
+  }
   if (!ids.empty() || !text.empty()) {
     SLIME_RETURN_IF_ERROR(
         sample->AppendResponse(ids, log_probs, /*trainable=*/true, text, weight_version));
   } else if (!weight_version.empty()) {
     sample->weight_versions.push_back(weight_version);
+  }
+  if (routed && routed->rows > 0) {
+    SLIME_RETURN_IF_ERROR(
+        sample->AppendRoutedExperts(routed->values, routed->rows, routed->per_token));
   }
   return sample->SetStatusFromFinishReason((*fr)["type"].get<std::string>());
 }

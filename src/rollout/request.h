@@ -23,8 +23,22 @@ std::optional<nlohmann::json> BuildGenerateRequest(data::Sample* sample,
 
 // Appends an SGLang /generate answer (output_ids, meta_info.output_token_logprobs,
 // finish_reason, weight_version, text) to the sample and sets its status. Errors name the
-// sample and the missing or malformed field.
-Status ApplyGenerateResponse(const nlohmann::json& response, data::Sample* sample);
+// sample and the missing or malformed field. With `routed_experts` (the request asked for them
+// from routed_experts_start_len = sample->RoutedRows()), meta_info.routed_experts is required
+// and appended (DecodeRoutedExperts), except from an aborted answer, whose rows are dropped
+// (it may stop mid-prompt; a continuation asks for them again).
+Status ApplyGenerateResponse(const nlohmann::json& response, data::Sample* sample,
+                             bool routed_experts = false);
+
+// meta_info.routed_experts: base64 of a little-endian int32 array of `rows` × per-token entries
+// → the int32 values and the per-token count (layers × top_k). InvalidArgument naming the sizes
+// when the bytes are not base64, not whole int32s, or not a multiple of `rows` (rows > 0).
+struct RoutedExperts {
+  std::vector<int32_t> values;  // [rows, per_token] flattened
+  int64_t per_token = 0;
+  int64_t rows = 0;
+};
+StatusOr<RoutedExperts> DecodeRoutedExperts(const std::string& base64, int64_t rows);
 
 }  // namespace slime::rollout::internal
 

@@ -25,6 +25,8 @@ nlohmann::json SampleToJson(const data::Sample& s) {
       {"metadata", nlohmann::json::parse(s.metadata.dump())},
       {"weight_versions", s.weight_versions},
       {"remove_sample", s.remove_sample},
+      {"rollout_routed_experts", s.rollout_routed_experts},
+      {"routed_experts_per_token", s.routed_experts_per_token},
   };
 }
 
@@ -69,6 +71,12 @@ StatusOr<data::Sample> SampleFromJson(const nlohmann::json& j) {
     s.weight_versions = j.at(field).get<std::vector<std::string>>();
     field = "remove_sample";
     s.remove_sample = j.at(field).get<bool>();
+    field = "rollout_routed_experts";  // optional: files written before it existed lack it
+    if (j.contains(field)) {
+      s.rollout_routed_experts = j.at(field).get<std::vector<int32_t>>();
+      field = "routed_experts_per_token";
+      s.routed_experts_per_token = j.at(field).get<int64_t>();
+    }
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(
         fmt::format("sample field '{}' is missing or has the wrong type: {}", field, e.what()));

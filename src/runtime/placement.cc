@@ -357,6 +357,12 @@ StatusOr<PlacementPlan> PlanPlacement(const PlacementRequest& r,
   plan.pipeline_parallel = r.pipeline_parallel;
   plan.context_parallel = r.context_parallel;
   plan.data_parallel = world / model_parallel;
+  if (r.expert_parallel < 1 || plan.data_parallel % r.expert_parallel != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "train.expert_model_parallel_size {} must divide the data-parallel size {}",
+        r.expert_parallel, plan.data_parallel));
+  }
+  plan.expert_parallel = r.expert_parallel;
   int offered = 0, max_node_devices = 0;
   for (const NodeResources& n : nodes) {
     const int count = kind == DeviceKind::kGpu ? n.num_gpus : n.num_cpu_slots;
@@ -497,6 +503,10 @@ std::string FormatPlan(const PlacementPlan& plan) {
       fmt::format("placement: {} node{}, {}; trainer {} = DP {} × TP {} × PP {} × CP {}",
                   plan.nodes.size(), plan.nodes.size() == 1 ? "" : "s", Units(plan.device_kind), world, plan.data_parallel,
                   plan.tensor_parallel, plan.pipeline_parallel, plan.context_parallel);
+  if (plan.expert_parallel > 1) {
+    out += fmt::format(" (DP = EP {} × expert-DP {})", plan.expert_parallel,
+                       plan.data_parallel / plan.expert_parallel);
+  }
   if (plan.devices_per_engine > 0) {
     std::set<int> engines;
     for (const ActorPlacement& a : ActorsWithRole(plan, ActorRole::kEngine)) engines.insert(a.rank);

@@ -151,8 +151,12 @@ double EstimateForwardFlops(const FlopsModel& m, int64_t tokens) {
   const double kv = static_cast<double>(m.num_key_value_heads * m.head_dim);
   const double f = static_cast<double>(m.intermediate_size);
   const double layers = static_cast<double>(m.num_layers);
-  const double linear =
-      layers * (2 * h * (q + 2 * kv) + 2 * q * h + 6 * h * f) + 2 * h * m.vocab_size;
+  const double sparse = static_cast<double>(m.sparse_layers);
+  const double active = static_cast<double>(m.experts_per_token * m.moe_intermediate_size);
+  const double linear = layers * (2 * h * (q + 2 * kv) + 2 * q * h) +
+                        (layers - sparse) * 6 * h * f +
+                        sparse * (2 * h * static_cast<double>(m.num_experts) + 6 * h * active) +
+                        2 * h * m.vocab_size;
   const double quadratic = 2 * layers * q;
   return linear * L + quadratic * L * L;
 }

@@ -97,11 +97,17 @@ struct AdamW::Slot {
   bool trainable = true;
   bool replicated = false;
   bool pipeline_copy = false;  // OptimizerParam::pipeline_copy: never counted in the norm
+  bool expert = false;         // OptimizerParam::expert: counted on every EP rank
   bool decay = true;  // weight decay applies (not a bias, not 1-D)
   std::vector<int64_t> shape;  // the parameter's shape at Create
 
   // The float32 tensor the update is applied to.
   const torch::Tensor& Target() const { return master.defined() ? master : param; }
+  // Whether this rank adds the gradient's squares to the norm: a replicated parameter on TP rank
+  // 0, a non-expert one on EP rank 0, never a pipeline copy (AdamWOptions).
+  bool CountedInNorm(const AdamWOptions& o) const {
+    return !(replicated && o.tp_rank != 0) && !(!expert && o.ep_rank != 0) && !pipeline_copy;
+  }
 };
 
 // The distributed optimizer's layout and state (optimizer.h, "Distributed optimizer"). Flat
@@ -246,10 +252,11 @@ std::vector<OptimizerParam> ModelParameters(const model::ModelWeights& weights,
                                             const model::ModelConfig& config) {
   std::vector<OptimizerParam> out;
   const bool tied_copy = weights.stage.HoldsTiedCopy(config.tie_word_embeddings);
-  for (const model::ParamSpec& spec : model::StageParameterSpecs(config, weights.stage)) {
+  for (const model::ParamSpec& spec : model::HeldParameterSpecs(config, weights)) {
     OptimizerParam p{spec.hf_name, model::ParamSlot(weights, spec),
                      spec.shard == model::ShardDim::kReplicated};
     p.pipeline_copy = tied_copy && spec.model_slot == &model::ModelWeights::embed_tokens;
+    p.expert = spec.expert >= 0;
     out.push_back(std::move(p));
   }
   return out;
@@ -303,6 +310,7 @@ StatusOr<std::unique_ptr<AdamW>> AdamW::Create(std::vector<OptimizerParam> param
       s.param = p.tensor;
       s.replicated = p.replicated;
       s.pipeline_copy = p.pipeline_copy;
+      s.expert = p.expert;
       s.decay = !(EndsWith(p.name, ".bias") || p.tensor.dim() <= 1);
       s.shape = p.tensor.sizes().vec();
       if (!only.empty()) {
@@ -421,7 +429,7 @@ StatusOr<OptimizerStepResult> AdamW::StepImpl(double lr) {
         (s.master.defined() || s.param.scalar_type() == torch::kFloat32)) {
       fused[i] = true;
       grads[i] = g;
-      if ((s.replicated && options_.tp_rank != 0) || s.pipeline_copy) continue;
+      if (!s.CountedInNorm(options_)) continue;
       if (!fused_squared_norm.defined()) {
         fused_squared_norm = torch::zeros({}, g.options().dtype(torch::kFloat32));
       }
@@ -430,7 +438,7 @@ StatusOr<OptimizerStepResult> AdamW::StepImpl(double lr) {
     }
     // bf16 gradients become a float32 copy; float32 ones are used (and scaled) in place.
     grads[i] = g.to(torch::kFloat32);
-    if ((s.replicated && options_.tp_rank != 0) || s.pipeline_copy) continue;
+    if (!s.CountedInNorm(options_)) continue;
     torch::Tensor sq = grads[i].square().sum();
     squared_norm = squared_norm.defined() ? squared_norm.add_(sq) : sq;
   }
@@ -578,7 +586,7 @@ StatusOr<OptimizerStepResult> AdamW::StepSharded(double lr) {
   // 2. The global norm: the own range's squares, summed over DP, then over TP.
   torch::Tensor squared_norm = torch::zeros({}, buffer.dtype(torch::kFloat32));
   for (const Shard::Piece& p : sh.own) {
-    if ((slots_[p.slot].replicated && options_.tp_rank != 0) || slots_[p.slot].pipeline_copy) {
+    if (!slots_[p.slot].CountedInNorm(options_)) {
       continue;
     }
     const torch::Tensor g = grad.narrow(0, p.offset, p.length);

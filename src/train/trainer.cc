@@ -29,6 +29,7 @@ using internal::CopyInto;
 using internal::CopyTag;
 using internal::CountRollouts;
 using internal::FloatTensor;
+using internal::ForwardHooks;
 using internal::ForwardOnly;
 using internal::GuardTorch;
 using internal::kRef;
@@ -189,11 +190,15 @@ StatusOr<SampleLogProbs> Trainer::ComputeLogProbs(const data::RolloutBatch& batc
   SampleLogProbs out;
   out.log_probs.resize(samples.size());
   if (with_entropy) out.entropy.resize(samples.size());
-  SLIME_RETURN_IF_ERROR(WithPolicyWeights(which, [&]() -> Status {
+  SLIME_RETURN_IF_ERROR(PrepareRouting(batch));
+  const ForwardHooks routing = PassRoutingHooks(which, /*old_pass=*/false, batch);
+  Status passed = WithPolicyWeights(which, [&]() -> Status {
     return ForwardOnly(*model_, *options_.pp_group, batch, mbs,
                        options_.config.train.log_probs_chunk_size,
-                       with_entropy, impl_->pad_multiple, out);
-  }));
+                       with_entropy, impl_->pad_multiple, out, routing);
+  });
+  internal::ResetRouting(*model_);
+  SLIME_RETURN_IF_ERROR(passed);
   return out;
 }
 
@@ -457,6 +462,7 @@ StatusOr<TrainRolloutResult> Trainer::TrainRollout(int64_t rollout_id,
   if (options_.config.train.reset_optimizer_states) optimizer_->ResetStates();
   SampleTensors tensors(n);
   SLIME_RETURN_IF_ERROR(LoadLocalTensors(batch, local, model_->device(), tensors));
+  SLIME_RETURN_IF_ERROR(PrepareRouting(batch));
 
   // 1–4. The forward-only passes and the advantages.
   if (impl_->algorithm.needs.advantages) {
@@ -490,13 +496,17 @@ Status Trainer::PrepareAdvantages(const data::RolloutBatch& batch,
   const TrainerNeeds& needs = impl_->algorithm.needs;
   const size_t n = batch.samples.size();
   const int64_t chunk = options_.config.train.log_probs_chunk_size;
-  auto forward = [&](PolicyWeights which, bool with_entropy, SampleLogProbs& out) {
+  auto forward = [&](PolicyWeights which, bool with_entropy, SampleLogProbs& out,
+                     bool old_pass = false) {
     out.log_probs.resize(n);
     if (with_entropy) out.entropy.resize(n);
-    return WithPolicyWeights(which, [&]() -> Status {
+    const ForwardHooks routing = PassRoutingHooks(which, old_pass, batch);
+    Status passed = WithPolicyWeights(which, [&]() -> Status {
       return ForwardOnly(*model_, *options_.pp_group, batch, micro_batches, chunk, with_entropy,
-                         impl_->pad_multiple, out);
+                         impl_->pad_multiple, out, routing);
     });
+    internal::ResetRouting(*model_);
+    return passed;
   };
   // 1–3. Reference, teacher and old-actor log-probs.
   PolicyPasses p(n);
@@ -506,7 +516,7 @@ Status Trainer::PrepareAdvantages(const data::RolloutBatch& batch,
   if (!p.skip_old) {
     SLIME_RETURN_IF_ERROR(
         forward(algorithm.keep_old_actor ? PolicyWeights::kOldActor : PolicyWeights::kActor,
-                algorithm.use_rollout_entropy, p.old));
+                algorithm.use_rollout_entropy, p.old, /*old_pass=*/true));
   }
   // ppo: the pre-update critic's values (GAE's V and the value loss's v_old).
   Critic* critic = impl_->critic.get();
@@ -565,6 +575,7 @@ StatusOr<TrainStepMetrics> Trainer::SftStep(const data::RolloutBatch& batch) {
     return absl::OkStatus();
   });
   SLIME_RETURN_IF_ERROR(copied);
+  SLIME_RETURN_IF_ERROR(PrepareRouting(batch));
   SLIME_ASSIGN_OR_RETURN(const LossTypeSpec* sft_loss, FindLossType("sft_loss"));
   return RunStep(/*rollout_id=*/-1, 0, 1, *sft_loss, batch, ids, step, tensors);
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,22 @@ using internal::kRef;
 using internal::kRolloutActor;
 using internal::kTeacher;
 using internal::LoadWeightCopy;
+
+FlopsModel FlopsModelOf(const model::ModelConfig& model) {
+  FlopsModel f;
+  f.num_layers = model.num_hidden_layers;
+  f.hidden_size = model.hidden_size;
+  f.num_attention_heads = model.num_attention_heads;
+  f.num_key_value_heads = model.num_key_value_heads;
+  f.head_dim = model.head_dim;
+  f.intermediate_size = model.intermediate_size;
+  f.vocab_size = model.vocab_size;
+  for (int64_t l = 0; l < model.num_hidden_layers; ++l) f.sparse_layers += model.moe.IsSparseLayer(l);
+  f.num_experts = model.moe.num_experts;
+  f.experts_per_token = model.moe.num_experts_per_tok;
+  f.moe_intermediate_size = model.moe.moe_intermediate_size;
+  return f;
+}
 
 namespace {
 
@@ -75,15 +92,7 @@ BatchingOptions MakeBatchingOptions(const config::TrainConfig& train,
   o.data_parallel_size = dp_size;
   o.balance_data = train.balance_data || train.balance_by_flops;
   o.balance_by_flops = train.balance_by_flops;
-  FlopsModel f;
-  f.num_layers = model.num_hidden_layers;
-  f.hidden_size = model.hidden_size;
-  f.num_attention_heads = model.num_attention_heads;
-  f.num_key_value_heads = model.num_key_value_heads;
-  f.head_dim = model.head_dim;
-  f.intermediate_size = model.intermediate_size;
-  f.vocab_size = model.vocab_size;
-  o.flops_model = f;
+  o.flops_model = FlopsModelOf(model);
   return o;
 }
 
@@ -96,10 +105,12 @@ Status CheckSupported(const config::Config& config, const TrainerAlgorithm& algo
         "which the trainer does not support with loss_type {}",
         algorithm.loss->name));
   }
-  if (a.use_routing_replay || a.use_rollout_routing_replay) {
-    return absl::UnimplementedError(
-        "algorithm.use_routing_replay / use_rollout_routing_replay: routing replay is for MoE "
-        "models, which the trainer does not support");
+  if (a.use_routing_replay && !algorithm.needs.advantages) {
+    return absl::InvalidArgumentError(fmt::format(
+        "algorithm.{} replays the routing of a rollout or of the old-log-prob forward; loss_type "
+        "{} trains on dataset samples without either: set it to false",
+        a.use_rollout_routing_replay ? "use_rollout_routing_replay" : "use_routing_replay",
+        algorithm.loss->name));
   }
   if (a.use_rollout_logprobs && a.use_tis) {
     return absl::InvalidArgumentError(
@@ -194,12 +205,17 @@ Status SetUpPipelineParallel(TrainerOptions& options, const TrainerAlgorithm& al
 // This rank's shard of this stage's layers in `dtype`, sequence parallel as configured
 // (train.sequence_parallel, resolved off at TP size 1: the residual stream and norms keep 1/TP
 // of the tokens per rank between the parallel layers, model/tensor_parallel.h).
+// With expert parallelism only this EP rank's experts are read.
 StatusOr<std::unique_ptr<model::DecoderModel>> LoadActor(const TrainerOptions& options,
                                                          torch::ScalarType dtype) {
-  SLIME_ASSIGN_OR_RETURN(
-      std::unique_ptr<model::DecoderModel> model,
-      model::DecoderModel::Load(options.model_dir, dtype, options.device, options.tp_group,
-                                options.pp_group->rank(), options.pp_group->size()));
+  if (options.ep_group != nullptr) {
+    SLIME_ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(options.model_dir));
+    SLIME_RETURN_IF_ERROR(internal::CheckExpertParallelModel(options, config));
+  }
+  SLIME_ASSIGN_OR_RETURN(std::unique_ptr<model::DecoderModel> model,
+                         model::DecoderModel::Load(options.model_dir, dtype, options.device,
+                                                   options.tp_group, options.pp_group->rank(),
+                                                   options.pp_group->size(), options.ep_group));
   model->set_sequence_parallel(options.config.train.sequence_parallel);
   SLIME_RETURN_IF_ERROR(internal::ApplyRecompute(options.config.train, *model, "trainer"));
   return model;
@@ -229,13 +245,21 @@ StatusOr<std::unique_ptr<AdamW>> MakeOptimizer(const TrainerOptions& options,
   const std::shared_ptr<model::PipelineParallelGroup> pp = options.pp_group;
   AdamWOptions adam = AdamWOptions::FromTrainConfig(options.config.train);
   adam.tp_rank = tp->rank();
-  if (tp->size() > 1 || pp->size() > 1) {
-    adam.reduce_squared_grad_norm = [tp, pp](torch::Tensor& squared_norm) -> Status {
-      return GuardTorch("trainer: all-reduce the squared gradient norm over the TP / PP groups",
-                        [&]() -> Status {
-                          tp->AllReduceSum(squared_norm);
-                          return pp->AllReduceSum(squared_norm);
-                        });
+  // Expert parallelism: the non-expert parameters count on EP rank 0, the EP group sums last.
+  AllReduceSumFn ep_sum;
+  if (options.ep_group != nullptr) {
+    ep_sum = options.ep_all_reduce;
+    adam.ep_rank = options.ep_group->rank();
+  }
+  if (tp->size() > 1 || pp->size() > 1 || ep_sum) {
+    adam.reduce_squared_grad_norm = [tp, pp, ep_sum](torch::Tensor& squared_norm) -> Status {
+      return GuardTorch(
+          "trainer: all-reduce the squared gradient norm over the TP / PP / EP groups",
+          [&]() -> Status {
+            tp->AllReduceSum(squared_norm);
+            SLIME_RETURN_IF_ERROR(pp->AllReduceSum(squared_norm));
+            return ep_sum ? ep_sum(squared_norm) : absl::OkStatus();
+          });
     };
   }
   if (adam.distributed && options.dp_size == 1) {
@@ -250,6 +274,31 @@ StatusOr<std::unique_ptr<AdamW>> MakeOptimizer(const TrainerOptions& options,
   adam.dp_reduce_scatter = options.dp_reduce_scatter;
   adam.dp_all_gather = options.dp_all_gather;
   return AdamW::ForModel(model.weights(), model.config(), std::move(adam));
+}
+
+// Expert parallelism: moves the experts' parameters (model::ParamSpec::expert) out of
+// `trainable` (summed over the DP group) into `expert_trainable` (summed over the expert-DP
+// group), keeping the order. `names` / `params` are the model's parameters (CollectParameters).
+void SplitExpertParameters(const model::DecoderModel& model, const std::vector<std::string>& names,
+                           const std::vector<torch::Tensor>& params,
+                           std::vector<torch::Tensor>& trainable,
+                           std::vector<torch::Tensor>& expert_trainable) {
+  std::set<std::string> experts;
+  for (const model::ParamSpec& spec : model::HeldParameterSpecs(model.config(), model.weights())) {
+    if (spec.expert >= 0) experts.insert(spec.hf_name);
+  }
+  std::vector<torch::Tensor> dense;
+  for (const torch::Tensor& t : trainable) {
+    bool expert = false;
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (params[k].is_same(t)) {
+        expert = experts.count(names[k]) > 0;
+        break;
+      }
+    }
+    (expert ? expert_trainable : dense).push_back(t);
+  }
+  trainable = std::move(dense);
 }
 
 // The parameters the optimizer trains (`trainable_names`), in its order.
@@ -274,6 +323,7 @@ struct ActorParameters {
   torch::ScalarType dtype;
   int tp_rank = 0;
   int tp_size = 1;
+  model::ExpertShard experts;  // the actor's block of experts (expert parallelism)
 };
 
 // A CPU copy of the actor's current weights.
@@ -302,7 +352,7 @@ StatusOr<std::vector<torch::Tensor>> ReferenceWeights(const TrainerOptions& opti
   if (!dir.has_value() || *dir == options.model_dir) return CloneActor(actor);
   return GuardTorch("trainer: load the reference weights", [&]() {
     return LoadWeightCopy("reference", *dir, ckpt_step, actor.names, actor.params, actor.dtype,
-                          actor.tp_rank, actor.tp_size);
+                          actor.tp_rank, actor.tp_size, actor.experts);
   });
 }
 
@@ -313,7 +363,7 @@ StatusOr<std::vector<torch::Tensor>> TeacherWeights(const config::AlgorithmConfi
   if (algorithm.opd_teacher_ckpt_step.has_value()) ckpt_step = *algorithm.opd_teacher_ckpt_step;
   return GuardTorch("trainer: load the teacher weights", [&]() {
     return LoadWeightCopy("teacher", *algorithm.opd_teacher_load, ckpt_step, actor.names,
-                          actor.params, actor.dtype, actor.tp_rank, actor.tp_size);
+                          actor.params, actor.dtype, actor.tp_rank, actor.tp_size, actor.experts);
   });
 }
 
@@ -480,6 +530,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   SLIME_RETURN_IF_ERROR(ParseKlType(config.algorithm.kl_loss_type).status());
   SLIME_RETURN_IF_ERROR(SetUpTensorParallel(options, algorithm));
   SLIME_RETURN_IF_ERROR(SetUpPipelineParallel(options, algorithm));
+  SLIME_RETURN_IF_ERROR(internal::SetUpExpertParallel(options, algorithm.needs.critic));
   if (config.debug.deterministic_mode) {
     // Batch-invariant kernels (model/batch_invariant.h): the engines' log-probs to the bit.
     if (!model::InvariantKernelsServe(options.device)) {
@@ -495,6 +546,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
       options.dtype.value_or(options.device.is_cuda() ? torch::kBFloat16 : torch::kFloat32);
   SLIME_ASSIGN_OR_RETURN(std::unique_ptr<model::DecoderModel> model, LoadActor(options, dtype));
   SLIME_RETURN_IF_ERROR(CheckMoeLossConfig(config.train, model->config()));
+  SLIME_RETURN_IF_ERROR(internal::CheckRoutingReplayConfig(config, model->config()));
   BatchingOptions batching = MakeBatchingOptions(config.train, model->config(), options.dp_size);
   SLIME_RETURN_IF_ERROR(ValidateBatchingOptions(batching));
   SLIME_ASSIGN_OR_RETURN(LrSchedule schedule,
@@ -506,10 +558,17 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   SLIME_ASSIGN_OR_RETURN(std::unique_ptr<AdamW> optimizer, MakeOptimizer(options, *model));
   // With train.overlap_grad_reduce the reducer hooks the trainable parameters.
   impl->trainable = TrainableSubset(optimizer->TrainableNames(), impl->names, impl->params);
+  if (options.ep_group != nullptr) {
+    SplitExpertParameters(*model, impl->names, impl->params, impl->trainable,
+                          impl->expert_trainable);
+  }
   SLIME_ASSIGN_OR_RETURN(
       impl->grad_reducer,
       internal::MakeGradReducer("trainer", config.train, options.dp_size, optimizer->distributed(),
                                 options.dp_all_reduce_async, impl->trainable));
+  for (int64_t l = 0; l < model->config().num_hidden_layers; ++l) {
+    impl->sparse_model = impl->sparse_model || model->config().moe.IsSparseLayer(l);
+  }
   impl->moe_loss = MoeRouterLoss::Create(config.train, model->config(), model->stage(),
                                          options.tp_group->size());
   impl->algorithm = algorithm;
@@ -517,8 +576,9 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   impl->batching = batching;
   impl->pad_multiple =
       static_cast<int64_t>(options.tp_group->size()) * config.train.data_pad_size_multiplier;
-  const ActorParameters actor{impl->names, impl->params, dtype, options.tp_group->rank(),
-                              options.tp_group->size()};
+  const ActorParameters actor{
+      impl->names,     impl->params, dtype, options.tp_group->rank(), options.tp_group->size(),
+      model->experts()};
   SLIME_ASSIGN_OR_RETURN(impl->copies, MakeWeightCopies(options, algorithm.needs, actor));
   if (algorithm.needs.critic) {
     SLIME_ASSIGN_OR_RETURN(impl->critic, MakeCritic(options, dtype));

@@ -30,6 +30,7 @@
 
 #include "slime/common/status.h"
 #include "slime/config/config.h"
+#include "slime/model/expert_parallel.h"
 #include "slime/train/batching.h"
 #include "slime/train/checkpoint_writer.h"
 #include "slime/train/critic.h"
@@ -40,6 +41,7 @@
 #include "slime/train/lr_schedule.h"
 #include "slime/train/moe_aux_loss.h"
 #include "slime/train/trainer.h"
+#include "routing_replay.h"
 #include "torch_guard.h"
 
 namespace slime::model {
@@ -67,13 +69,15 @@ void CopyInto(const std::vector<torch::Tensor>& dst, const std::vector<torch::Te
 
 // Reads the weights of `dir` (a trainer checkpoint — <save> or iteration dir — or an HF
 // directory) into CPU tensors in the order of `names`, checking every shape against `like`.
-// With tp_size > 1 each tensor is this rank's shard (tensor_parallel.h layout) of the full one.
+// With tp_size > 1 each tensor is this rank's shard (tensor_parallel.h layout) of the full one;
+// of the experts only `experts`' block is read (expert parallelism; default: all).
 StatusOr<std::vector<torch::Tensor>> LoadWeightCopy(const std::string& what, const std::string& dir,
                                                     std::optional<int64_t> ckpt_step,
                                                     const std::vector<std::string>& names,
                                                     const std::vector<torch::Tensor>& like,
                                                     torch::ScalarType dtype, int tp_rank = 0,
-                                                    int tp_size = 1);
+                                                    int tp_size = 1,
+                                                    const model::ExpertShard& experts = {});
 
 // The LR schedule of a run (lr_schedule.h, in samples) with peak `lr` and floor `min_lr`, the
 // rest from config.train; its length is `train_iters`, else slime's TrainIters from data.* and
@@ -132,6 +136,20 @@ Status AllReduceGradsAndMetrics(const AllReduceSumFn& all_reduce,
                                 const std::vector<torch::Tensor>& trainable,
                                 std::map<std::string, torch::Tensor>& sums, int64_t bucket_size);
 
+// Expert parallelism: sums the experts' gradients (a zero gradient where undefined) over the
+// expert-data-parallel group (options.edp_all_reduce) when it has more than one rank; with one
+// rank only the zeros are filled in. Nothing to do for an empty `experts`.
+Status AllReduceExpertGrads(const TrainerOptions& options,
+                            const std::vector<torch::Tensor>& experts);
+
+// Expert parallelism's checks (trainer_expert_parallel.cc): the group against
+// train.expert_model_parallel_size, the seams, dp_size, and the settings that do not work with
+// it yet (use_distributed_optimizer, overlap_grad_reduce, a critic). Resets a size-1 group.
+Status SetUpExpertParallel(TrainerOptions& options, bool needs_critic);
+// ... and against the model: EP > 1 needs experts, num_experts divisible by EP (errors name
+// train.expert_model_parallel_size and num_experts).
+Status CheckExpertParallelModel(const TrainerOptions& options, const model::ModelConfig& model);
+
 // train.overlap_grad_reduce (grad_reducer.h) for the trainable parameters of `who` ("trainer",
 // "critic"): the reducer when it applies — dp_size > 1 and the plain optimizer —, else null
 // (logged: one DP rank has nothing to sum; with train.use_distributed_optimizer the gradients
@@ -161,19 +179,20 @@ std::vector<int64_t> SchedulingRolloutIds(const data::RolloutBatch& batch);
 int64_t CountRollouts(const std::vector<int64_t>& ids, size_t num_samples);
 
 // Forward (with the autograd graph when grad mode is on) of one packed micro-batch of `samples`
-// → the response log-probs (and entropy).
+// → the response log-probs (and entropy). `hooks` run around the model's forward.
 StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model,
                                              const data::RolloutBatch& batch,
                                              const std::vector<int64_t>& samples,
                                              int64_t chunk_size, bool with_entropy,
-                                             int64_t pad_multiple);
+                                             int64_t pad_multiple, const ForwardHooks& hooks = {});
 
 // Forward-only log-probs of every sample of `micro_batches` into out[sample] (`out` sized to the
 // batch beforehand); through the pipeline (ForwardOnlyPipelined) when pp has several stages.
 Status ForwardOnly(model::DecoderModel& model, model::PipelineParallelGroup& pp,
                    const data::RolloutBatch& batch,
                    const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
-                   bool with_entropy, int64_t pad_multiple, SampleLogProbs& out);
+                   bool with_entropy, int64_t pad_multiple, SampleLogProbs& out,
+                   const ForwardHooks& hooks = {});
 
 // ---- Pipeline parallelism (trainer_pipeline.cc)
 
@@ -189,9 +208,11 @@ using StageLossFn = std::function<StatusOr<torch::Tensor>(size_t k, const torch:
 // `before_last_backward` (optional) runs just before the stage's last backward pass of the step
 // (GradReducer::Arm). `hooks` (each optional) run on every stage: before_pass(k) just before
 // the forward and just before the backward of micro-batch k (the MoE router loss selects the
-// micro-batch its hook reads, moe_aux_loss.h), after_forward(k) right after the stage's forward.
+// micro-batch its hook reads, moe_aux_loss.h), before_forward(k) just before the stage's
+// forward (routing replay sets the micro-batch's routing), after_forward(k) right after it.
 struct MicroBatchHooks {
   std::function<void(size_t k)> before_pass;
+  std::function<Status(size_t k)> before_forward;
   std::function<Status(size_t k)> after_forward;
 };
 Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGroup& pp,
@@ -207,7 +228,8 @@ Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGr
 Status ForwardOnlyPipelined(model::DecoderModel& model, model::PipelineParallelGroup& pp,
                             const data::RolloutBatch& batch,
                             const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
-                            bool with_entropy, int64_t pad_multiple, SampleLogProbs& out);
+                            bool with_entropy, int64_t pad_multiple, SampleLogProbs& out,
+                            const ForwardHooks& hooks = {});
 
 // The last stage's step metrics (`values` there) copied into `values` on every stage (names and
 // numbers broadcast from the last stage). No-op with one stage.
@@ -230,7 +252,11 @@ struct Trainer::Impl {
   // tensor k of a copy belonging to parameter k.
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
-  std::vector<torch::Tensor> trainable;  // the optimizer's trainable subset of params, in order
+  // The optimizer's trainable subset of params, in order — without the experts' parameters
+  // under expert parallelism (EP > 1), which are in expert_trainable (summed over the
+  // expert-data-parallel group instead of the DP group).
+  std::vector<torch::Tensor> trainable;
+  std::vector<torch::Tensor> expert_trainable;
   std::map<std::string, std::vector<torch::Tensor>> copies;
   std::vector<torch::Tensor> actor_backup;  // the actor while another policy is swapped in
   bool actor_backup_current = false;        // actor_backup equals the live parameters
@@ -239,6 +265,12 @@ struct Trainer::Impl {
   std::unique_ptr<GradReducer> grad_reducer;  // train.overlap_grad_reduce, when it applies
   // train.moe_aux_loss_coeff / moe_z_loss_coeff on a model with sparse layers; else null.
   std::unique_ptr<MoeRouterLoss> moe_loss;
+  // Routing replay (routing_replay.h), for the batch being trained: the engine's routing of
+  // its samples (whenever they carry it) and, with algorithm.use_routing_replay alone, what the
+  // old-log-prob forward routed.
+  bool sparse_model = false;  // the model has mixture-of-experts layers
+  internal::SampleRouting engine_routing;
+  internal::SampleRouting recorded_routing;
 
   // Background saves (Trainer::Save): the writer is made by the first one; the times of the
   // last Save / WaitForSave.

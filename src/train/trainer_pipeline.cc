@@ -85,6 +85,9 @@ Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGr
       input = x;
     }
     if (hooks.before_pass) hooks.before_pass(k);
+    if (hooks.before_forward) {
+      SLIME_RETURN_IF_ERROR(InStage(hooks.before_forward(k), stage, "before the forward", k));
+    }
     SLIME_ASSIGN_OR_RETURN(torch::Tensor hidden, model.ForwardPacked(input, in.forward_cu_seqlens));
     if (hooks.after_forward) {
       SLIME_RETURN_IF_ERROR(InStage(hooks.after_forward(k), stage, "after the forward", k));
@@ -163,7 +166,8 @@ Status RunPipelineSchedule(model::DecoderModel& model, model::PipelineParallelGr
 Status ForwardOnlyPipelined(model::DecoderModel& model, model::PipelineParallelGroup& pp,
                             const data::RolloutBatch& batch,
                             const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
-                            bool with_entropy, int64_t pad_multiple, SampleLogProbs& out) {
+                            bool with_entropy, int64_t pad_multiple, SampleLogProbs& out,
+                            const ForwardHooks& hooks) {
   const model::PipelineStage& stage = model.stage();
   const int s = stage.rank;
   torch::NoGradGuard no_grad;
@@ -185,8 +189,11 @@ Status ForwardOnlyPipelined(model::DecoderModel& model, model::PipelineParallelG
                              torch::TensorOptions().dtype(model.dtype()).device(model.device()));
         SLIME_RETURN_IF_ERROR(InStage(pp.Recv(input, s - 1), stage, "receiving the activation", k));
       }
+      const int64_t padded = in.ids.size(0);
+      if (hooks.before) SLIME_RETURN_IF_ERROR(hooks.before(mb.samples, padded));
       SLIME_ASSIGN_OR_RETURN(torch::Tensor hidden,
                              model.ForwardPacked(input, in.forward_cu_seqlens));
+      if (hooks.after) SLIME_RETURN_IF_ERROR(hooks.after(mb.samples, padded));
       if (!stage.is_last()) {
         SLIME_RETURN_IF_ERROR(InStage(pp.Send(hidden, s + 1), stage, "sending the activation", k));
         continue;

@@ -255,14 +255,23 @@ StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model,
                                              const data::RolloutBatch& batch,
                                              const std::vector<int64_t>& samples,
                                              int64_t chunk_size, bool with_entropy,
-                                             int64_t pad_multiple) {
+                                             int64_t pad_multiple, const ForwardHooks& hooks) {
   PackedInputs in;
   Status packed = GuardTorch("trainer: pack a micro-batch", [&]() -> Status {
     in = Pack(batch, samples, model.device(), pad_multiple);
     return absl::OkStatus();
   });
   SLIME_RETURN_IF_ERROR(packed);
+  const int64_t padded = in.ids.size(0);
+  if (hooks.before) {
+    SLIME_RETURN_IF_ERROR(GuardTorch("trainer: before the forward",
+                                     [&] { return hooks.before(samples, padded); }));
+  }
   SLIME_ASSIGN_OR_RETURN(torch::Tensor hidden, model.ForwardPacked(in.ids, in.forward_cu_seqlens));
+  if (hooks.after) {
+    SLIME_RETURN_IF_ERROR(GuardTorch("trainer: after the forward",
+                                     [&] { return hooks.after(samples, padded); }));
+  }
   LogProbOptions o;
   o.temperature = batch.temperature;
   o.chunk_size = chunk_size;
@@ -275,16 +284,17 @@ StatusOr<ResponseLogProbs> ForwardMicroBatch(model::DecoderModel& model,
 Status ForwardOnly(model::DecoderModel& model, model::PipelineParallelGroup& pp,
                    const data::RolloutBatch& batch,
                    const std::vector<const MicroBatch*>& micro_batches, int64_t chunk_size,
-                   bool with_entropy, int64_t pad_multiple, SampleLogProbs& out) {
+                   bool with_entropy, int64_t pad_multiple, SampleLogProbs& out,
+                   const ForwardHooks& hooks) {
   if (pp.size() > 1) {
     return ForwardOnlyPipelined(model, pp, batch, micro_batches, chunk_size, with_entropy,
-                                pad_multiple, out);
+                                pad_multiple, out, hooks);
   }
   torch::NoGradGuard no_grad;
   for (const MicroBatch* mb : micro_batches) {
     SLIME_ASSIGN_OR_RETURN(ResponseLogProbs r,
                            ForwardMicroBatch(model, batch, mb->samples, chunk_size, with_entropy,
-                                             pad_multiple));
+                                             pad_multiple, hooks));
     Status split = GuardTorch("trainer: split log-probs", [&]() -> Status {
       for (size_t k = 0; k < mb->samples.size(); ++k) {
         const int64_t i = mb->samples[k];
@@ -423,6 +433,19 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
   SLIME_ASSIGN_OR_RETURN(bool overlap_armed,
                          ForwardBackward(loss, batch, micro_batches, reducers, tensors, sums));
   SLIME_RETURN_IF_ERROR(ReduceOverDataParallel(overlap_armed, sums));
+  // The routing agreement: this stage's layers' counts, summed over DP above and the stages
+  // below (taken out of `sums`, which every stage copies from the last).
+  std::vector<double> agreement;  // {matches, slots}
+  Status counted = GuardTorch("trainer: read the routing agreement", [&]() -> Status {
+    for (const char* name : {internal::kAgreementMatches, internal::kAgreementSlots}) {
+      auto it = sums.find(name);
+      if (it == sums.end()) break;
+      agreement.push_back(it->second.item<double>());
+      sums.erase(it);
+    }
+    return absl::OkStatus();
+  });
+  SLIME_RETURN_IF_ERROR(counted);
   std::vector<double> moe_values;  // this stage's MoE metrics, MetricNames() order
   if (moe != nullptr) {
     Status taken = GuardTorch("trainer: read the MoE metrics", [&]() -> Status {
@@ -451,8 +474,67 @@ StatusOr<TrainStepMetrics> Trainer::RunStep(int64_t rollout_id, int64_t step_in_
       metrics.values[moe->MetricNames()[i]] = moe_values[i];
     }
   }
+  if (!agreement.empty()) {
+    SLIME_RETURN_IF_ERROR(SumOverStages(*options_.pp_group, agreement));
+    if (agreement[1] > 0) metrics.values["routing_agreement"] = agreement[0] / agreement[1];
+  }
   SLIME_RETURN_IF_ERROR(ApplyOptimizerStep(num_steps, metrics));
   return metrics;
+}
+
+Status Trainer::PrepareRouting(const data::RolloutBatch& batch) {
+  impl_->engine_routing.clear();
+  impl_->recorded_routing.clear();
+  if (!impl_->sparse_model) return absl::OkStatus();
+  return GuardTorch("trainer: the samples' routing", [&]() -> Status {
+    SLIME_ASSIGN_OR_RETURN(impl_->engine_routing,
+                           internal::EngineRouting(batch, model_->config()));
+    return absl::OkStatus();
+  });
+}
+
+internal::ForwardHooks Trainer::PassRoutingHooks(PolicyWeights which, bool old_pass,
+                                                 const data::RolloutBatch& batch) {
+  const config::AlgorithmConfig& a = options_.config.algorithm;
+  if (!impl_->sparse_model || which == PolicyWeights::kTeacher) return {};
+  if (a.use_rollout_routing_replay) {
+    return internal::ReplayHooks(*model_, batch, impl_->engine_routing);
+  }
+  if (a.use_routing_replay && old_pass) {
+    return internal::RecordHooks(*model_, batch, &impl_->recorded_routing);
+  }
+  return {};
+}
+
+internal::ForwardHooks Trainer::TrainingRoutingHooks(const data::RolloutBatch& batch,
+                                                     std::map<std::string, torch::Tensor>& sums) {
+  const config::AlgorithmConfig& a = options_.config.algorithm;
+  if (!impl_->sparse_model) return {};
+  if (a.use_rollout_routing_replay) {
+    return internal::ReplayHooks(*model_, batch, impl_->engine_routing);
+  }
+  if (a.use_routing_replay) {
+    // The old-log-prob forward's routing (that pass always runs with use_routing_replay: the
+    // config check refuses what would skip it).
+    if (impl_->recorded_routing.size() != batch.samples.size()) {
+      internal::ForwardHooks missing;
+      missing.before = [](const std::vector<int64_t>&, int64_t) {
+        return absl::FailedPreconditionError(
+            "algorithm.use_routing_replay: the old-log-prob forward recorded no routing for this "
+            "batch");
+      };
+      return missing;
+    }
+    return internal::ReplayHooks(*model_, batch, impl_->recorded_routing);
+  }
+  if (!options_.config.rollout.return_routed_experts) return {};
+  // Every DP rank and stage sums both counts, zeros included, so the keys agree.
+  for (const char* name : {internal::kAgreementMatches, internal::kAgreementSlots}) {
+    sums.emplace(name, torch::zeros({}, torch::TensorOptions()
+                                            .dtype(torch::kFloat64)
+                                            .device(model_->device())));
+  }
+  return internal::AgreementHooks(*model_, batch, impl_->engine_routing, &sums);
 }
 
 // Forward and backward of every micro-batch: the 1F1B pipeline schedule (trainer_pipeline.cc;
@@ -492,13 +574,25 @@ StatusOr<bool> Trainer::ForwardBackward(const LossTypeSpec& loss, const data::Ro
   if (moe != nullptr) {
     moe->Install(*model_);
     hooks.before_pass = [moe](size_t k) { moe->Select(k); };
-    hooks.after_forward = [&](size_t) {
-      return GuardTorch("trainer: MoE metrics", [&]() -> Status {
-        moe->AccumulateMetrics(*model_, sums);
-        return absl::OkStatus();
-      });
-    };
   }
+  // Routing replay or the routing agreement metric (routing_replay.h), per micro-batch; the
+  // model keeps each forward's replay for its recomputation in the backward.
+  const internal::ForwardHooks routing = TrainingRoutingHooks(batch, sums);
+  auto around = [&](const std::function<Status(const std::vector<int64_t>&, int64_t)>& fn,
+                    size_t k) -> Status {
+    if (!fn) return absl::OkStatus();
+    const int64_t padded = internal::PackedTokenCount(batch, *mb_samples[k], impl_->pad_multiple);
+    return GuardTorch("trainer: routing replay", [&] { return fn(*mb_samples[k], padded); });
+  };
+  hooks.before_forward = [&](size_t k) { return around(routing.before, k); };
+  hooks.after_forward = [&](size_t k) -> Status {
+    SLIME_RETURN_IF_ERROR(around(routing.after, k));
+    if (moe == nullptr) return absl::OkStatus();
+    return GuardTorch("trainer: MoE metrics", [&]() -> Status {
+      moe->AccumulateMetrics(*model_, sums);
+      return absl::OkStatus();
+    });
+  };
   // train.overlap_grad_reduce: the gradient buckets are posted during the last backward pass.
   GradReducer* overlap = impl_->grad_reducer.get();
   bool armed = false;
@@ -511,6 +605,7 @@ StatusOr<bool> Trainer::ForwardBackward(const LossTypeSpec& loss, const data::Ro
                                                    },
                                                    hooks);
   if (moe != nullptr) moe->Uninstall(*model_);
+  internal::ResetRouting(*model_);
   if (!scheduled.ok()) {
     if (overlap != nullptr) overlap->Disarm();
     return scheduled;
@@ -533,6 +628,8 @@ Status Trainer::ReduceOverDataParallel(bool overlap_armed,
     return internal::AllReduceGradsAndMetrics(options_.dp_all_reduce, {}, sums, bucket_size);
   }
   if (options_.dp_size > 1) {
+    // Expert parallelism: the experts' gradients over the expert-DP group only (trainer.h).
+    SLIME_RETURN_IF_ERROR(internal::AllReduceExpertGrads(options_, impl_->expert_trainable));
     return internal::AllReduceGradsAndMetrics(options_.dp_all_reduce, impl_->trainable, sums,
                                               bucket_size);
   }

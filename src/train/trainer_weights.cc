@@ -57,12 +57,10 @@ void CopyInto(const std::vector<torch::Tensor>& dst, const std::vector<torch::Te
   for (size_t k = 0; k < dst.size(); ++k) dst[k].copy_(src[k]);
 }
 
-StatusOr<std::vector<torch::Tensor>> LoadWeightCopy(const std::string& what, const std::string& dir,
-                                                    std::optional<int64_t> ckpt_step,
-                                                    const std::vector<std::string>& names,
-                                                    const std::vector<torch::Tensor>& like,
-                                                    torch::ScalarType dtype, int tp_rank,
-                                                    int tp_size) {
+StatusOr<std::vector<torch::Tensor>> LoadWeightCopy(
+    const std::string& what, const std::string& dir, std::optional<int64_t> ckpt_step,
+    const std::vector<std::string>& names, const std::vector<torch::Tensor>& like,
+    torch::ScalarType dtype, int tp_rank, int tp_size, const model::ExpertShard& experts) {
   std::string resolved = dir;
   auto checkpoint_dir = ResolveCheckpointDir(dir, ckpt_step);
   if (checkpoint_dir.ok()) {
@@ -89,6 +87,7 @@ StatusOr<std::vector<torch::Tensor>> LoadWeightCopy(const std::string& what, con
   wo.device = torch::kCPU;
   wo.tp_rank = tp_rank;
   wo.tp_size = tp_size;
+  wo.experts = experts;
   auto weights = model::LoadWeights(*reader, *config, wo);
   if (!weights.ok()) {
     return absl::Status(
@@ -314,6 +313,62 @@ torch::Tensor Slice(const torch::Tensor& full, int64_t dim, const model::TensorP
   if (dim < 0) return full;
   const int64_t n = full.size(dim) / tp.size();
   return full.narrow(dim, tp.rank() * n, n);
+}
+
+// ---- Expert parallelism (trainer.h, "Expert parallelism"): checkpoints and the weight export
+// hold every expert, so each expert tensor goes from its owner to the other EP ranks.
+
+// The owner's `tensor` on every rank of the EP group: an all-to-all in which only the owner
+// sends (its tensor to each other rank). On the other ranks `tensor` only gives the shape and
+// dtype (its values are not read). A tensor of at least one dimension, on the group's device.
+torch::Tensor BroadcastFromOwner(const torch::Tensor& tensor, int owner,
+                                 model::ExpertParallelGroup& ep) {
+  torch::NoGradGuard no_grad;
+  const int n = ep.size();
+  const int64_t rows = tensor.size(0);
+  std::vector<int64_t> send(n, 0), recv(n, 0);
+  if (ep.rank() == owner) {
+    std::vector<torch::Tensor> copies;
+    for (int r = 0; r < n; ++r) {
+      if (r == owner) continue;
+      send[r] = rows;
+      copies.push_back(tensor);
+    }
+    ep.AllToAll(torch::cat(copies, 0).contiguous(), send, recv);
+    return tensor;
+  }
+  recv[owner] = rows;
+  return ep.AllToAll(tensor.narrow(0, 0, 0).contiguous(), send, recv);
+}
+
+// The full tensor of parameter `spec` (TP-gathered, see GatherOnDevice) on every EP rank: an
+// expert's from its owner, any other parameter from this rank. `mine` is this rank's tensor of
+// it (undefined for another rank's expert); `dtype` the full tensor's.
+torch::Tensor FullExpertAware(const model::ParamSpec& spec, const torch::Tensor& mine,
+                              torch::ScalarType dtype, const model::DecoderModel& model,
+                              model::TensorParallelGroup& tp) {
+  model::ExpertParallelGroup* ep = model.ep_group();
+  if (spec.expert < 0 || ep == nullptr) {
+    return GatherOnDevice(mine, static_cast<int64_t>(spec.shard), tp);
+  }
+  const int owner = model.experts().OwnerOf(spec.expert, model.config().moe.num_experts);
+  torch::Tensor full =
+      ep->rank() == owner
+          ? GatherOnDevice(mine, static_cast<int64_t>(spec.shard), tp).contiguous()
+          : torch::empty(spec.shape, torch::TensorOptions().dtype(dtype).device(model.device()));
+  return BroadcastFromOwner(full, owner, *ep);
+}
+
+// The name of this rank's expert that mirrors another rank's expert parameter `name` (same
+// layer and projection, the same place in its block): its optimizer state has the same form.
+std::string MirrorExpertName(const model::ParamSpec& spec, const model::DecoderModel& model) {
+  const int64_t experts = model.config().moe.num_experts;
+  const model::ExpertShard& shard = model.experts();
+  const int64_t mirror = shard.first(experts) + spec.expert % shard.count(experts);
+  const std::string from = fmt::format(".experts.{}.", spec.expert);
+  std::string name = spec.hf_name;
+  name.replace(name.find(from), from.size(), fmt::format(".experts.{}.", mirror));
+  return name;
 }
 
 // Full-size CPU weights of `config` (uninitialised; a checkpoint load fills them).
@@ -549,8 +604,8 @@ StatusOr<torch::Tensor> Trainer::FullParameter(size_t index) {
                         return full;
                       }
                       torch::Tensor full =
-                          GatherOnDevice(model::ParamSlot(model_->weights(), spec),
-                                         static_cast<int64_t>(spec.shard), model_->tp_group());
+                          FullExpertAware(spec, model::ParamSlot(model_->weights(), spec),
+                                          model_->dtype(), *model_, model_->tp_group());
                       if (!stage.is_first()) {
                         SLIME_RETURN_IF_ERROR(options_.pp_group->Send(full.contiguous(), 0));
                       }
@@ -619,9 +674,13 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
   progress.data_source_json = extra_state_json;
   model::TensorParallelGroup& tp = model_->tp_group();
   const model::PipelineStage& stage = model_->stage();
-  if (tp.size() == 1 && stage.whole()) {
+  const bool ep = !model_->experts().whole();
+  if (tp.size() == 1 && stage.whole() && !ep) {
     return sink.Write(o, model_->weights(), model_->config(), optimizer_.get(), progress);
   }
+  // EP > 1: every EP rank takes part in the experts' exchange; EP rank 0 writes (at PP > 1 its
+  // stages gather to its stage 0).
+  const bool ep_writer = !ep || model_->experts().rank == 0;
   // TP > 1 and / or PP > 1: this stage's parameters and optimizer state as full tensors —
   // gathered over the TP group to the CPU at TP > 1 (every TP rank of the stage takes part),
   // the model's own tensors at TP = 1.
@@ -632,21 +691,49 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
   };
   model::ModelWeights full;
   std::optional<OptimizerState> full_state;
+  // A CPU tensor of its own (the gathers may return the model's own tensor).
+  auto to_cpu = [](const torch::Tensor& t, const torch::Tensor& own) {
+    return t.device().is_cpu() && own.defined() && t.data_ptr() == own.data_ptr()
+               ? t.clone()
+               : t.to(torch::kCPU);
+  };
   Status tp_gathered = GuardTorch("trainer: gather this stage's shards to save", [&]() -> Status {
     full.layers.resize(config.num_hidden_layers);
     for (const model::ParamSpec& spec : model::StageParameterSpecs(config, stage)) {
-      model::ParamSlot(full, spec) = full_tensor(model::ParamSlot(model_->weights(), spec),
-                                                 static_cast<int64_t>(spec.shard));
+      const torch::Tensor& mine = model::ParamSlot(model_->weights(), spec);
+      model::ParamSlot(full, spec) =
+          ep ? to_cpu(FullExpertAware(spec, mine, model_->dtype(), *model_, tp), mine)
+             : full_tensor(mine, static_cast<int64_t>(spec.shard));
     }
     if (config.tie_word_embeddings) full.lm_head = full.embed_tokens;
     if (o.save_optimizer) {
       const OptimizerState state = gathered ? *gathered : optimizer_->ExportState();
       full_state.emplace();
       full_state->step = state.step;
-      for (const model::NamedTensor& nt : state.tensors) {
-        auto it = dims.find(StateParam(nt.name));
-        full_state->tensors.push_back(
-            {nt.name, full_tensor(nt.tensor, it == dims.end() ? -1 : it->second)});
+      if (!ep) {
+        for (const model::NamedTensor& nt : state.tensors) {
+          auto it = dims.find(StateParam(nt.name));
+          full_state->tensors.push_back(
+              {nt.name, full_tensor(nt.tensor, it == dims.end() ? -1 : it->second)});
+        }
+        return absl::OkStatus();
+      }
+      // EP: every parameter's state in the full parameter order; another rank's expert's from
+      // its owner, in the form of this rank's mirror expert (same suffixes, dtype and shape).
+      std::map<std::string, torch::Tensor> by_name;
+      for (const model::NamedTensor& nt : state.tensors) by_name[nt.name] = nt.tensor;
+      for (const model::ParamSpec& spec : model::StageParameterSpecs(config, stage)) {
+        const bool held = model_->experts().Holds(spec.expert, config.moe.num_experts);
+        const std::string like =
+            spec.expert < 0 || held ? spec.hf_name : MirrorExpertName(spec, *model_);
+        for (const char* suffix : {".master", ".exp_avg", ".exp_avg_sq"}) {
+          auto it = by_name.find(like + suffix);
+          if (it == by_name.end()) continue;
+          const torch::Tensor mine = spec.expert < 0 || held ? it->second : torch::Tensor();
+          full_state->tensors.push_back(
+              {spec.hf_name + suffix,
+               to_cpu(FullExpertAware(spec, mine, it->second.scalar_type(), *model_, tp), mine)});
+        }
       }
     }
     return absl::OkStatus();
@@ -656,15 +743,16 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
   StatusOr<std::string> dir =
       (std::filesystem::path(save_dir) / IterationDirName(rollout_id)).string();
   if (!stage.whole()) {
-    // PP > 1: TP rank 0 of every stage takes part in the pipeline gather to stage 0 (its PP
-    // group); stage 0's TP rank 0 writes.
-    if (tp.rank() == 0) {
+    // PP > 1: TP rank 0 of every stage (of EP rank 0) takes part in the pipeline gather to
+    // stage 0 (its PP group); stage 0's TP rank 0 writes.
+    if (tp.rank() == 0 && ep_writer) {
       dir = SavePipelined(o, progress, full, full_state ? &*full_state : nullptr, *model_,
                           *optimizer_, *options_.pp_group, sink);
     }
-    if (tp.size() == 1) return dir;
-  } else if (tp.rank() == 0) {
-    // PP = 1, TP > 1: TP rank 0 writes the gathered model as a TP=1 checkpoint.
+    if (tp.size() == 1 && !ep) return dir;
+  } else if (tp.rank() == 0 && ep_writer) {
+    // PP = 1, TP > 1 or EP > 1: TP rank 0 (of EP rank 0) writes the gathered model as a TP=1,
+    // EP=1 checkpoint.
     std::unique_ptr<AdamW> full_optimizer;
     if (full_state) {
       auto created = FullSizeOptimizer(full, config, *optimizer_);
@@ -675,13 +763,16 @@ StatusOr<std::string> Trainer::Save(const std::string& save_dir, int64_t rollout
     if (dir.ok()) dir = sink.Write(o, full, config, full_optimizer.get(), progress);
   }
   // One all-reduce tells every TP rank whether TP rank 0's part (the write, or at PP > 1 the
-  // pipeline's outcome) worked.
-  return AgreeOnSaveOutcome(dir, tp.rank() == 0, "tensor-parallel rank 0", o,
-                            [&](torch::Tensor& flag) -> Status {
-                              flag = flag.to(model_->device());
-                              tp.AllReduceSum(flag);
-                              return absl::OkStatus();
-                            });
+  // pipeline's outcome) worked; with EP > 1 a second one over the EP group tells the EP ranks
+  // whether EP rank 0's write did.
+  return AgreeOnSaveOutcome(
+      dir, tp.rank() == 0 && ep_writer,
+      ep ? "tensor-parallel rank 0 of expert-parallel rank 0" : "tensor-parallel rank 0", o,
+      [&](torch::Tensor& flag) -> Status {
+        flag = flag.to(model_->device());
+        tp.AllReduceSum(flag);
+        return ep ? options_.ep_all_reduce(flag) : absl::OkStatus();
+      });
 }
 
 StatusOr<LoadedTrainerState> Trainer::Load(const std::string& load_dir,
@@ -712,7 +803,7 @@ StatusOr<LoadedTrainerState> Trainer::Load(const std::string& load_dir,
   model::TensorParallelGroup& tp = model_->tp_group();
   const model::PipelineStage& stage = model_->stage();
   StatusOr<LoadedCheckpoint> load_result = absl::InternalError("unset");
-  if (tp.size() == 1 && stage.whole()) {
+  if (tp.size() == 1 && stage.whole() && model_->experts().whole()) {
     load_result =
         LoadTrainerCheckpoint(o, model_->mutable_weights(), model_->config(), optimizer_.get());
   } else {
@@ -734,7 +825,7 @@ StatusOr<LoadedTrainerState> Trainer::Load(const std::string& load_dir,
       Status sliced = GuardTorch("trainer: slice the checkpoint for this rank", [&]() -> Status {
         torch::NoGradGuard no_grad;
         std::set<std::string> mine;
-        for (const model::ParamSpec& spec : model::StageParameterSpecs(config, stage)) {
+        for (const model::ParamSpec& spec : model::HeldParameterSpecs(config, model_->weights())) {
           mine.insert(spec.hf_name);
           model::ParamSlot(model_->mutable_weights(), spec)
               .copy_(Slice(model::ParamSlot(full, spec), static_cast<int64_t>(spec.shard), tp));

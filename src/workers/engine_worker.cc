@@ -47,6 +47,8 @@ StatusOr<std::unique_ptr<EngineWorker>> EngineWorker::Start(WorkerOptions option
   if (config.rollout.mem_fraction_static) eo.mem_fraction_static = *config.rollout.mem_fraction_static;
   eo.random_seed = static_cast<uint64_t>(config.rollout.seed + options.rank);
   eo.deterministic_inference = config.debug.deterministic_mode;
+  eo.enable_return_routed_experts =
+      config.rollout.return_routed_experts || config.algorithm.use_rollout_routing_replay;
   eo.metrics = &impl->registry;
   auto engine = engine::Engine::Create(eo);
   if (!engine.ok()) {

@@ -147,6 +147,7 @@ struct TrainerWorker::Impl {
   // train.tensor_model_parallel_size × train.pipeline_model_parallel_size does not divide
   // world_size, or either is < 1 (returned by every call that needs the layout).
   int tp_size = 1, dp_size = 1, pp_size = 1, tp_rank = 0, dp_rank = 0, pp_rank = 0;
+  int ep_size = 1;  // train.expert_model_parallel_size (divides dp_size)
   Status layout;
   void ComputeLayout() {
     const int tp = options.config.train.tensor_model_parallel_size;
@@ -163,6 +164,15 @@ struct TrainerWorker::Impl {
     tp_size = tp;
     pp_size = pp;
     dp_size = options.world_size / (tp * pp);
+    const int ep = options.config.train.expert_model_parallel_size;
+    if (ep < 1 || dp_size % ep != 0) {
+      layout = absl::InvalidArgumentError(fmt::format(
+          "trainer rank {} of {}: train.expert_model_parallel_size ({}) must be >= 1 and divide "
+          "the data-parallel size {}",
+          options.rank, options.world_size, ep, dp_size));
+      return;
+    }
+    ep_size = ep;
     tp_rank = options.rank % tp;
     dp_rank = (options.rank / tp) % dp_size;
     pp_rank = options.rank / (tp * dp_size);
@@ -171,8 +181,11 @@ struct TrainerWorker::Impl {
   // (global rank 0) sends the engines full HF tensors. The weight exporters are the ranks of DP
   // rank 0 (tp_size × pp_size of them): each tensor is all-gathered in the TP group and sent by
   // its stage to stage 0 (Trainer::FullParameter) as the source needs it.
+  // With expert parallelism the exporters are the ranks of DP ranks 0..EP-1 (the EP group of DP
+  // rank 0: each sends its experts to the others, Trainer::FullParameter).
   bool WeightSource() const { return tp_rank == 0 && dp_rank == 0 && pp_rank == 0; }
-  int Exporters() const { return tp_size * pp_size; }
+  bool Exporter() const { return dp_rank < ep_size; }
+  int Exporters() const { return tp_size * pp_size * ep_size; }
 
   // The trainer's process groups, formed before Init by OpenGroups (group leaders) and
   // JoinGroups (every rank), each kind only where it has more than one rank: the TP group (the
@@ -180,37 +193,116 @@ struct TrainerWorker::Impl {
   // group (the dp_size ranks of this stage and tp_rank), in which gradients and metric sums are
   // all-reduced; the PP group (the pp_size stages of this dp_rank and tp_rank), which carries
   // the pipeline schedule's sends and receives, the stages' sums and broadcasts, the pipelined
-  // save and the weight export to stage 0. Gloo on CPU, NCCL on CUDA. A group's index among
-  // those of its kind (GroupIndex) is its place in join_groups' request and its name's suffix:
-  // slime_trainer_tp<pp·DP + dp>, slime_trainer_dp<pp·TP + tp>, slime_trainer_pp<dp·TP + tp>
-  // (at PP = 1 the names and indices are those of the TP × DP layout).
-  enum class Kind { kTp, kDp, kPp };
-  static constexpr Kind kKinds[3] = {Kind::kTp, Kind::kDp, Kind::kPp};
-  static const char* Key(Kind k) { return k == Kind::kTp ? "tp" : k == Kind::kDp ? "dp" : "pp"; }
+  // save and the weight export to stage 0; with expert parallelism (EP =
+  // train.expert_model_parallel_size, carved out of DP: ep_rank = dp_rank % EP, edp_rank =
+  // dp_rank / EP) the EP group (the EP ranks of this stage and tp_rank with dp ranks
+  // b·EP .. b·EP + EP - 1), in which the MoE layers' all-to-alls run, and the expert-DP group
+  // (the DP / EP ranks with this ep_rank), in which the experts' gradients are summed. Gloo on
+  // CPU, NCCL on CUDA. A group's index among those of its kind (GroupIndex) is its place in
+  // join_groups' request and its name's suffix: slime_trainer_tp<pp·DP + dp>,
+  // slime_trainer_dp<pp·TP + tp>, slime_trainer_pp<dp·TP + tp>, slime_trainer_ep<(pp·DP/EP +
+  // dp/EP)·TP + tp>, slime_trainer_edp<(pp·EP + ep)·TP + tp> — in each kind the leaders' global
+  // ranks ascend with the index (at PP = 1 the names and indices are those of the TP × DP
+  // layout).
+  enum class Kind { kTp, kDp, kPp, kEp, kEdp };
+  static constexpr Kind kKinds[5] = {Kind::kTp, Kind::kDp, Kind::kPp, Kind::kEp, Kind::kEdp};
+  static const char* Key(Kind k) {
+    switch (k) {
+      case Kind::kTp:
+        return "tp";
+      case Kind::kDp:
+        return "dp";
+      case Kind::kPp:
+        return "pp";
+      case Kind::kEp:
+        return "ep";
+      case Kind::kEdp:
+        return "edp";
+    }
+    return "?";
+  }
   static const char* KindName(Kind k) {
-    return k == Kind::kTp   ? "tensor-parallel"
-           : k == Kind::kDp ? "data-parallel"
-                            : "pipeline-parallel";
+    switch (k) {
+      case Kind::kTp:
+        return "tensor-parallel";
+      case Kind::kDp:
+        return "data-parallel";
+      case Kind::kPp:
+        return "pipeline-parallel";
+      case Kind::kEp:
+        return "expert-parallel";
+      case Kind::kEdp:
+        return "expert-data-parallel";
+    }
+    return "?";
   }
   std::shared_ptr<comm::ProcessGroup> tp_group;
   std::shared_ptr<comm::ProcessGroup> dp_group;
   std::shared_ptr<comm::ProcessGroup> pp_group;
+  std::shared_ptr<comm::ProcessGroup> ep_group;
+  std::shared_ptr<comm::ProcessGroup> edp_group;
   std::shared_ptr<comm::ProcessGroup>& Group(Kind k) {
-    return k == Kind::kTp ? tp_group : k == Kind::kDp ? dp_group : pp_group;
+    switch (k) {
+      case Kind::kTp:
+        return tp_group;
+      case Kind::kDp:
+        return dp_group;
+      case Kind::kPp:
+        return pp_group;
+      case Kind::kEp:
+        return ep_group;
+      case Kind::kEdp:
+        return edp_group;
+    }
+    return tp_group;
   }
   const std::shared_ptr<comm::ProcessGroup>& Group(Kind k) const {
-    return k == Kind::kTp ? tp_group : k == Kind::kDp ? dp_group : pp_group;
+    return const_cast<Impl*>(this)->Group(k);
   }
   int GroupSize(Kind k) const {
-    return k == Kind::kTp ? tp_size : k == Kind::kDp ? dp_size : pp_size;
+    switch (k) {
+      case Kind::kTp:
+        return tp_size;
+      case Kind::kDp:
+        return dp_size;
+      case Kind::kPp:
+        return pp_size;
+      case Kind::kEp:
+        return ep_size;
+      case Kind::kEdp:
+        return ep_size > 1 ? dp_size / ep_size : 1;  // no EP: the DP group
+    }
+    return 1;
   }
   int GroupRank(Kind k) const {
-    return k == Kind::kTp ? tp_rank : k == Kind::kDp ? dp_rank : pp_rank;
+    switch (k) {
+      case Kind::kTp:
+        return tp_rank;
+      case Kind::kDp:
+        return dp_rank;
+      case Kind::kPp:
+        return pp_rank;
+      case Kind::kEp:
+        return dp_rank % ep_size;
+      case Kind::kEdp:
+        return ep_size > 1 ? dp_rank / ep_size : 0;
+    }
+    return 0;
   }
   int GroupIndex(Kind k) const {
-    return k == Kind::kTp   ? pp_rank * dp_size + dp_rank
-           : k == Kind::kDp ? pp_rank * tp_size + tp_rank
-                            : dp_rank * tp_size + tp_rank;
+    switch (k) {
+      case Kind::kTp:
+        return pp_rank * dp_size + dp_rank;
+      case Kind::kDp:
+        return pp_rank * tp_size + tp_rank;
+      case Kind::kPp:
+        return dp_rank * tp_size + tp_rank;
+      case Kind::kEp:
+        return (pp_rank * (dp_size / ep_size) + dp_rank / ep_size) * tp_size + tp_rank;
+      case Kind::kEdp:
+        return (pp_rank * ep_size + dp_rank % ep_size) * tp_size + tp_rank;
+    }
+    return 0;
   }
   comm::ProcessGroupOptions GroupOptions(Kind k) const {
     comm::ProcessGroupOptions o;
@@ -222,8 +314,9 @@ struct TrainerWorker::Impl {
     return o;
   }
   std::string LayoutName() const {
-    return fmt::format("tensor-parallel {} × data-parallel {} × pipeline-parallel {}", tp_size,
-                       dp_size, pp_size);
+    return fmt::format("tensor-parallel {} × data-parallel {} × pipeline-parallel {}{}", tp_size,
+                       dp_size, pp_size,
+                       ep_size > 1 ? fmt::format(" (expert-parallel {})", ep_size) : "");
   }
   Status CheckGroups() const {
     for (const Kind k : kKinds) {
@@ -254,7 +347,7 @@ struct TrainerWorker::Impl {
   // TP > 1 a sum over the TP group of TP rank 0's. One exporter: `value`.
   StatusOr<bool> FromSource(bool value) {
     double v = value ? 1.0 : 0.0;
-    for (const Kind k : {Kind::kPp, Kind::kTp}) {
+    for (const Kind k : {Kind::kPp, Kind::kTp, Kind::kEp}) {
       if (GroupSize(k) == 1) continue;
       torch::Tensor flag = torch::full({1}, GroupRank(k) == 0 ? v : 0.0, torch::kFloat64);
       SLIME_RETURN_IF_ERROR(Group(k)->AllReduceSum(flag, "weight sync: the source's decision"));
@@ -349,6 +442,20 @@ StatusOr<nlohmann::json> TrainerWorker::Init(const nlohmann::json& request) {
   }
   if (impl_->pp_size > 1) {
     to.pp_group = std::make_shared<comm::ProcessGroupPipelineParallel>(impl_->pp_group);
+  }
+  if (impl_->ep_size > 1) {  // expert parallelism: the MoE all-to-alls and the experts' sums
+    std::shared_ptr<comm::ProcessGroup> ep = impl_->ep_group;
+    to.ep_group = std::make_shared<comm::ProcessGroupExpertParallel>(ep);
+    to.ep_all_reduce = [ep](torch::Tensor& t) -> Status {
+      return ep->AllReduceSum(t, "trainer expert-parallel sum");
+    };
+    to.edp_size = impl_->dp_size / impl_->ep_size;
+    if (to.edp_size > 1) {
+      std::shared_ptr<comm::ProcessGroup> edp = impl_->edp_group;
+      to.edp_all_reduce = [edp](torch::Tensor& t) -> Status {
+        return edp->AllReduceSum(t, "trainer expert gradient sum");
+      };
+    }
   }
   to.dp_size = impl_->dp_size;
   to.dp_rank = impl_->dp_rank;
@@ -554,7 +661,8 @@ StatusOr<nlohmann::json> TrainerWorker::Save(int64_t rollout_id, const nlohmann:
   // PP > 1 the stages of DP rank 0 all take part (each sends its parameters to stage 0), stage 0
   // writes. Global rank 0 answers with the directory.
   const bool sharded = std::as_const(*impl_->trainer).optimizer().distributed();
-  if (impl_->dp_rank != 0 && !sharded) {
+  // With expert parallelism the EP ranks of DP rank 0's group take part (each brings its experts).
+  if (!impl_->Exporter() && !sharded) {
     return nlohmann::json{{"dir", ""}, {"seconds", 0.0}, {"written", false}};
   }
   SLIME_RETURN_IF_ERROR(impl_->EnsureResident());
@@ -567,7 +675,8 @@ StatusOr<nlohmann::json> TrainerWorker::Save(int64_t rollout_id, const nlohmann:
                           {"background", impl_->options.config.checkpoint.async_save},
                           {"wait_seconds", previous.wait_seconds},
                           {"write_seconds", previous.write_seconds}};
-  if (dir.empty() || impl_->tp_rank != 0 || impl_->pp_rank != 0) {  // it took part; rank 0 wrote
+  if (dir.empty() || impl_->tp_rank != 0 || impl_->pp_rank != 0 ||
+      impl_->dp_rank != 0) {  // it took part; rank 0 wrote
     reply["dir"] = "";
     reply["written"] = false;
   }
@@ -632,7 +741,7 @@ StatusOr<nlohmann::json> TrainerWorker::SyncWeights(const std::string& weight_ve
   SLIME_RETURN_IF_ERROR(impl_->EnsureResident());
   Impl& impl = *impl_;
   const auto start = std::chrono::steady_clock::now();
-  if (impl.dp_rank != 0) {
+  if (!impl.Exporter()) {
     // Its weights equal DP rank 0's: nothing to send, only its own keep_old_actor queue.
     SLIME_RETURN_IF_ERROR(impl.WeightsSynced(weight_version));
     return nlohmann::json{{"source", false}, {"seconds", SecondsSince(start)}};
@@ -769,10 +878,11 @@ StatusOr<nlohmann::json> TrainerWorker::Impl::SyncFromDisk(const std::string& ve
 StatusOr<nlohmann::json> TrainerWorker::ResyncEngine(const nlohmann::json& request) {
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
   Impl& impl = *impl_;
-  if (impl.dp_rank != 0) {
+  if (!impl.Exporter()) {
     return absl::FailedPreconditionError(fmt::format(
         "resync_engine: trainer rank {} is data-parallel rank {}; the ranks of data-parallel "
-        "rank 0 (every tensor-parallel rank of every pipeline stage) export the weights",
+        "rank 0 (every tensor-parallel rank of every pipeline stage; with expert parallelism "
+        "data-parallel ranks 0..EP-1) export the weights",
         impl.options.rank, impl.dp_rank));
   }
   if (impl.weights_version.empty()) {
@@ -876,7 +986,7 @@ StatusOr<nlohmann::json> TrainerWorker::CheckEngineWeights() {
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
   Impl& impl = *impl_;
   const auto start = std::chrono::steady_clock::now();
-  if (impl.dp_rank != 0) return nlohmann::json{{"source", false}, {"seconds", 0.0}};
+  if (!impl.Exporter()) return nlohmann::json{{"source", false}, {"seconds", 0.0}};
   if (!impl.WeightSource()) {
     // A TP peer or a later stage of the source: the source's gathers, tensors dropped.
     SLIME_RETURN_IF_ERROR(impl.EnsureResident());

@@ -57,7 +57,8 @@ class InputFiles {
     const std::string r = root_.string();
     return "SLIME_TINY_MODEL='" + r + "/model' SLIME_TINY_DATA='" + r +
            "/tiny/train.jsonl' SLIME_TINY_EVAL='" + r + "/tiny/eval.jsonl' QWEN3_4B='" + r +
-           "/model' QWEN3_0_6B='" + r + "/model' SLIME_DATA_DIR='" + r + "/data'";
+           "/model' QWEN3_0_6B='" + r + "/model' QWEN3_30B_A3B='" + r + "/model' SLIME_DATA_DIR='" + r +
+           "/data'";
   }
   const std::filesystem::path& root() const { return root_; }
 
@@ -137,6 +138,17 @@ TEST(CliTest, DryRunQwen3_4BRecipeIsColocatedTp2OnEightGpus) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("DP 4 × TP 2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("engines 4 × 2 GPUs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("summary: colocated"), std::string::npos) << r.out;
+  EXPECT_EQ(CountLines(r.out, "  trainer "), 8);
+}
+
+TEST(CliTest, DryRunQwen3_30bA3bRecipeIsColocatedWithEightWayExpertParallelism) {
+  RunResult r = RunSlime("--config configs/qwen3-30b-a3b-grpo-8gpu.yaml --dry-run");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("DP 8 × TP 1 × PP 1 × CP 1 (DP = EP 8 × expert-DP 1)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("expert_model_parallel_size: 8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("engines 8 × 1 GPU"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("summary: colocated"), std::string::npos) << r.out;
   EXPECT_EQ(CountLines(r.out, "  trainer "), 8);
 }

@@ -174,6 +174,57 @@ TEST(CollectivesTest, ReduceScatterSumKeepsEachRanksChunkOfTheSum) {
   }));
 }
 
+// Variable-split all-to-all: rank s sends (s + d) % 3 rows to rank d (zero splits included),
+// row values naming sender, receiver and row, in several dtypes and trailing shapes.
+TEST(CollectivesTest, AllToAllMovesUnevenSplitsInRankOrder) {
+  constexpr int kWorld = 3;
+  auto rows = [](int src, int dst) -> int64_t { return (src + dst) % 3; };
+  // The rows rank `src` sends to rank `dst`: [rows, 2, 3] valued src*1000 + dst*100 + index.
+  auto block = [&](int src, int dst, torch::ScalarType dtype) {
+    const int64_t n = rows(src, dst);
+    return (torch::arange(n * 6, torch::kFloat32).view({n, 2, 3}) + src * 1000 + dst * 100)
+        .to(dtype);
+  };
+  ExpectAllOk(OnRanks(kWorld, "a2a", [&](int rank, ProcessGroup& pg) -> Status {
+    for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kInt64}) {
+      std::vector<torch::Tensor> out_blocks, want_blocks;
+      std::vector<int64_t> send, recv;
+      for (int r = 0; r < kWorld; ++r) {
+        out_blocks.push_back(block(rank, r, dtype));
+        want_blocks.push_back(block(r, rank, dtype));
+        send.push_back(rows(rank, r));
+        recv.push_back(rows(r, rank));
+      }
+      SLIME_ASSIGN_OR_RETURN(torch::Tensor got,
+                             pg.AllToAll(torch::cat(out_blocks, 0), send, recv, "tokens"));
+      EXPECT_EQ(got.scalar_type(), dtype);
+      EXPECT_TRUE(torch::equal(got, torch::cat(want_blocks, 0))) << "dtype " << dtype;
+    }
+    // Nothing to send or receive at all: an empty exchange still completes on every rank.
+    SLIME_ASSIGN_OR_RETURN(torch::Tensor none,
+                           pg.AllToAll(torch::empty({0, 4}), {0, 0, 0}, {0, 0, 0}, "empty"));
+    EXPECT_EQ(none.sizes(), (std::vector<int64_t>{0, 4}));
+    // Only rank 0 sends, one row to everyone: the 1-D counts exchange the dispatch uses.
+    const torch::Tensor counts =
+        rank == 0 ? torch::arange(kWorld, torch::kInt64) : torch::empty({0}, torch::kInt64);
+    const std::vector<int64_t> send =
+        rank == 0 ? std::vector<int64_t>{1, 1, 1} : std::vector<int64_t>{0, 0, 0};
+    SLIME_ASSIGN_OR_RETURN(torch::Tensor one, pg.AllToAll(counts, send, {1, 0, 0}, "counts"));
+    EXPECT_EQ(one.numel(), 1);
+    if (one.numel() == 1) {
+      EXPECT_EQ(one.item<int64_t>(), rank);
+    }
+    // Bad splits are refused before anything is sent, naming what is wrong.
+    StatusOr<torch::Tensor> bad = pg.AllToAll(torch::ones({3, 2}), {1, 1, 0}, {1, 1, 1}, "x");
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+    EXPECT_NE(std::string(bad.status().message()).find("send_splits"), std::string::npos);
+    bad = pg.AllToAll(torch::ones({2, 2}), {1, 1}, {1, 1, 1}, "x");
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+    EXPECT_FALSE(pg.broken());
+    return absl::OkStatus();
+  }));
+}
+
 // A rank that skips a collective: the other times out with the sequence number, the collective
 // and its recent ones named, and its group is broken afterwards.
 TEST(CollectivesTest, AMissedAllGatherTimesOutNamingTheRecentCollectives) {

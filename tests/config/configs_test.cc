@@ -135,9 +135,28 @@ TEST_F(ConfigShipped, Qwen3_4bRecipeMatchesSlime) {
   EXPECT_EQ(c->checkpoint.load, c->checkpoint.save);
 }
 
+TEST_F(ConfigShipped, Qwen3_30bA3bRecipeIsExpertParallel) {
+  auto c = Load("qwen3-30b-a3b-grpo-8gpu.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(warnings_.empty()) << ::testing::PrintToString(warnings_);
+  EXPECT_TRUE(c->cluster.colocate);
+  EXPECT_EQ(ActorNumGpus(*c), 8);
+  EXPECT_EQ(c->cluster.rollout_num_gpus, 8);
+  EXPECT_EQ(NumRolloutEngines(*c), 8);
+  EXPECT_EQ(c->train.tensor_model_parallel_size, 1);
+  EXPECT_EQ(DataParallelSize(*c), 8);
+  EXPECT_EQ(c->train.expert_model_parallel_size, 8);
+  EXPECT_EQ(c->train.max_tokens_per_gpu, 20480);
+  EXPECT_EQ(c->train.global_batch_size, 256);
+  EXPECT_EQ(c->data.rollout_batch_size, 32);
+  EXPECT_EQ(c->data.n_samples_per_prompt, 8);
+  EXPECT_EQ(c->algorithm.advantage_estimator, "grpo");
+  EXPECT_EQ(c->checkpoint.ref_load, "/root/Qwen3-30B-A3B");
+}
+
 TEST_F(ConfigShipped, RoundTripThroughToYaml) {
-  for (const char* name :
-       {"grpo-tiny-cpu.yaml", "qwen3-0.6b-grpo.yaml", "qwen3-4b-grpo-8gpu.yaml"}) {
+  for (const char* name : {"grpo-tiny-cpu.yaml", "qwen3-0.6b-grpo.yaml",
+                           "qwen3-4b-grpo-8gpu.yaml", "qwen3-30b-a3b-grpo-8gpu.yaml"}) {
     auto c = Load(name);
     ASSERT_TRUE(c.ok()) << name << ": " << c.status();
     std::vector<std::string> warnings;

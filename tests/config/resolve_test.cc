@@ -1,6 +1,10 @@
 // ResolveConfig: every derived value and cross-check (docs/config.md, slime's and our own).
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "slime/config/algorithms.h"
 #include "slime/config/config.h"
 #include "slime/config/fields.h"
@@ -141,11 +145,34 @@ TEST(ConfigResolveAlgorithm, OnPolicyDistillationRules) {
                         {"algorithm.opd_type: 'vllm' is not one of 'sglang', 'megatron'"}));
 }
 
-TEST(ConfigResolveAlgorithm, RoutingReplayAndMtpAreRefused) {
+TEST(ConfigResolveAlgorithm, RoutingReplay) {
+  // R3 implies use_routing_replay (its training forwards replay too).
+  auto r3 = LoadMinimal({"algorithm.use_rollout_routing_replay=true"});
+  ASSERT_TRUE(r3.ok()) << r3.status();
+  EXPECT_TRUE(r3->algorithm.use_routing_replay);
+  auto alone = LoadMinimal({"algorithm.use_routing_replay=true"});
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_FALSE(alone->algorithm.use_rollout_routing_replay);
+  // Replaying the old-log-prob forward's routing needs that forward.
+  EXPECT_TRUE(FailsWith(
+      LoadMinimal({"algorithm.use_routing_replay=true", "algorithm.use_rollout_logprobs=true"}),
+      {"algorithm.use_routing_replay replays the routing of the old-log-prob forward, which "
+       "algorithm.use_rollout_logprobs skips"}));
+  EXPECT_TRUE(LoadMinimal({"algorithm.use_rollout_routing_replay=true",
+                           "algorithm.use_rollout_logprobs=true"})
+                  .ok());
+  // Custom generation assembles samples without the engines' routing.
+  for (const std::string key :
+       {"algorithm.use_rollout_routing_replay", "rollout.return_routed_experts"}) {
+    EXPECT_TRUE(FailsWith(LoadMinimal({key + "=true", "rollout.custom_generate=env",
+                                       "rollout.env_url=http://env:8000"}),
+                          {key + " cannot be used with rollout.custom_generate"}))
+        << key;
+  }
+}
+
+TEST(ConfigResolveAlgorithm, MtpIsRefused) {
   // Every refused key is tried in guard_test.cc; these are the messages a user sees.
-  EXPECT_TRUE(FailsWith(LoadMinimal({"algorithm.use_rollout_routing_replay=true"}),
-                        {"algorithm.use_rollout_routing_replay = true: not supported (routing "
-                         "replay is for MoE models"}));
   EXPECT_TRUE(FailsWith(LoadMinimal({"train.enable_mtp_training=true", "train.mtp_num_layers=1"}),
                         {"2 configuration errors",
                          "train.mtp_num_layers = 1: not supported (multi-token prediction is "
@@ -338,6 +365,41 @@ TEST(ConfigResolveCluster, ActorGpusDivisibleByModelParallelism) {
   EXPECT_EQ(DataParallelSize(*pp), 2);
   EXPECT_TRUE(FailsWith(LoadMinimal({"cluster.actor_num_nodes=2"}),
                         {"cluster.actor_num_nodes (2) exceeds cluster.num_nodes (1)"}));
+}
+
+// train.expert_model_parallel_size is carved out of the data-parallel ranks (Megatron's
+// layout): it must divide DP (with TP and PP), and the settings it does not work with yet are
+// refused by name.
+TEST(ConfigResolveCluster, ExpertParallelDividesDataParallel) {
+  auto c = LoadMinimal({"cluster.actor_num_gpus_per_node=4", "train.tensor_model_parallel_size=2",
+                        "train.expert_model_parallel_size=2", "data.rollout_batch_size=8"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(DataParallelSize(*c), 2);
+  EXPECT_EQ(c->train.expert_model_parallel_size, 2);
+  // With pipeline stages: EP divides the DP ranks of each stage.
+  auto pp =
+      LoadMinimal({"cluster.actor_num_nodes=2", "cluster.num_nodes=2",
+                   "cluster.actor_num_gpus_per_node=4", "train.pipeline_model_parallel_size=2",
+                   "train.expert_model_parallel_size=2", "data.rollout_batch_size=8"});
+  ASSERT_TRUE(pp.ok()) << pp.status();
+  EXPECT_EQ(DataParallelSize(*pp), 4);
+  EXPECT_TRUE(FailsWith(
+      LoadMinimal({"cluster.actor_num_gpus_per_node=4", "train.tensor_model_parallel_size=2",
+                   "train.expert_model_parallel_size=4", "data.rollout_batch_size=8"}),
+      {"train.expert_model_parallel_size (4) must divide the data-parallel "
+       "size (2"}));
+  const std::vector<std::string> ep2 = {"cluster.actor_num_gpus_per_node=4",
+                                        "train.expert_model_parallel_size=2",
+                                        "data.rollout_batch_size=8"};
+  for (const auto& [set, key] : std::vector<std::pair<std::string, std::string>>{
+           {"train.use_distributed_optimizer=true", "train.use_distributed_optimizer"},
+           {"train.overlap_grad_reduce=true", "train.overlap_grad_reduce"}}) {
+    std::vector<std::string> sets = ep2;
+    sets.push_back(set);
+    EXPECT_TRUE(FailsWith(LoadMinimal(sets), {"train.expert_model_parallel_size (2)", key})) << set;
+  }
+  EXPECT_TRUE(FailsWith(LoadMinimal({"train.expert_model_parallel_size=0"}),
+                        {"train.expert_model_parallel_size"}));
 }
 
 TEST(ConfigResolveCluster, CapacityCheckedForExplicitDevices) {

@@ -11,10 +11,14 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <tuple>
+
+#include "absl/strings/escaping.h"
 
 #include "engine_test_util.h"
 #include "slime/engine/engine.h"
 #include "slime/engine/model_runner.h"
+#include "slime/engine/protocol.h"
 #include "slime/model/decoder.h"
 #include "slime/engine/sampler.h"
 #include "test_paths.h"
@@ -378,6 +382,178 @@ TEST(MoeEngineTest, GreedyTokensAreTheArgmaxOfTheFullForward) {
       ASSERT_EQ(out.output_ids[step], want) << "request " << out.rid << ", token " << step;
       seq.push_back(want);
     }
+  }
+}
+
+// --- routed experts (return_routed_experts, docs/http-api.md) ---------------------------------
+
+// The MoE engine with --enable-return-routed-experts (chunked prefill of 16, pages of 4).
+std::unique_ptr<Engine> RoutingEngine(const std::string& dir, bool enable) {
+  EngineOptions o;
+  o.model_path = dir;
+  o.device = "cpu";
+  o.dtype = "float32";
+  o.page_size = 4;
+  o.max_total_tokens = 2048;
+  o.context_length = 128;
+  o.chunked_prefill_size = 16;
+  o.max_batch_tokens = 16;
+  o.enable_return_routed_experts = enable;
+  auto engine = Engine::Create(o);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? std::move(*engine) : nullptr;
+}
+
+// Submits every input at once and waits for their final outputs.
+std::vector<RequestOutput> RunAll(Engine& engine, const std::vector<GenerateInput>& inputs) {
+  std::vector<std::promise<RequestOutput>> done(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    engine.Submit(inputs[i], [&done, i](const RequestOutput& out) {
+      if (out.finish.finished()) done[i].set_value(out);
+    });
+  }
+  std::vector<RequestOutput> outs;
+  for (auto& d : done) {
+    std::future<RequestOutput> f = d.get_future();
+    EXPECT_EQ(f.wait_for(std::chrono::seconds(120)), std::future_status::ready);
+    outs.push_back(f.get());
+  }
+  return outs;
+}
+
+// Each request's rows are prompt + output − 1 − routed_experts_start_len, and they are the
+// routing a DecoderModel forward over the whole sequence captures at those positions — chunked
+// prefill next to decodes, and a second round served from the prefix cache alike.
+TEST(MoeEngineTest, RoutedExpertsAreTheFullForwardsRouting) {
+  if (!std::filesystem::exists(test_util::TokenizerDir() + "/tokenizer.json")) {
+    GTEST_SKIP() << "Qwen3 tokenizer missing at " << test_util::TokenizerDir()
+                 << " (scripts/fetch_test_data.sh)";
+  }
+  const std::string dir = test_util::RandomModelDir(
+      "engine-moe-cpu", test_util::TestModelConfig("qwen3-moe-tiny.json"), 3, "fp32");
+  std::unique_ptr<Engine> engine = RoutingEngine(dir, true);
+  ASSERT_NE(engine, nullptr);
+  auto reference = model::DecoderModel::Load(dir, torch::kFloat32, torch::kCPU);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  model::DecoderModel& ref = **reference;
+  const int64_t layers = ref.config().num_hidden_layers;
+  const int64_t k = ref.config().moe.num_experts_per_tok;
+
+  const int new_tokens = 5;
+  std::vector<GenerateInput> inputs;
+  const std::vector<std::pair<int, int64_t>> shapes = {{5, 0}, {23, 7}, {9, 0}};  // (len, start)
+  for (const auto& [len, start] : shapes) {
+    GenerateInput g;
+    g.rid = "r" + std::to_string(inputs.size());
+    for (int32_t t : RandomTokens(len, 150000, 20 + len)) g.input_ids.push_back(t);
+    g.sampling.max_new_tokens = new_tokens;
+    g.sampling.temperature = 0.0;
+    g.sampling.ignore_eos = true;
+    g.return_routed_experts = true;
+    g.routed_experts_start_len = start;
+    inputs.push_back(std::move(g));
+  }
+  ref.set_capture_routed_experts(true);
+  for (int round = 0; round < 2; ++round) {  // round 1: the prompts' pages are in the cache
+    const std::vector<RequestOutput> outs = RunAll(*engine, inputs);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const RequestOutput& out = outs[i];
+      ASSERT_EQ(out.output_ids.size(), static_cast<size_t>(new_tokens)) << out.finish.message;
+      std::vector<int64_t> seq(inputs[i].input_ids.begin(), inputs[i].input_ids.end());
+      seq.insert(seq.end(), out.output_ids.begin(), out.output_ids.end());
+      const int64_t total = static_cast<int64_t>(seq.size());
+      const int64_t start = inputs[i].routed_experts_start_len;
+      const int64_t rows = total - 1 - start;
+      ASSERT_EQ(static_cast<int64_t>(out.routed_experts.size()), rows * layers * k)
+          << "round " << round << ", request " << i;
+      auto hidden = ref.ForwardPacked(torch::tensor(seq, torch::kLong), {0, total});
+      ASSERT_TRUE(hidden.ok()) << hidden.status();
+      std::vector<torch::Tensor> per_layer;
+      for (const torch::Tensor& r : ref.routed_experts()) per_layer.push_back(r.narrow(0, start, rows));
+      const torch::Tensor want = torch::stack(per_layer, 1).to(torch::kInt);  // [rows, layers, k]
+      const torch::Tensor got =
+          torch::tensor(out.routed_experts, torch::kInt).reshape({rows, layers, k});
+      EXPECT_TRUE(torch::equal(got, want)) << "round " << round << ", request " << i;
+      if (round == 1 && start == 0) EXPECT_EQ(out.cached_tokens, 0) << "start 0 bypasses the cache";
+    }
+  }
+
+  // The JSON answer: base64 of the little-endian int32 rows.
+  GenerateInput in = inputs[0];
+  RequestOutput out;
+  out.routed_experts = {1, 258, -1};
+  const nlohmann::json j = GenerateOutputJson(out, in, nullptr, false, false);
+  std::string bytes;
+  ASSERT_TRUE(absl::Base64Unescape(j["meta_info"]["routed_experts"].get<std::string>(), &bytes));
+  EXPECT_EQ(bytes, std::string("\x01\x00\x00\x00\x02\x01\x00\x00\xff\xff\xff\xff", 12));
+  in.return_routed_experts = false;
+  EXPECT_FALSE(GenerateOutputJson(out, in, nullptr, false, false)["meta_info"].contains(
+      "routed_experts"));
+}
+
+// The request fields: refused (400 naming the field or the flag) without the serve flag or on a
+// dense model, and for a routed_experts_start_len outside the prompt; the engine itself aborts
+// such a request with 400 when submitted directly.
+TEST(MoeEngineTest, RoutedExpertsNeedTheFlagAndASparseModel) {
+  if (!std::filesystem::exists(test_util::TokenizerDir() + "/tokenizer.json")) {
+    GTEST_SKIP() << "Qwen3 tokenizer missing at " << test_util::TokenizerDir()
+                 << " (scripts/fetch_test_data.sh)";
+  }
+  auto tok = tokenizer::Tokenizer::FromDirectory(test_util::TokenizerDir());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  ProtocolLimits limits;
+  limits.context_length = 128;
+  limits.vocab_size = 151936;
+  const nlohmann::json body = {{"input_ids", {1, 2, 3}},
+                               {"sampling_params", {{"max_new_tokens", 4}}},
+                               {"return_routed_experts", true}};
+  auto parse = [&](const nlohmann::json& b) {
+    return ParseGenerateRequest(b, tok->get(), limits, nullptr);
+  };
+  limits.moe_model = false;
+  limits.enable_return_routed_experts = true;
+  auto dense = parse(body);
+  ASSERT_FALSE(dense.ok());
+  EXPECT_NE(dense.status().message().find("return_routed_experts"), std::string::npos);
+  EXPECT_NE(dense.status().message().find("mixture-of-experts"), std::string::npos);
+  limits.moe_model = true;
+  limits.enable_return_routed_experts = false;
+  auto off = parse(body);
+  ASSERT_FALSE(off.ok());
+  EXPECT_NE(off.status().message().find("--enable-return-routed-experts"), std::string::npos);
+  limits.enable_return_routed_experts = true;
+  nlohmann::json far = body;
+  far["routed_experts_start_len"] = 3;
+  auto bad_start = parse(far);
+  ASSERT_FALSE(bad_start.ok());
+  EXPECT_NE(bad_start.status().message().find("routed_experts_start_len"), std::string::npos);
+  far["routed_experts_start_len"] = 2;
+  auto ok = parse(far);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->inputs[0].return_routed_experts);
+  EXPECT_EQ(ok->inputs[0].routed_experts_start_len, 2);
+  limits.enable_return_routed_experts = false;  // off by default: neither is needed
+  EXPECT_TRUE(parse({{"input_ids", {1, 2}}, {"sampling_params", {{"max_new_tokens", 4}}}}).ok());
+
+  // The engine without the flag, and a dense engine with it: aborted with 400.
+  const std::string moe = test_util::RandomModelDir(
+      "engine-moe-cpu", test_util::TestModelConfig("qwen3-moe-tiny.json"), 3, "fp32");
+  const std::string dense_dir = test_util::RandomModelDir(
+      "engine-dense-cpu", test_util::TestModelConfig("qwen3-tiny.json"), 3, "fp32");
+  for (const auto& [dir, enable, what] :
+       {std::tuple<std::string, bool, std::string>{moe, false, "--enable-return-routed-experts"},
+        {dense_dir, true, "mixture-of-experts"}}) {
+    std::unique_ptr<Engine> engine = RoutingEngine(dir, enable);
+    ASSERT_NE(engine, nullptr);
+    GenerateInput g;
+    g.rid = "x";
+    g.input_ids = {1, 2, 3};
+    g.sampling.max_new_tokens = 2;
+    g.return_routed_experts = true;
+    const RequestOutput out = RunAll(*engine, {g})[0];
+    EXPECT_EQ(out.finish.type, FinishType::kAbort);
+    EXPECT_EQ(out.finish.status_code.value_or(0), 400);
+    EXPECT_NE(out.finish.message.find(what), std::string::npos) << out.finish.message;
   }
 }
 

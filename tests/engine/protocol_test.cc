@@ -398,7 +398,9 @@ TEST_F(GenerateParseTest, EveryBadInputIsA400NamingTheField) {
        "multimodal input is not supported"},
       {R"({"input_ids": [1], "lora_path": "my-lora"})", "lora_path", "LoRA"},
       {R"({"input_ids": [1], "return_routed_experts": true})", "return_routed_experts",
-       "not returned"},
+       "needs a mixture-of-experts model"},  // a dense model (the default limits)
+      {R"({"input_ids": [1], "routed_experts_start_len": "0"})", "routed_experts_start_len",
+       "must be an integer"},
       {R"({"input_ids": [1], "token_ids_logprob": [1, 2]})", "token_ids_logprob", "not supported"},
       {R"({"input_ids": [1], "return_hidden_states": true})", "return_hidden_states",
        "not supported"},

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "child_process.h"
+#include "job_runs.h"
 #include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -57,6 +58,12 @@ using slime::testing::Child;
 using slime::testing::ReadFile;
 using slime::testing::ReadJsonl;
 using slime::testing::WorkerPid;
+using slime::testing::ExpectEnginesMatchTrainer;
+using slime::testing::ExpectSameTrainMetrics;
+using slime::testing::ReadLogs;
+using slime::testing::RunToCompletion;
+using slime::testing::StepValues;
+using slime::testing::WriteTinyJob;
 class DriverE2eTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -87,61 +94,20 @@ class DriverE2eTest : public ::testing::Test {
     fs::create_directories(dir_);
   }
 
-  // Trains the rollouts saved under `rollouts` (debug.load_debug_rollout_data; no engines) on
-  // `trainers` trainer processes at tensor-parallel size `tp` and pipeline-parallel size `pp`
-  // with `extra` arguments, in dir_/name (its own run dir and checkpoints). Returns the steps'
-  // train/* values (empty, with a test failure, when the run fails) and its logs in *logs.
   std::map<int64_t, nlohmann::json> TrainSavedRollouts(const fs::path& config,
                                                        const std::string& rollouts,
                                                        const std::string& name, int trainers,
                                                        int tp, int pp,
                                                        const std::vector<std::string>& extra,
-                                                       std::string* logs);
+                                                       std::string* logs) {
+    return testing::TrainSavedRollouts(dir_, config, rollouts, name, trainers, tp, pp, extra,
+                                       logs);
+  }
 
   // A config for the tiny model: 2 engines + 1 trainer on CPU slots, 4 prompts × 2 samples of
   // at most 6 tokens per rollout, eval on 6 held-out prompts every rollout.
   fs::path WriteConfig(int num_rollout, const std::string& extra = "") {
-    const std::string src = SourceDir();
-    std::string yaml = "cluster:\n"
-                       "  device: cpu\n"
-                       "  cpu_slots_per_node: 4\n"
-                       "  actor_num_nodes: 1\n"
-                       "  actor_num_gpus_per_node: 1\n"
-                       "  rollout_num_gpus: 2\n"
-                       "  rollout_num_gpus_per_engine: 1\n"
-                       "  run_dir: " + (dir_ / "run").string() + "\n"
-                       "model:\n"
-                       "  hf_checkpoint: " + (*root_ / "model").string() + "\n"
-                       "data:\n"
-                       "  prompt_data: " + src + "/data/demo/train.jsonl@[0:40]\n"
-                       "  label_key: label\n"
-                       "  apply_chat_template: true\n"
-                       "  rollout_batch_size: 4\n"
-                       "  n_samples_per_prompt: 2\n"
-                       "  num_rollout: " + std::to_string(num_rollout) + "\n"
-                       "eval:\n"
-                       "  interval: 1\n"
-                       "  temperature: 0.0\n"
-                       "  datasets:\n"
-                       "    - name: add2\n"
-                       "      path: " + src + "/data/demo/eval.jsonl@[0:6]\n"
-                       "rollout:\n"
-                       "  max_response_len: 6\n"
-                       "  shuffle: true\n"
-                       "reward:\n"
-                       "  rm_type: exact_match\n"
-                       "train:\n"
-                       "  bf16: false\n"
-                       "  lr: 1.0e-4\n"
-                       "  global_batch_size: 8\n"
-                       "  micro_batch_size: 4\n"
-                       "checkpoint:\n"
-                       "  save: " + (dir_ / "ckpt").string() + "\n"
-                       "  load: " + (dir_ / "ckpt").string() + "\n"
-                       "  save_interval: 1\n" + extra;
-    const fs::path path = dir_ / "job.yaml";
-    std::ofstream(path) << yaml;
-    return path;
+    return WriteTinyJob(dir_, *root_ / "model", num_rollout, extra);
   }
 
   static std::string* skip_;
@@ -439,30 +405,6 @@ pid_t KillEngineOneDuringRolloutOne(Child& run, const fs::path& run_dir) {
   const pid_t pid = WorkerPid(run_dir, "engine-1");
   if (pid > 0) ::kill(pid, SIGKILL);
   return pid;
-}
-
-std::string ReadLogs(const fs::path& run_dir, const Child& run) {
-  std::string all = run.err();
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(run_dir / "logs", ec)) all += ReadFile(entry.path());
-  return all;
-}
-
-// Runs slime_train with `args` in `dir` (its run dir dir/run) for at most `limit` and puts its
-// logs (stderr and the run's log files) in *logs; false, with a test failure naming `label` and
-// showing both outputs, when it did not exit with 0.
-bool RunToCompletion(const std::vector<std::string>& args, const fs::path& dir,
-                     std::chrono::seconds limit, const std::string& label, std::string* logs) {
-  Child child(args, dir);
-  const std::optional<int> code = child.Wait(limit);
-  *logs = ReadLogs(dir / "run", child);
-  if (code == 0) return true;
-  ADD_FAILURE() << label << " exited with "
-                << (code.has_value() ? std::to_string(*code) : std::string("a timeout"))
-                << "\nstdout:\n"
-                << child.out() << "\nstderr:\n"
-                << *logs;
-  return false;
 }
 
 TEST_F(DriverE2eTest, AnEngineKilledMidRolloutIsRestartedResyncedAndItsGroupsRetried) {
@@ -877,83 +819,6 @@ TEST_F(DriverE2eTest, TwoDataParallelTrainersMatchOneTrainer) {
       EXPECT_GT(one["train/grad_norm"].get<double>(), 0.0) << "step " << step;
     }
   }
-}
-
-// The per-step train/* values of a run's metrics.jsonl (the rollout summary lines repeat the
-// last step's values and carry no "step").
-std::map<int64_t, Json> StepValues(const fs::path& metrics) {
-  std::map<int64_t, Json> out;
-  for (const Json& r : ReadJsonl(metrics)) {
-    if (!r.contains("train/grad_norm") || !r.contains("step") || !r["step"].is_number()) continue;
-    Json values = Json::object();
-    for (const auto& [k, v] : r.items()) {
-      if (k.rfind("train/", 0) == 0 && v.is_number()) values[k] = v;
-    }
-    out[r.value("step", int64_t{-1})] = values;
-  }
-  return out;
-}
-
-// Every step's train_rollout_logprob_abs_diff (the engines' log-probs of the step's samples
-// against the trainer's recomputed ones) is at float32 noise: the engines generated with the
-// trainer's weights of that step.
-void ExpectEnginesMatchTrainer(const std::map<int64_t, Json>& steps, const std::string& label) {
-  const std::string key = "train/train_rollout_logprob_abs_diff";
-  for (const auto& [step, values] : steps) {
-    ASSERT_TRUE(values.contains(key)) << label << ": " << values.dump();
-    std::cout << label << " step " << step << ": train_rollout_logprob_abs_diff " << values[key]
-              << "\n";
-    EXPECT_LT(values[key].get<double>(), 2e-5)
-        << label << " step " << step << ": the engines' log-probs differ from the trainer's";
-  }
-}
-
-// Each of `runs` has the reference run's steps with the same loss, pg_loss, entropy loss and
-// gradient norm within float32 tolerance (and the reference's gradient norm is not zero).
-void ExpectSameTrainMetrics(const std::map<std::string, std::map<int64_t, Json>>& steps,
-                            const std::string& reference, const std::vector<std::string>& runs) {
-  const std::map<int64_t, Json>& one = steps.at(reference);
-  ASSERT_EQ(one.size(), 2u) << reference;
-  for (const std::string& run : runs) {
-    const std::map<int64_t, Json>& other = steps.at(run);
-    ASSERT_EQ(other.size(), one.size()) << run;
-    for (const auto& [step, ref] : one) {
-      ASSERT_TRUE(other.count(step)) << run << " step " << step;
-      const Json& got = other.at(step);
-      for (const std::string key :
-           {"train/grad_norm", "train/loss", "train/pg_loss", "train/entropy_loss"}) {
-        ASSERT_TRUE(ref.contains(key)) << key << ": " << ref.dump();
-        ASSERT_TRUE(got.contains(key)) << key << " at step " << step << ": " << got.dump();
-        const double a = ref[key].get<double>(), b = got[key].get<double>();
-        std::cout << run << " step " << step << " " << key << ": " << b << " (" << reference
-                  << " " << a << ")\n";
-        EXPECT_NEAR(a, b, 1e-5 + 1e-4 * std::abs(a)) << key << " at step " << step << ", " << run;
-      }
-      EXPECT_GT(ref["train/grad_norm"].get<double>(), 0.0) << "step " << step;
-    }
-  }
-}
-
-std::map<int64_t, Json> DriverE2eTest::TrainSavedRollouts(
-    const fs::path& config, const std::string& rollouts, const std::string& name, int trainers,
-    int tp, int pp, const std::vector<std::string>& extra, std::string* logs) {
-  const fs::path run = dir_ / name;
-  fs::create_directories(run);
-  std::vector<std::string> args = {
-      "--config", config.string(),
-      "--set",    "debug.save_debug_rollout_data=null",
-      "--set",    "debug.load_debug_rollout_data=" + rollouts,
-      "--set",    "cluster.rollout_num_gpus=0",
-      "--set",    "cluster.actor_num_gpus_per_node=" + std::to_string(trainers),
-      "--set",    "train.tensor_model_parallel_size=" + std::to_string(tp),
-      "--set",    "train.pipeline_model_parallel_size=" + std::to_string(pp),
-      "--set",    "cluster.run_dir=" + (run / "run").string(),
-      "--set",    "checkpoint.save=" + (run / "ckpt").string(),
-      "--set",    "checkpoint.load=" + (run / "ckpt").string()};
-  args.insert(args.end(), extra.begin(), extra.end());
-  if (!RunToCompletion(args, run, std::chrono::seconds(400), name, logs)) return {};
-  EXPECT_TRUE(fs::exists(run / "ckpt" / "latest_checkpointed_iteration.txt")) << name;
-  return StepValues(run / "run" / "metrics.jsonl");
 }
 
 // debug.deterministic_mode: engines and trainer run the batch-invariant kernels, so every step's

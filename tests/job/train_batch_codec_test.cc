@@ -21,6 +21,8 @@ data::RolloutBatch TwoSamples() {
   a.rollout_log_probs = {-0.25f, -1.5f};
   a.rollout_id = 7;
   a.truncated = true;
+  a.rollout_routed_experts = {0, 3, 1, 2, 4, 5, 6, 7};  // 4 rows (tokens − 1) of 1 layer × top-2
+  a.routed_experts_per_token = 2;
   data::TrainSample b;
   b.tokens = {9, 8};
   b.prompt_length = 1;
@@ -49,10 +51,14 @@ TEST(TrainBatchCodecTest, RoundTripKeepsEveryField) {
   EXPECT_TRUE(a.teacher_log_probs.empty());
   EXPECT_EQ(a.rollout_id, 7);
   EXPECT_TRUE(a.truncated);
+  EXPECT_EQ(a.rollout_routed_experts, in.samples[0].rollout_routed_experts);
+  EXPECT_EQ(a.routed_experts_per_token, 2);
   const data::TrainSample& b = out->batch.samples[1];
   EXPECT_EQ(b.teacher_log_probs, std::vector<float>{-3.0f});
   EXPECT_EQ(b.rollout_id, -1);
   EXPECT_FALSE(b.truncated);
+  EXPECT_TRUE(b.rollout_routed_experts.empty());
+  EXPECT_EQ(b.routed_experts_per_token, 0);
 }
 
 TEST(TrainBatchCodecTest, RefusesGarbageAndInconsistentSamples) {
@@ -72,6 +78,22 @@ TEST(TrainBatchCodecTest, RefusesGarbageAndInconsistentSamples) {
   bad = DecodeTrainBatch(proto.SerializeAsString());
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("rollout_log_probs"), std::string::npos);
+
+  // Routing rows past tokens − 1, or not whole rows.
+  proto.ParseFromString(EncodeTrainBatch(1, TwoSamples()));
+  proto.mutable_samples(0)->add_rollout_routed_experts(1);
+  proto.mutable_samples(0)->add_rollout_routed_experts(2);
+  bad = DecodeTrainBatch(proto.SerializeAsString());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("rollout_routed_experts has 10 entries"),
+            std::string::npos)
+      << bad.status();
+  proto.ParseFromString(EncodeTrainBatch(1, TwoSamples()));
+  proto.mutable_samples(0)->set_routed_experts_per_token(3);
+  bad = DecodeTrainBatch(proto.SerializeAsString());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("sample 0"), std::string::npos)
+      << bad.status();
 }
 
 }  // namespace

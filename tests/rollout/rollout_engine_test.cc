@@ -3,8 +3,9 @@
 // rewards from the reward module (a remote reward model served over HTTP by this test, and
 // exact_match). Covers routing (a group stays on one engine, both engines are used), the
 // per-engine concurrency limit seen from the engines, the dynamic filter, abort at the end of a
-// rollout, partial-rollout resumption with off-policy masking, eval with pass@k, and an engine
-// lost mid-rollout (recovered through EngineRecovery, its groups retried whole).
+// rollout, partial-rollout resumption with off-policy masking, eval with pass@k, an engine
+// lost mid-rollout (recovered through EngineRecovery, its groups retried whole), and the
+// routed experts of a mixture-of-experts engine carried into the samples (routing replay).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@
 #include "slime/engine/server.h"
 #include "slime/http/server.h"
 #include "slime/metrics/registry.h"
+#include "slime/model/decoder.h"
 #include "slime/model/init_random_model.h"
 #include "slime/reward/reward.h"
 #include "slime/rollout/coordinator.h"
@@ -523,6 +525,60 @@ TEST_F(RolloutEngineTest, AFailedRecoveryFailsTheRolloutWithItsError) {
   EXPECT_NE(r.status().message().find("engine-c died"), std::string::npos) << r.status();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   EXPECT_EQ(recovery.recovered(), std::vector<int>{1});
+}
+
+// Routing replay's data path (docs/algorithms.md, "Routing replay"): a tiny random Qwen3-MoE
+// engine started with --enable-return-routed-experts, behind its HTTP server; the rollout asks
+// for return_routed_experts and every sample ends with one row per token but its last
+// (slime's [len(tokens) − 1, layers, top_k]), equal to the routing a full forward of the
+// sample's tokens makes.
+TEST_F(RolloutEngineTest, SamplesCarryTheMoeEnginesRoutedExperts) {
+  const std::string tok = SourceDir() + "/.cache/testdata/qwen3";
+  const std::string dir = model_dir_ + "-moe";
+  testing::RemoveTree(dir);
+  Status init = model::InitRandomModel(
+      SourceDir() + "/tests/data/model/configs/qwen3-moe-tiny.json", tok, dir, 3, "fp32");
+  ASSERT_TRUE(init.ok()) << init;
+  auto moe = StartTestEngine({.model_dir = dir, .enable_return_routed_experts = true});
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  auto source = Source({{"Route me", "x"}, {"And route me too, a longer prompt here", "x"}}, 2);
+  PromptGroupSource groups(source.get());
+  RolloutCoordinator c;
+  RolloutOptions o = Options(2, 2, 4);
+  o.engines.addresses = {(*moe)->url()};
+  o.sampling.return_routed_experts = true;
+  ASSERT_TRUE(c.Configure(o, &groups, reward_.get()).ok());
+  auto r = c.Generate(0);
+  (*moe)->server->Stop();
+  ASSERT_TRUE(r.ok()) << r.status();
+
+  auto loaded = model::DecoderModel::Load(dir, torch::kFloat32, torch::kCPU);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  model::DecoderModel& ref = **loaded;
+  const int64_t layers = ref.config().num_hidden_layers;
+  const int64_t k = ref.config().moe.num_experts_per_tok;
+  ref.set_capture_routed_experts(true);
+  int checked = 0;
+  for (const auto& g : r->groups) {
+    for (const data::Sample& s : g) {
+      const int64_t rows = static_cast<int64_t>(s.tokens.size()) - 1;
+      ASSERT_EQ(s.routed_experts_per_token, layers * k) << "sample " << s.index;
+      ASSERT_EQ(s.RoutedRows(), rows) << "sample " << s.index;
+      EXPECT_TRUE(s.Validate().ok());
+      std::vector<int64_t> ids(s.tokens.begin(), s.tokens.end());
+      auto hidden = ref.ForwardPacked(torch::tensor(ids, torch::kLong), {0, rows + 1});
+      ASSERT_TRUE(hidden.ok()) << hidden.status();
+      std::vector<torch::Tensor> per_layer;
+      for (const torch::Tensor& t : ref.routed_experts()) per_layer.push_back(t.narrow(0, 0, rows));
+      const torch::Tensor want = torch::stack(per_layer, 1).to(torch::kInt);  // [rows, layers, k]
+      const torch::Tensor got =
+          torch::tensor(s.rollout_routed_experts, torch::kInt).reshape({rows, layers, k});
+      EXPECT_TRUE(torch::equal(got, want)) << "sample " << s.index;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 4);
+  testing::RemoveTree(dir);
 }
 
 }  // namespace

@@ -34,6 +34,7 @@ struct TestEngineSpec {
   std::string weight_version = "default";  // shows which engine served a sample
   int64_t max_total_tokens = 16384;
   int64_t context_length = 512;
+  bool enable_return_routed_experts = false;  // serve --enable-return-routed-experts (MoE)
 };
 
 inline StatusOr<std::unique_ptr<TestEngine>> StartTestEngine(const TestEngineSpec& spec) {
@@ -48,6 +49,7 @@ inline StatusOr<std::unique_ptr<TestEngine>> StartTestEngine(const TestEngineSpe
   o.context_length = spec.context_length;
   o.random_seed = 1;
   o.weight_version = spec.weight_version;
+  o.enable_return_routed_experts = spec.enable_return_routed_experts;
   o.metrics = e->registry.get();
   SLIME_ASSIGN_OR_RETURN(e->engine, engine::Engine::Create(o));
   engine::EngineServerOptions so;

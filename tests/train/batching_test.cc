@@ -79,6 +79,26 @@ TEST(FlopsTest, HandComputedFormula) {
   EXPECT_EQ(PaddedTokens(257, 2, 128), 512);
 }
 
+TEST(FlopsTest, SparseLayersCountTheRouterAndTheActiveExperts) {
+  // Two layers, one sparse (E 4 experts, k 2 of width I 3), H 2, q = kv = 1 × 2, F 5, V 5:
+  //   attention per layer 2·2·(2 + 4) + 2·2·2 = 32; dense MLP 6·2·5 = 60;
+  //   sparse: router 2·2·4 = 16, experts 6·2·(2·3) = 72; LM head 2·2·5 = 20;
+  //   linear 2·32 + 60 + 16 + 72 + 20 = 232; quadratic 2·2·2 = 8.
+  FlopsModel m{.num_layers = 2,
+               .hidden_size = 2,
+               .num_attention_heads = 1,
+               .num_key_value_heads = 1,
+               .head_dim = 2,
+               .intermediate_size = 5,
+               .vocab_size = 5,
+               .sparse_layers = 1,
+               .num_experts = 4,
+               .experts_per_token = 2,
+               .moe_intermediate_size = 3};
+  EXPECT_DOUBLE_EQ(EstimateForwardFlops(m, 1), 240.0);
+  EXPECT_DOUBLE_EQ(EstimateForwardFlops(m, 3), 232.0 * 3 + 8.0 * 9);
+}
+
 TEST(SplitIntoStepsTest, OneSamplePerRollout) {
   auto split = SplitIntoSteps(10, 4);
   ASSERT_TRUE(split.ok()) << split.status();

@@ -33,6 +33,7 @@ struct ServeOptions {
   int64_t context_length = 0;
   bool disable_radix_cache = false;
   bool enable_deterministic_inference = false;
+  bool enable_return_routed_experts = false;
   int64_t random_seed = 0;
   int64_t stream_interval = 1;
   int64_t cuda_graph_max_bs = 256;

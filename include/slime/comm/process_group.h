@@ -36,7 +36,8 @@
 // makes both backends) do not interoperate.
 //
 // Model parallelism: comm/tensor_parallel_group.h adapts a ProcessGroup to the model's
-// TensorParallelGroup and PipelineParallelGroup interfaces (the model does not depend on comm).
+// TensorParallelGroup, PipelineParallelGroup and ExpertParallelGroup interfaces (the model does
+// not depend on comm).
 //
 // Thread-safety: collectives on one group must be issued in the same order on every rank, by one
 // thread at a time (the engine thread, or the sender). broken()/rank()/... may be read anywhere.
@@ -123,6 +124,19 @@ class ProcessGroup {
   // has the input's dtype and device.
   StatusOr<torch::Tensor> ReduceScatterSum(const torch::Tensor& tensor,
                                            const std::string& name = "", double timeout_s = 0);
+  // Exchanges rows with every rank (c10d alltoall_base with split sizes; expert parallelism's
+  // token dispatch): rows [sum(send_splits[0..r)), +send_splits[r]) of `input` [N, ...] go to
+  // rank r; the result [sum(recv_splits), ...] holds, in rank order, the rows each rank sent
+  // here. send_splits and recv_splits have world_size entries, >= 0; send_splits sums to N;
+  // recv_splits[r] must equal rank r's send_splits[this rank] (exchange the counts first, e.g.
+  // with an AllToAll of one row per rank) — a mismatch fails or hangs until the deadline as a
+  // missing peer does. Every rank must pass the same trailing shape and dtype. Zero splits and
+  // N = 0 are fine. Any dtype (Gloo moves raw bytes); the result has the input's dtype and
+  // device. InvalidArgument (before anything is sent) for wrong split counts or sums.
+  StatusOr<torch::Tensor> AllToAll(const torch::Tensor& input,
+                                   const std::vector<int64_t>& send_splits,
+                                   const std::vector<int64_t>& recv_splits,
+                                   const std::string& name = "", double timeout_s = 0);
   // Point-to-point (c10d send / recv, tag 0), for pipeline stages. Send blocks until `tensor`
   // has gone to rank `dst` (its Recv from this rank must be posted: both backends hand the
   // bytes over only then); Recv blocks until rank `src`'s Send of the same shape and dtype

@@ -18,6 +18,7 @@
 #include <memory>
 
 #include "slime/comm/process_group.h"
+#include "slime/model/expert_parallel.h"
 #include "slime/model/pipeline_parallel.h"
 #include "slime/model/tensor_parallel.h"
 
@@ -55,6 +56,26 @@ class ProcessGroupPipelineParallel final : public model::PipelineParallelGroup {
   Status SendRecv(const at::Tensor& send, int dst, at::Tensor& recv, int src) override;
   Status Broadcast(at::Tensor& tensor, int root) override;
   Status AllReduceSum(at::Tensor& tensor) override;
+  ProcessGroup& process_group() { return *group_; }
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+};
+
+// The model's ExpertParallelGroup (model/expert_parallel.h) over a ProcessGroup whose ranks are
+// the expert-parallel ranks (rank() == ep rank): in the trainer the ranks of one pipeline and
+// tensor-parallel rank with consecutive data-parallel ranks (Megatron's layout). Errors throw
+// like the TP adapter's (they run inside the forward and the autograd backward).
+// Thread-safety: as ProcessGroup.
+class ProcessGroupExpertParallel final : public model::ExpertParallelGroup {
+ public:
+  // `group` must be joined.
+  explicit ProcessGroupExpertParallel(std::shared_ptr<ProcessGroup> group)
+      : group_(std::move(group)) {}
+  int rank() const override { return group_->rank(); }
+  int size() const override { return group_->world_size(); }
+  at::Tensor AllToAll(const at::Tensor& input, const std::vector<int64_t>& send_splits,
+                      const std::vector<int64_t>& recv_splits) override;
   ProcessGroup& process_group() { return *group_; }
 
  private:

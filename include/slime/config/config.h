@@ -72,6 +72,7 @@ struct RolloutConfig {
   std::optional<int> max_prompt_len;  // resolved: max_context_len − 1 when that is set
   std::optional<int> max_response_len;
   bool skip_special_tokens = false;
+  bool return_routed_experts = false;  // engines return each token's MoE routing
   std::vector<std::string> stop;
   std::vector<int> stop_token_ids;
   bool shuffle = false;
@@ -204,6 +205,8 @@ struct AlgorithmConfig {
   bool get_mismatch_metrics = false;
   bool use_opsm = false;
   double opsm_delta = 1e-4;
+  // Routing replay (src/train/routing_replay.h): replay the old-log-prob forward's MoE routing
+  // in the training forwards; the rollout's (R3) in every actor forward.
   bool use_routing_replay = false;  // resolved: true with use_rollout_routing_replay
   bool use_rollout_routing_replay = false;
   int num_critic_only_steps = 0;
@@ -251,6 +254,7 @@ struct TrainConfig {
   int data_pad_size_multiplier = 128;
   int tensor_model_parallel_size = 1;
   int pipeline_model_parallel_size = 1;
+  int expert_model_parallel_size = 1;  // carved out of the data-parallel ranks (MoE only)
   int context_parallel_size = 1;
   bool sequence_parallel = false;  // resolved: false when tensor_model_parallel_size == 1
   bool bf16 = true;

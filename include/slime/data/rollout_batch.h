@@ -32,6 +32,11 @@ struct TrainSample {
   // the sample is a rollout of its own (the usual case). This is not the prompt group.
   int64_t rollout_id = -1;
   bool truncated = false;  // stopped at max_response_len (logged)
+  // The engine's routing (routing replay, docs/algorithms.md): [rows, layers, top_k] int32
+  // flattened, the experts of positions 0..rows−1 (rows <= P + R − 1), or empty.
+  // routed_experts_per_token = layers × top_k (0 while empty).
+  std::vector<int32_t> rollout_routed_experts;
+  int64_t routed_experts_per_token = 0;
 };
 
 struct RolloutBatch {

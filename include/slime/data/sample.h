@@ -20,6 +20,9 @@
 //   3. rollout_log_probs and teacher_log_probs are each empty (not recorded) or have
 //      response_length entries.
 //   4. metadata is a JSON object.
+//   5. rollout_routed_experts is empty, or holds rows × routed_experts_per_token entries with
+//      routed_experts_per_token > 0 and rows <= tokens.size() − 1 (rows < tokens − 1 only
+//      between a tool span and the next engine call).
 // A group is the n_samples_per_prompt samples of one prompt; they share group_index and have
 // consecutive `index` values.
 //
@@ -73,6 +76,12 @@ struct Sample {
   SampleStatus status = SampleStatus::kPending;
   nlohmann::ordered_json metadata = nlohmann::ordered_json::object();  // rm_type, tools, ...
   std::vector<std::string> weight_versions;  // engine weight version of each generated span
+  // Routing replay (docs/algorithms.md, "Routing replay"): the engine's experts of positions
+  // 0..rows−1 of `tokens`, [rows, layers, top_k] int32 flattened (slime's
+  // rollout_routed_experts; row i is the routing of token i, the last token is never fed), or
+  // empty. routed_experts_per_token = layers × top_k (0 while empty).
+  std::vector<int32_t> rollout_routed_experts;
+  int64_t routed_experts_per_token = 0;
   bool remove_sample = false;                // excluded from training (loss mask forced to 0)
 
   int64_t PromptLength() const { return static_cast<int64_t>(tokens.size()) - response_length; }
@@ -92,7 +101,18 @@ struct Sample {
   // "abort" → kAborted. Error: any other reason (status unchanged).
   Status SetStatusFromFinishReason(std::string_view finish_reason);
 
-  // Checks invariants 1–4; the message names the sample index and the broken field.
+  // Appends an engine's routing of positions [RoutedRows(), RoutedRows() + rows) (its answer to
+  // routed_experts_start_len = RoutedRows()): `experts` is [rows, per_token] flattened.
+  // InvalidArgument naming the sizes when per_token differs from the rows already held or the
+  // rows would pass tokens.size() − 1.
+  Status AppendRoutedExperts(std::span<const int32_t> experts, int64_t rows, int64_t per_token);
+  int64_t RoutedRows() const {
+    return routed_experts_per_token > 0
+               ? static_cast<int64_t>(rollout_routed_experts.size()) / routed_experts_per_token
+               : 0;
+  }
+
+  // Checks invariants 1–5; the message names the sample index and the broken field.
   Status Validate() const;
 };
 

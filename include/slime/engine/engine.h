@@ -94,6 +94,9 @@ struct EngineOptions {
   // the process-wide switch on. CPU and CUDA (the CUDA kernels in CUDA builds); decode CUDA
   // graphs and the fused decode kernels are off in the mode.
   bool deterministic_inference = false;
+  // SGLang's --enable-return-routed-experts: honour GenerateInput::return_routed_experts (a
+  // mixture-of-experts model; otherwise such a request is a 400 naming the flag).
+  bool enable_return_routed_experts = false;
   std::string weight_version = "default";
   metrics::Registry* metrics = nullptr;  // not owned; null = no metrics
 };
@@ -203,6 +206,8 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
   const model::ModelConfig& model_config() const;
+  // The model has a sparse (mixture-of-experts) layer: return_routed_experts applies.
+  bool routes_experts() const;
   int64_t context_length() const { return context_length_; }
   const std::vector<int32_t>& eos_token_ids() const { return eos_ids_; }
 

@@ -20,7 +20,11 @@
 //   * unknown top-level and sampling_params keys are ignored (a router may add or drop keys) and
 //     reported once per key name through UnknownFieldLog; known SGLang features this engine does
 //     not implement (multimodal data, LoRA, sessions, grammars, stop_regex, hidden states, routed
-//     experts, token_ids_logprob, custom logit processors) are refused when set, naming the field.
+//     token_ids_logprob, custom logit processors) are refused when set, naming the field;
+//   * `return_routed_experts` (bool) and `routed_experts_start_len` (int, 0 <= it < every
+//     prompt's length) apply to every input; return_routed_experts needs
+//     ProtocolLimits::enable_return_routed_experts and moe_model (else 400 naming the flag or
+//     the model).
 // Every validation error is an InvalidArgument (HTTP 400) whose message names the field — with
 // its index in a batch — and the allowed values; FieldError() also records the field as the
 // status payload so an OpenAI-shaped error can fill "param".
@@ -52,6 +56,10 @@ namespace slime::engine {
 struct ProtocolLimits {
   int64_t context_length = 0;  // prompt + output tokens must fit; prompt must be shorter
   int64_t vocab_size = 0;      // token ids must be in [0, vocab_size)
+  // return_routed_experts is honoured only with both: the engine was started with
+  // --enable-return-routed-experts and its model has sparse (mixture-of-experts) layers.
+  bool enable_return_routed_experts = false;
+  bool moe_model = false;
 };
 
 // Bounds on what one request may expand into (a request is parsed into prompts × n inputs before
@@ -119,8 +127,10 @@ Status ValidatePrompt(std::string_view field, std::span<const int32_t> ids,
 // The response object of one input (a non-streaming answer, or one cumulative SSE chunk):
 // {"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
 //  "completion_tokens", "cached_tokens", "weight_version", "num_retractions",
-//  "e2e_latency" (finished only), and with in.return_logprob: "output_token_logprobs",
-//  "input_token_logprobs", "output_token_logprobs_length", and with top_logprobs_num > 0:
+//  "e2e_latency" (finished only), with in.return_routed_experts "routed_experts" (base64 of the
+//  little-endian int32 [rows, layers, top_k] array), and with in.return_logprob:
+//  "output_token_logprobs", "input_token_logprobs", "output_token_logprobs_length", and with
+//  top_logprobs_num > 0:
 //  "output_top_logprobs", "input_top_logprobs"}} plus top-level "index" when include_index
 // (streamed batch). Logprob entries are [logprob, id, text] triples whose text is null unless
 // return_text_in_logprobs (then the token's own decode, lossy, special tokens kept); an input

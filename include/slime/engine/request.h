@@ -55,6 +55,10 @@ struct GenerateInput {
   bool return_logprob = false;
   int64_t logprob_start_len = -1;     // first prompt position with an input logprob; -1: none
   int64_t top_logprobs_num = 0;       // top alternatives per returned position
+  // SGLang's return_routed_experts: the experts of every position fed through the model from
+  // routed_experts_start_len on (RequestOutput::routed_experts).
+  bool return_routed_experts = false;
+  int64_t routed_experts_start_len = 0;
   bool stream = false;
   int64_t index = 0;                  // position in the expanded batch (SSE "index")
 };
@@ -115,6 +119,10 @@ struct RequestOutput {
   std::vector<int32_t> input_logprob_ids;
   std::vector<std::optional<float>> input_logprobs;
   std::vector<TopLogprobs> input_top_logprobs;
+  // return_routed_experts: positions [routed_experts_start_len, prompt + output − 1) (the last
+  // sampled token is never fed), [rows, layers, top_k] flattened; each row ascending; a dense
+  // layer of a partly sparse model gives zeros.
+  std::vector<int32_t> routed_experts;
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;                 // prompt tokens served from the prefix cache
   int64_t num_retractions = 0;               // times the request was preempted and recomputed

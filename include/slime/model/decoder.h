@@ -43,6 +43,7 @@
 #include "slime/common/status.h"
 #include "slime/model/attention.h"
 #include "slime/model/config.h"
+#include "slime/model/expert_parallel.h"
 #include "slime/model/ffn/feed_forward.h"
 #include "slime/model/pipeline_parallel.h"
 #include "slime/model/recompute.h"
@@ -53,21 +54,29 @@ namespace slime::model {
 
 class DecoderModel {
  public:
-  // Validates `weights` against `config` for the group's rank/size (null group: size 1).
+  // Validates `weights` against `config` for the group's rank/size (null group: size 1). With an
+  // expert-parallel group `ep` of size > 1, weights.experts must be its rank and size
+  // (InvalidArgument naming both otherwise); without one, weights.experts must be whole.
   static StatusOr<std::unique_ptr<DecoderModel>> Create(
-      ModelConfig config, ModelWeights weights, std::shared_ptr<TensorParallelGroup> tp = nullptr);
+      ModelConfig config, ModelWeights weights, std::shared_ptr<TensorParallelGroup> tp = nullptr,
+      std::shared_ptr<ExpertParallelGroup> ep = nullptr);
   // config.json + safetensors from an HF model directory; this rank's shards. With pp_size > 1
   // only pipeline stage pp_rank's parameters are read (MakePipelineStage's split; fewer layers
   // than stages is an InvalidArgument naming both).
   static StatusOr<std::unique_ptr<DecoderModel>> Load(
       const std::string& model_dir, torch::ScalarType dtype, torch::Device device,
-      std::shared_ptr<TensorParallelGroup> tp = nullptr, int pp_rank = 0, int pp_size = 1);
+      std::shared_ptr<TensorParallelGroup> tp = nullptr, int pp_rank = 0, int pp_size = 1,
+      std::shared_ptr<ExpertParallelGroup> ep = nullptr);
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   // For in-place weight updates (optimizer, weight sync); shapes/dtypes must not change.
   ModelWeights& mutable_weights() { return weights_; }
   TensorParallelGroup& tp_group() { return *tp_; }
+  // Expert parallelism (expert_parallel.h): the group whose ranks split the experts, or null
+  // (every expert here). Its rank and size are the weights' ExpertShard.
+  ExpertParallelGroup* ep_group() const { return ep_.get(); }
+  const ExpertShard& experts() const { return weights_.experts; }
   const PipelineStage& stage() const { return weights_.stage; }
   torch::ScalarType dtype() const { return dtype_; }
   torch::Device device() const { return device_; }
@@ -168,6 +177,10 @@ class DecoderModel {
   void FuseProjections();
   void UnfuseProjections();
   bool projections_fused() const;
+  // Whether an inference forward waits on the host mid-step (a block's
+  // FeedForwardBlock::WaitsOnHost, e.g. MoE layers off the grouped-GEMM path): a CUDA graph
+  // cannot capture such a step.
+  bool ForwardWaitsOnHost() const;
 
   // An empty cache for one sequence of up to `capacity` tokens, on the model's device and dtype.
   KvCache NewKvCache(int64_t capacity) const;
@@ -177,7 +190,8 @@ class DecoderModel {
   // regions it starts; null or empty: none.
   using RoutingReplay = std::shared_ptr<const std::vector<torch::Tensor>>;
 
-  DecoderModel(ModelConfig config, ModelWeights weights, std::shared_ptr<TensorParallelGroup> tp);
+  DecoderModel(ModelConfig config, ModelWeights weights, std::shared_ptr<TensorParallelGroup> tp,
+               std::shared_ptr<ExpertParallelGroup> ep);
   // `owned`, when set, is `attention` owned here, so that it outlives the forward: recomputed
   // regions run it again in the backward. Without it nothing is recomputed.
   torch::Tensor ForwardImpl(const torch::Tensor& ids, const torch::Tensor& positions,
@@ -217,6 +231,7 @@ class DecoderModel {
   ModelConfig config_;
   ModelWeights weights_;
   std::shared_ptr<TensorParallelGroup> tp_;
+  std::shared_ptr<ExpertParallelGroup> ep_;  // null: every expert here
   torch::ScalarType dtype_;
   torch::Device device_;
   torch::Tensor inv_freq_;  // [head_dim / 2] float32 on device_

@@ -31,6 +31,7 @@
 #include "slime/common/status.h"
 #include "slime/model/checkpoint.h"
 #include "slime/model/config.h"
+#include "slime/model/expert_parallel.h"
 #include "slime/model/pipeline_parallel.h"
 
 namespace slime::model {
@@ -75,6 +76,9 @@ struct ModelWeights {
   torch::Tensor
       lm_head;  // [vocab/P, hidden]  vocab-parallel; same tensor as embed_tokens when tied
   PipelineStage stage;  // which part of the model these are (default: all of it)
+  // Which experts of the mixture-of-experts layers these hold (expert_parallel.h; default: all).
+  // The others' slots in LayerWeights::ffn.params stay undefined.
+  ExpertShard experts;
 };
 
 // How a parameter is split over tensor-parallel ranks.
@@ -93,6 +97,9 @@ struct ParamSpec {
   torch::Tensor LayerWeights::*layer_slot = nullptr;
   int block_slot = -1;
   torch::Tensor ModelWeights::*model_slot = nullptr;
+  // The expert a mixture-of-experts expert parameter belongs to (held by one expert-parallel
+  // rank, ExpertShard); -1 for every other parameter.
+  int64_t expert = -1;
 };
 
 // Every stored parameter of `config`, in HF order (embeddings, layers, norm, lm_head). With
@@ -101,8 +108,16 @@ std::vector<ParamSpec> ParameterSpecs(const ModelConfig& config);
 
 // The parameters a pipeline stage holds, in ParameterSpecs order: the embedding on the first
 // stage (and, with tied embeddings, on a last stage as its LM head copy — same HF name), its
-// layers, the final norm and lm_head on the last stage. The whole list for a whole model.
-std::vector<ParamSpec> StageParameterSpecs(const ModelConfig& config, const PipelineStage& stage);
+// layers, the final norm and lm_head on the last stage. The whole list for a whole model. With
+// an expert shard, only its experts' parameters among the expert parameters.
+std::vector<ParamSpec> StageParameterSpecs(const ModelConfig& config, const PipelineStage& stage,
+                                           const ExpertShard& experts = {});
+// The parameters `weights` hold: StageParameterSpecs(config, weights.stage, weights.experts).
+std::vector<ParamSpec> HeldParameterSpecs(const ModelConfig& config, const ModelWeights& weights);
+
+// Checks an expert shard against `config`: size 1, or a mixture-of-experts model whose
+// num_experts divides by the size (InvalidArgument naming both otherwise).
+Status ValidateExpertShard(const ModelConfig& config, const ExpertShard& experts);
 
 // The tensor of `weights` that `spec` names (layers must already be sized). The mutable form
 // grows a layer's ffn.params to reach a block slot; the const form returns an undefined tensor
@@ -119,6 +134,7 @@ struct WeightOptions {
   int tp_rank = 0;
   int tp_size = 1;
   PipelineStage stage;  // load / generate only this stage's parameters
+  ExpertShard experts;  // ... and of the experts only this block (expert parallelism)
 };
 
 // Loads this rank's shard of every parameter from `checkpoint`, checking names, shapes and
@@ -140,9 +156,8 @@ Status ValidateWeights(const ModelWeights& weights, const ModelConfig& config, i
 // size > 1. A pipeline stage's tied LM head copy is listed as "model.embed_tokens.weight".
 std::vector<NamedTensor> NamedParameters(const ModelWeights& weights, const ModelConfig& config);
 
-// Writes the weights of a TP-size-1, whole (one pipeline stage) model as an HF checkpoint
-// directory (safetensors only; the
-// caller writes config.json).
+// Writes the weights of a TP-size-1, whole (one pipeline stage, every expert) model as an HF
+// checkpoint directory (safetensors only; the caller writes config.json).
 Status SaveWeights(const std::string& dir, const ModelWeights& weights, const ModelConfig& config,
                    const WriteCheckpointOptions& options = {});
 

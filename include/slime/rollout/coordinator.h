@@ -120,6 +120,11 @@ struct SamplingOptions {
   std::vector<std::string> stop;
   std::vector<int> stop_token_ids;
   bool skip_special_tokens = false;
+  // Ask the engines for each token's routed experts (SGLang's return_routed_experts, from
+  // routed_experts_start_len = the rows the sample already holds) and keep them in
+  // Sample::rollout_routed_experts: rollout.return_routed_experts or
+  // algorithm.use_rollout_routing_replay.
+  bool return_routed_experts = false;
 };
 
 enum class DynamicFilter {

@@ -86,6 +86,9 @@ struct PlacementRequest {
   int tensor_parallel = 1;
   int pipeline_parallel = 1;
   int context_parallel = 1;
+  // Expert parallelism carved out of the data-parallel ranks (MoE; must divide DP): shown in the
+  // plan, it places nothing by itself.
+  int expert_parallel = 1;
   bool with_critic = false;  // PPO: a critic with the trainer's shape
 
   // Engines: total devices (a multiple of rollout_num_gpus_per_engine). Unset: the trainer world
@@ -147,6 +150,7 @@ struct PlacementPlan {
   int pipeline_parallel = 1;
   int context_parallel = 1;
   int data_parallel = 1;
+  int expert_parallel = 1;  // within data_parallel
   int devices_per_engine = 0;  // 0 when there are no local engines
   std::vector<PlanNode> nodes;
   std::vector<Device> devices;

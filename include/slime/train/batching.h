@@ -27,6 +27,9 @@
 //               causal attention QKᵀ and AV: 2 · (2·L²·q / 2) = 2·q·L²               (quadratic)
 //   LM head:    2·L·H·V            (the embedding is a lookup: 0)
 //   flops(L) = a·L + b·L²,  a = layers·(2H(q + 2kv) + 2qH + 6HF) + 2HV,  b = 2·layers·q.
+// A sparse (mixture-of-experts) layer counts its active FLOPs instead of the SwiGLU MLP's: the
+// router 2·L·H·E and k experts of width I, 6·L·H·k·I (E = num_experts, k = experts per token,
+// I = moe_intermediate_size; FlopsModel::sparse_layers of the layers are sparse).
 // The cost of a micro-batch is the sum over its samples (packed sequences attend only within
 // themselves). Without a FlopsModel the cost of a sample is its token count.
 //
@@ -58,6 +61,11 @@ struct FlopsModel {
   int64_t head_dim = 0;
   int64_t intermediate_size = 0;
   int64_t vocab_size = 0;
+  // Mixture-of-experts layers among num_layers (0: a dense model) and their routing.
+  int64_t sparse_layers = 0;
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  int64_t moe_intermediate_size = 0;
 };
 
 // Forward FLOPs of one sequence of `tokens` tokens (formula in the file comment).

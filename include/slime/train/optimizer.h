@@ -137,6 +137,10 @@ struct AdamWOptions {
   // reduce_squared_grad_norm, which must replace it with the group's sum (an all-reduce).
   // Unset: one rank, nothing to reduce.
   int tp_rank = 0;
+  // Expert parallelism: a parameter that is not an expert's (OptimizerParam::expert; identical on
+  // every expert-parallel rank) counts only on ep_rank 0, and reduce_squared_grad_norm must then
+  // also sum over the EP group, so each expert counts once.
+  int ep_rank = 0;
   std::function<Status(torch::Tensor& squared_norm)> reduce_squared_grad_norm;
 
   // Distributed optimizer (header comment). The three collectives run over the DP group of
@@ -168,10 +172,14 @@ struct OptimizerParam {
   // model/pipeline_parallel.h): trained like any parameter but never counted in the gradient
   // norm (the owner counts it; reduce_squared_grad_norm sums the stages).
   bool pipeline_copy = false;
+  // A mixture-of-experts expert's parameter (model::ParamSpec::expert >= 0): held by one
+  // expert-parallel rank, so counted in the norm on every EP rank (see AdamWOptions::ep_rank).
+  bool expert = false;
 };
 
-// The model's parameters (of weights.stage) in ParameterSpecs order (lm_head once when tied),
-// with the replication flag from the tensor-parallel layout and the pipeline_copy flag.
+// The model's parameters (of weights.stage and weights.experts) in ParameterSpecs order
+// (lm_head once when tied), with the replication flag from the tensor-parallel layout, the
+// pipeline_copy flag and the expert flag.
 std::vector<OptimizerParam> ModelParameters(const model::ModelWeights& weights,
                                             const model::ModelConfig& config);
 

@@ -122,6 +122,22 @@
 // Not yet at PP > 1 (Create fails with Unimplemented): the PPO critic; interleaved (virtual)
 // stages; overlapping the sends with compute.
 //
+// Expert parallelism (model/expert_parallel.h; train.expert_model_parallel_size = EP, mixture-
+// of-experts models). EP is carved out of data parallelism as in Megatron: DP rank d is EP rank
+// d % EP and expert-data-parallel rank d / EP. The model holds the experts [ep·E/EP,
+// (ep+1)·E/EP) of every sparse layer (with TP > 1 each split over the TP ranks as before) and a
+// full copy of everything else; each rank still trains its own micro-batches, and each MoE
+// layer sends its routed rows to their experts' ranks and back by all-to-all (the equal
+// micro-batch counts per DP rank keep the EP ranks' collectives in step). Gradients: the
+// non-expert parameters are summed over the DP group as before; the expert parameters over the
+// expert-DP group only (the EP peers hold other experts, and their rows already reached the
+// owner through the all-to-all). The gradient norm counts the non-expert parameters on EP rank 0
+// only and sums over the EP group, so every expert counts once. Checkpoints hold every expert
+// (EP rank 0 writes — at PP > 1 its stages gather to its stage 0 —, each expert sent by its
+// owner within its stage), so they load at any EP size. With PP > 1 the EP groups are per stage.
+// Not yet with EP > 1 (refused when the config resolves or at Create, naming the keys):
+// use_distributed_optimizer, overlap_grad_reduce, ppo.
+//
 // PPO. With advantage_estimator "ppo" the trainer owns a Critic (critic.h): the same decoder
 // with a hidden → 1 value head, its own optimizer and LR schedule. Save writes it under
 // <save>/critic/ (same iteration) before the actor; Load reads it back from there.
@@ -162,18 +178,27 @@
 #include "slime/train/lr_schedule.h"
 
 namespace slime::model {
+struct ModelConfig;
 class DecoderModel;
+class ExpertParallelGroup;
 class PipelineParallelGroup;
 class TensorParallelGroup;
 }  // namespace slime::model
 
 namespace slime::train {
 
+// The FLOPs model of a model (batching.h): the trainer's cost model for balancing and the
+// benchmarks' MFU; sparse layers count their active experts.
+FlopsModel FlopsModelOf(const model::ModelConfig& config);
+
 class AdamW;
 class Critic;
 class LossReducer;
 struct LossTypeSpec;
 struct SampleTensors;
+namespace internal {
+struct ForwardHooks;
+}
 
 // ---- Data --------------------------------------------------------------------------------------
 
@@ -297,6 +322,18 @@ struct TrainerOptions {
   // the group's size. The DP group above is then the ranks of the same stage (and TP rank), the
   // TP group the ranks of the same stage and DP index.
   std::shared_ptr<model::PipelineParallelGroup> pp_group;
+  // Expert parallelism (header comment, "Expert parallelism"): this trainer is EP rank
+  // ep_group->rank() of ep_group->size() = config.train.expert_model_parallel_size
+  // (comm::ProcessGroupExpertParallel over the DP ranks of one EP block: the ranks of the same
+  // stage and TP rank with DP ranks b·EP .. b·EP + EP - 1). It must outlive the trainer. Unset or
+  // size 1: every expert here. ep_all_reduce sums over that group (the gradient norm's expert
+  // part); edp_all_reduce over the expert-data-parallel group of edp_size = dp_size / EP ranks
+  // (the DP ranks with this EP rank), which sums the expert gradients (required when
+  // edp_size > 1).
+  std::shared_ptr<model::ExpertParallelGroup> ep_group;
+  AllReduceSumFn ep_all_reduce;
+  int edp_size = 1;
+  AllReduceSumFn edp_all_reduce;
 };
 
 class Trainer {
@@ -460,6 +497,18 @@ class Trainer {
   Status ReduceOverDataParallel(bool overlap_armed, std::map<std::string, torch::Tensor>& sums);
   // AdamW, the step counter and the LR schedule; grad_norm and lr join `metrics`.
   Status ApplyOptimizerStep(int64_t num_steps, TrainStepMetrics& metrics);
+
+  // Routing replay (src/train/routing_replay.h). The engine's routing of `batch`'s samples
+  // into the Impl (a sparse model only; errors name the sample), the recorded one cleared.
+  Status PrepareRouting(const data::RolloutBatch& batch);
+  // The hooks of a forward-only pass with `which` weights (`old_pass`: the old-log-prob pass):
+  // replay the engine's routing (R3, not for the teacher) or record it (use_routing_replay).
+  internal::ForwardHooks PassRoutingHooks(PolicyWeights which, bool old_pass,
+                                          const data::RolloutBatch& batch);
+  // The hooks of the training forwards: replay (R3 or the recorded routing) or, with
+  // rollout.return_routed_experts alone, the routing agreement counts into `sums`.
+  internal::ForwardHooks TrainingRoutingHooks(const data::RolloutBatch& batch,
+                                              std::map<std::string, torch::Tensor>& sums);
 
   TrainerOptions options_;
   std::unique_ptr<model::DecoderModel> model_;

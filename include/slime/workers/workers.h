@@ -16,7 +16,11 @@
 // (gradients and metric sums are all-reduced in it, stage by stage); the ranks of one
 // (dp_rank, tp_rank) a pipeline group (stage pp_rank of PP: the 1F1B schedule's activations
 // and gradients, the pipelined save, the weight export to stage 0; train/trainer.h, "Pipeline
-// parallelism"). Every rank receives the whole rollout and trains its DP index's micro-batches
+// parallelism"). With expert parallelism (EP = train.expert_model_parallel_size, dividing DP;
+// MoE models) DP rank d is EP rank d % EP: the ranks of one (pp_rank, tp_rank, d / EP) form an
+// EP group (the MoE layers' all-to-alls), those of one (pp_rank, tp_rank, d % EP) an
+// expert-data-parallel group (the experts' gradients; train/trainer.h, "Expert parallelism").
+// Every rank receives the whole rollout and trains its DP index's micro-batches
 // (train/trainer.h, "Data parallelism"), so the TP ranks and the pipeline stages of a DP index
 // run the same micro-batches: stage 0 embeds their tokens, the last stage computes the loss on
 // their labels, advantages and masks. The last stage's step metrics are broadcast over the
@@ -46,7 +50,10 @@
 // goes once, from stage 0 (the last stage's LM head copy is not sent). The other ranks of DP
 // rank 0 (the exporters) take part in every gather and send in the same order; the other DP
 // ranks send nothing. If the transfer stops early the source still runs the remaining gathers,
-// so no peer is left waiting.
+// so no peer is left waiting. With expert parallelism (EP > 1) the exporters are the ranks of
+// DP ranks 0..EP-1 (the EP group of DP rank 0): each expert's tensor goes from its owner to the
+// other EP ranks as it is needed, so the source has every expert; the same ranks take part in
+// Save (EP rank 0 writes), ResyncEngine and CheckEngineWeights.
 //   ExportHf(dir)     the current weights as an HF directory (checkpoint.save_hf).
 // Train data dumps (debug.save_debug_train_data; "{rollout_id}" and "{rank}" in the template
 // replaced): after each Train, one JSON document per rank, written atomically (temp file,
@@ -105,9 +112,12 @@ class TrainerWorker {
   // Then JoinGroups on every rank at once with {"tp": [endpoint of the TP group of stage p and
   // dp_rank d at index p·DP + d], "dp": [endpoint of the DP group of stage p and tp_rank t at
   // index p·TP + t], "pp": [endpoint of the pipeline of dp_rank d and tp_rank t at index
-  // d·TP + t]} (a kind with one rank per group is left out; each kind's leaders, taken in rank
-  // order, come in index order): each rank connects to its groups' stores and joins the TP
-  // group, then the DP group, then the pipeline group (c10d, Gloo on CPU, NCCL on CUDA).
+  // d·TP + t], with expert parallelism also "ep": [the EP group of stage p, tp_rank t and DP
+  // block d / EP at index (p·DP/EP + d/EP)·TP + t], "edp": [the expert-DP group of stage p,
+  // tp_rank t and EP rank d % EP at index (p·EP + d%EP)·TP + t]} (a kind with one rank per
+  // group is left out; each kind's leaders, taken in rank order, come in index order): each
+  // rank connects to its groups' stores and joins the TP group, then the DP group, then the
+  // pipeline group, then the EP and expert-DP groups (c10d, Gloo on CPU, NCCL on CUDA).
   // Answers {"rank", "world_size", "tp_size", "dp_size", "pp_size", "tp_rank", "dp_rank",
   // "pp_rank", "backend", "seconds"}. Init refuses to run on a world_size > 1 trainer before
   // that.

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "slime/model/config.h"
+#include "slime/model/expert_parallel.h"
 #include "slime/model/tensor_parallel.h"
 #include "slime/model/weights.h"
 
@@ -54,6 +55,10 @@ struct FeedForwardContext {
   // When set, a routed block stores the experts it sent each row to here: [T, k] int64, each row
   // ascending (DecoderModel::set_capture_routed_experts). Other blocks leave it alone.
   torch::Tensor* routed_experts = nullptr;
+  // Expert parallelism (expert_parallel.h; the group given to DecoderModel::Create / Load): a
+  // routed block whose group has more than one rank holds only its block of experts and runs
+  // the others' rows for them by all-to-all. Null: every expert is here. Dense blocks ignore it.
+  ExpertParallelGroup* ep = nullptr;
 
   // y = sum_r x_r W_r^T + b of a row-parallel weight (tensor_parallel.h): all-reduced [T, out],
   // or under sequence parallelism reduce-scattered to this rank's rows [rows_r, out].
@@ -98,6 +103,9 @@ class FeedForwardBlock {
   //     block applies the post-attention norm (`norm_weight` [hidden]) to state.residual inside
   //     its first GEMM and adds its output into state.residual in place in its last.
   virtual bool FoldsNorm(const FeedForwardWeights& w) const = 0;
+  // Whether the inference forward of these weights waits on the host mid-step (e.g. reads group
+  // sizes back), which a CUDA graph cannot capture: the engine then runs decode steps eagerly.
+  virtual bool WaitsOnHost(const FeedForwardWeights&) const { return false; }
   virtual torch::Tensor FusedForward(const FeedForwardWeights& w, const torch::Tensor& h,
                                      const internal::FusedForwardState& state) const = 0;
   virtual void FusedForwardFolded(const FeedForwardWeights& w, const torch::Tensor& norm_weight,

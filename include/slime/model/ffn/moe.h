@@ -23,6 +23,14 @@
 // routes identically; the weighted partial outputs are summed over the ranks once at the end
 // (FeedForwardContext::ReducePartial; reduce-scattered under sequence parallelism).
 //
+// Expert parallelism (expert_parallel.h; FeedForwardContext::ep of size N > 1): this rank holds
+// only the experts [r·E/N, (r+1)·E/N) (the other experts' slots of params stay undefined). The
+// routing is computed as above on this rank's own rows; the grouped rows then go by all-to-all
+// to their experts' owners, which run each of their experts once over the rows of every rank,
+// and the outputs come back by the reverse all-to-all into the grouped order, so the weighting
+// and the per-token sum are the ones above. Every rank of the group must call Forward (and its
+// backward) for the same layers in the same order, a rank with T = 0 included.
+//
 // Routing replay (slime's R3): with FeedForwardContext::replay_experts, idx is given instead of
 // chosen by top-k (the engine's routing of the same tokens), and w = p at idx, renormalised the
 // same way; with FeedForwardContext::routed_experts, Forward stores the idx it used.
@@ -31,9 +39,15 @@
 // logits [T, E] (h's dtype, differentiable) there — DecoderModel::set_capture_router_logits;
 // the trainer's load-balancing loss and routing replay build on it.
 //
-// No projection fusion and no fused inference kernels yet: FuseProjections does nothing,
-// FoldsNorm is false and FusedForward runs the eager Forward (under InferenceMode on CUDA the
-// SiLU·up kernel still applies). TODO(moe): a grouped-GEMM CUDA path for the engine.
+// Inference (the engine on CUDA): FuseProjections stacks the experts into two tensors,
+// gate|up [E, 2 I/P, hidden] and down [E, hidden, I/P] (the per-expert params become views of
+// them). Where GroupedGemm holds (bf16 on Hopper or Blackwell, LibTorch >= 2.8, not deterministic
+// mode), FusedForward runs each projection for all experts as one grouped GEMM over the
+// expert-sorted rows, with the group sizes counted on the device, so a step never waits on the
+// host and decode CUDA graphs capture it. Elsewhere (CPU, fp32, deterministic mode, whose
+// batch-invariant GEMMs run per expert) FusedForward is the eager Forward, whose per-expert loop
+// reads the group sizes on the host (WaitsOnHost: the engine then runs decode eagerly).
+// The grouped GEMM rounds like cuBLAS's per-expert GEMMs only up to accumulation order.
 //
 // Thread-safety: immutable (see feed_forward.h).
 #ifndef SLIME_MODEL_FFN_MOE_H_
@@ -76,6 +90,9 @@ class MoeBlock final : public FeedForwardBlock {
   static Routing Replay(const torch::Tensor& router_logits, const torch::Tensor& experts,
                         bool norm_topk_prob, torch::ScalarType dtype);
 
+  // Whether FusedForward takes the grouped-GEMM path for these (fused) weights.
+  static bool GroupedGemm(const FeedForwardWeights& w);
+
   std::string_view name() const override { return "moe"; }
   void AppendParameterSpecs(const ModelConfig& config, int layer,
                             std::vector<ParamSpec>& specs) const override;
@@ -84,6 +101,7 @@ class MoeBlock final : public FeedForwardBlock {
   void FuseProjections(FeedForwardWeights& w) const override;
   void UnfuseProjections(FeedForwardWeights& w) const override;
   bool FoldsNorm(const FeedForwardWeights& w) const override;
+  bool WaitsOnHost(const FeedForwardWeights& w) const override;
   torch::Tensor FusedForward(const FeedForwardWeights& w, const torch::Tensor& h,
                              const internal::FusedForwardState& state) const override;
   void FusedForwardFolded(const FeedForwardWeights& w, const torch::Tensor& norm_weight,
