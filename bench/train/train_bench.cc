@@ -710,14 +710,7 @@ int main(int argc, char** argv) {
     Die(fmt::format("--tp {}: only {} CUDA devices", o.tp, torch::cuda::device_count()));
   }
 
-  slime::train::FlopsModel fm;
-  fm.num_layers = mc.num_hidden_layers;
-  fm.hidden_size = mc.hidden_size;
-  fm.num_attention_heads = mc.num_attention_heads;
-  fm.num_key_value_heads = mc.num_key_value_heads;
-  fm.head_dim = mc.head_dim;
-  fm.intermediate_size = mc.intermediate_size;
-  fm.vocab_size = mc.vocab_size;
+  const slime::train::FlopsModel fm = slime::train::FlopsModelOf(mc);  // active FLOPs for MoE
 
   // The micro-batches of one step, as the trainer schedules them.
   std::vector<int64_t> token_counts(static_cast<size_t>(o.samples_per_step), o.seq_len);

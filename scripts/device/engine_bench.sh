@@ -9,12 +9,20 @@
 # $OUT/bench_engine_hf.json, every log in $OUT/logs.tgz.
 #
 #   scripts/device/engine_bench.sh [--quick] [--engine-budget S] [--hf-budget S]
+#                                  [--model-config F] [--layers N] [--new-tokens L]
+#                                  [--concurrency L] [--grpo PxN]
 #                                  [--engine-args "..."] [--hf-args "..."] [run.sh args...]
 #
 # --quick: a ~1-minute sanity run (64 new tokens, 16 and 64 requests, GRPO 8x4).
 # --engine-budget / --hf-budget: seconds for each side's points (defaults 170 / 170), so that the
 # whole call fits the device tool's 10-minute limit with the build; a point past its side's
 # budget (or past --max-seconds 90) is cut or skipped and its row says so.
+# --model-config F: the HF config.json to init (default tests/data/model/configs/qwen3-0.6b.json);
+# --layers N: that config cut to its first N layers (a deep shape that would not fit the disk
+# twice, e.g. Qwen3-30B-A3B: --model-config tests/data/model/configs/qwen3-30b-a3b.json --layers 8
+# with MODEL=/tmp/qwen3-30b-a3b-8l).
+# --new-tokens / --concurrency / --grpo: the points of both sides (comma lists), replacing the
+# defaults (or --quick's).
 # --engine-args / --hf-args: appended to the engine_bench / bench_engine_hf.py command lines.
 # Device call (carry the .debs and the Qwen3 tokenizer, both git-ignored):
 #   run(command="scripts/device/engine_bench.sh",
@@ -27,12 +35,22 @@ hf_budget=170
 engine_extra=""
 hf_extra=""
 quick=0
+model_config=tests/data/model/configs/qwen3-0.6b.json
+layers=""
+new_tokens=""
+concurrency=""
+grpo_points=""
 run_args=()
 while (($#)); do
   case "$1" in
     --quick) quick=1; shift ;;
     --engine-budget) engine_budget="$2"; shift 2 ;;
     --hf-budget) hf_budget="$2"; shift 2 ;;
+    --model-config) model_config="$2"; shift 2 ;;
+    --layers) layers="$2"; shift 2 ;;
+    --new-tokens) new_tokens="$2"; shift 2 ;;
+    --concurrency) concurrency="$2"; shift 2 ;;
+    --grpo) grpo_points="$2"; shift 2 ;;
     --engine-args) engine_extra="$2"; shift 2 ;;
     --hf-args) hf_extra="$2"; shift 2 ;;
     *) run_args+=("$1"); shift ;;
@@ -49,10 +67,8 @@ else
   grpo="--grpo 64x8"
 fi
 
-init="if [ -f $model/model.safetensors ]; then echo 'reusing $model'; else"
-init+=" \$SLIME_BUILD/src/app/slime_train init-model"
-init+=" --config tests/data/model/configs/qwen3-0.6b.json --tokenizer .cache/testdata/qwen3"
-init+=" --out $model --seed 0 --dtype bf16; fi"
+source "$repo/scripts/device/model_init.sh"
+init=$(init_model_command "$model" "$model_config" "$layers") || exit 1
 
 engine="engine/engine_bench --model $model --dtype bfloat16 --prompt-len 128 $points --batch1"
 engine+=" $grpo --max-running-requests 1024 --max-seconds 90 --budget-seconds $engine_budget"

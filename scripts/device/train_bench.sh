@@ -10,9 +10,12 @@
 # Results: the two tables in $OUT/summary.txt, JSON in $OUT/train_bench.json and
 # $OUT/bench_train_hf.json, every log in $OUT/logs.tgz.
 #
-#   scripts/device/train_bench.sh [--quick] [--bench-args "..."] [--hf-args "..."] [run.sh args...]
+#   scripts/device/train_bench.sh [--quick] [--model-config F] [--layers N] [--bench-args "..."]
+#                                 [--hf-args "..."] [run.sh args...]
 #
 # --quick: 1 warm-up + 2 timed steps of 4 samples (a sanity run).
+# --model-config F / --layers N: the HF config to init (default qwen3-0.6b.json), cut to its
+# first N layers (set MODEL to a directory of its own), as in engine_bench.sh.
 # --bench-args / --hf-args: appended to the train_bench / bench_train_hf.py command lines.
 # Device call (carry the .debs and the Qwen3 tokenizer, both git-ignored):
 #   run(command="scripts/device/train_bench.sh",
@@ -24,9 +27,13 @@ ids=/tmp/train_bench_ids.bin
 bench_extra=""
 hf_extra=""
 steps="--samples-per-step 16 --steps 5 --warmup 2"
+model_config=tests/data/model/configs/qwen3-0.6b.json
+layers=""
 run_args=()
 while (($#)); do
   case "$1" in
+    --model-config) model_config="$2"; shift 2 ;;
+    --layers) layers="$2"; shift 2 ;;
     --quick) steps="--samples-per-step 4 --steps 2 --warmup 1"; shift ;;
     --bench-args) bench_extra="$2"; shift 2 ;;
     --hf-args) hf_extra="$2"; shift 2 ;;
@@ -35,10 +42,8 @@ while (($#)); do
 done
 shape="--seq-len 4096 --max-tokens-per-gpu 8192 $steps"
 
-init="if [ -f $model/model.safetensors ]; then echo 'reusing $model'; else"
-init+=" \$SLIME_BUILD/src/app/slime_train init-model"
-init+=" --config tests/data/model/configs/qwen3-0.6b.json --tokenizer .cache/testdata/qwen3"
-init+=" --out $model --seed 0 --dtype bf16; fi"
+source "$repo/scripts/device/model_init.sh"
+init=$(init_model_command "$model" "$model_config" "$layers") || exit 1
 
 bench="train/train_bench --model $model --device cuda --dtype bfloat16 $shape --mode rl,sft"
 bench+=" --write-data $ids --json \$SLIME_OUT/train_bench.json $bench_extra"
