@@ -40,7 +40,6 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "promtool.h"
-#include "remove_tree.h"
 #include "slime/http/client.h"
 #include "slime/http/server.h"
 #include "test_paths.h"
@@ -53,7 +52,6 @@ using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
 using slime::testing::SourceDir;
-using slime::testing::TestDataDir;
 using slime::testing::Child;
 using slime::testing::ReadFile;
 using slime::testing::ReadJsonl;
@@ -63,61 +61,10 @@ using slime::testing::ExpectSameTrainMetrics;
 using slime::testing::ReadLogs;
 using slime::testing::RunToCompletion;
 using slime::testing::StepValues;
-using slime::testing::WriteTinyJob;
-class DriverE2eTest : public ::testing::Test {
+class DriverE2eTest : public testing::TinyModelJobTest {
  protected:
-  static void SetUpTestSuite() {
-    const fs::path tokenizer = TestDataDir() / "qwen3";
-    if (!fs::exists(tokenizer / "tokenizer.json")) {
-      skip_ = new std::string(tokenizer.string() + " missing: run scripts/fetch_test_data.sh");
-      return;
-    }
-    root_ = new fs::path(fs::temp_directory_path() / ("slime_driver_e2e_" + std::to_string(::getpid())));
-    testing::RemoveTree(*root_);
-    fs::create_directories(*root_);
-    Child init({"init-model", "--config", SourceDir() + "/tests/data/model/configs/qwen3-tiny.json",
-                "--tokenizer", tokenizer.string(), "--out", (*root_ / "model").string(), "--dtype",
-                "fp32", "--seed", "3"},
-               *root_);
-    std::optional<int> code = init.Wait(std::chrono::seconds(120));
-    if (code != 0) init_error_ = new std::string("init-model failed: " + init.err());
-  }
-  static void TearDownTestSuite() {
-    if (root_ != nullptr) testing::RemoveTree(*root_);
-    delete root_;
-    root_ = nullptr;
-  }
-  void SetUp() override {
-    if (skip_ != nullptr) GTEST_SKIP() << *skip_;
-    if (init_error_ != nullptr) FAIL() << *init_error_;
-    dir_ = *root_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::create_directories(dir_);
-  }
-
-  std::map<int64_t, nlohmann::json> TrainSavedRollouts(const fs::path& config,
-                                                       const std::string& rollouts,
-                                                       const std::string& name, int trainers,
-                                                       int tp, int pp,
-                                                       const std::vector<std::string>& extra,
-                                                       std::string* logs) {
-    return testing::TrainSavedRollouts(dir_, config, rollouts, name, trainers, tp, pp, extra,
-                                       logs);
-  }
-
-  // A config for the tiny model: 2 engines + 1 trainer on CPU slots, 4 prompts × 2 samples of
-  // at most 6 tokens per rollout, eval on 6 held-out prompts every rollout.
-  fs::path WriteConfig(int num_rollout, const std::string& extra = "") {
-    return WriteTinyJob(dir_, *root_ / "model", num_rollout, extra);
-  }
-
-  static std::string* skip_;
-  static std::string* init_error_;
-  static fs::path* root_;
-  fs::path dir_;
+  static void SetUpTestSuite() { InitModel("qwen3-tiny.json", 3, "slime_driver_e2e_"); }
 };
-std::string* DriverE2eTest::skip_ = nullptr;
-std::string* DriverE2eTest::init_error_ = nullptr;
-fs::path* DriverE2eTest::root_ = nullptr;
 
 TEST_F(DriverE2eTest, TrainsSavesAndAnInterruptedRunResumesAtTheNextRollout) {
   const fs::path config = WriteConfig(3);
@@ -612,7 +559,7 @@ int ServePort(const Child& server, std::chrono::seconds timeout) {
 TEST_F(DriverE2eTest, DrivesAnExternalEngineGivenByAddress) {
   const std::string user_key = "e2e-user-8f1c", admin_key = "e2e-admin-42d7";
   fs::create_directories(dir_ / "server");
-  Child server({"serve", "--model", (*root_ / "model").string(), "--host", "127.0.0.1", "--port",
+  Child server({"serve", "--model", model_dir().string(), "--host", "127.0.0.1", "--port",
                 "0", "--device", "cpu", "--api-key", user_key, "--admin-api-key", admin_key},
                dir_ / "server");
   const int port = ServePort(server, std::chrono::seconds(120));
@@ -1252,7 +1199,7 @@ fs::path WriteOpdConfig(const fs::path& dir, const fs::path& student, int port,
 // student's samples ever more likely (rollout/trainer/teacher_log_probs).
 TEST_F(DriverE2eTest, OnPolicyDistillationFromAServedTeacherPullsTheStudentToIt) {
   const fs::path teacher = dir_ / "teacher";
-  fs::copy(*root_ / "model", teacher, fs::copy_options::recursive);
+  fs::copy(model_dir(), teacher, fs::copy_options::recursive);
   std::string error;
   ASSERT_TRUE(ScaleSafetensor(teacher, "model.norm.weight", 2.0f, &error)) << error;
   fs::create_directories(dir_ / "server");
@@ -1263,7 +1210,7 @@ TEST_F(DriverE2eTest, OnPolicyDistillationFromAServedTeacherPullsTheStudentToIt)
   ASSERT_GT(port, 0) << "the teacher server did not start\n" << server.err();
 
   const int num_rollout = 8;
-  const fs::path config = WriteOpdConfig(dir_, *root_ / "model", port, num_rollout);
+  const fs::path config = WriteOpdConfig(dir_, model_dir(), port, num_rollout);
   Child run({"--config", config.string()}, dir_);
   std::optional<int> code = run.Wait(std::chrono::seconds(400));
   ASSERT_EQ(code, std::optional<int>(0)) << "stdout:\n" << run.out() << "\nstderr:\n"
@@ -1305,7 +1252,7 @@ TEST_F(DriverE2eTest, AnUnreachableTeacherFailsTheJobNamingItAndTheSample) {
     ASSERT_TRUE(probe.ok()) << probe.status();
     port = (*probe)->port();  // free again once the server is gone
   }
-  const fs::path config = WriteOpdConfig(dir_, *root_ / "model", port, 1);
+  const fs::path config = WriteOpdConfig(dir_, model_dir(), port, 1);
   Child run({"--config", config.string(), "--set", "reward.rm_max_attempts=1"}, dir_);
   std::optional<int> code = run.Wait(std::chrono::seconds(300));
   ASSERT_EQ(code, std::optional<int>(1)) << "stdout:\n" << run.out() << "\nstderr:\n"

@@ -1,7 +1,8 @@
 // Test helper for the end-to-end tests that run whole `slime_train` jobs (tests/job): run one to
 // completion with its logs, read the per-step train/* values of its metrics.jsonl, and the checks
 // that compare runs (engines' log-probs against the trainer's, two layouts' losses and gradient
-// norms). Header-only, like child_process.h.
+// norms), and TinyModelJobTest, the fixture of a suite of such jobs on one tiny random model.
+// Header-only, like child_process.h.
 #ifndef SLIME_TESTS_SUPPORT_JOB_RUNS_H_
 #define SLIME_TESTS_SUPPORT_JOB_RUNS_H_
 
@@ -16,10 +17,14 @@
 #include <system_error>
 #include <vector>
 
+#include <unistd.h>
+
 #include "child_process.h"
 #include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "remove_tree.h"
+#include "test_paths.h"
 
 namespace slime::testing {
 
@@ -189,6 +194,73 @@ inline std::map<int64_t, nlohmann::json> TrainSavedRollouts(
   EXPECT_TRUE(std::filesystem::exists(run / "ckpt" / "latest_checkpointed_iteration.txt")) << name;
   return StepValues(run / "run" / "metrics.jsonl");
 }
+
+// The fixture of a suite of whole jobs on one tiny random model: `slime_train init-model` writes
+// it once per suite (fp32, the Qwen3 tokenizer of scripts/fetch_test_data.sh) into a fresh
+// directory under the temp dir, removed when the suite ends; each test gets its own directory
+// below it (dir_). A suite names its model in SetUpTestSuite:
+//   static void SetUpTestSuite() { InitModel("qwen3-tiny.json", 3, "slime_driver_e2e_"); }
+// Without the tokenizer every test skips, saying what to run; a failed init-model fails them.
+class TinyModelJobTest : public ::testing::Test {
+ protected:
+  // `config`: a file of tests/data/model/configs; `prefix`: the root directory's name before
+  // the process id.
+  static void InitModel(const std::string& config, int seed, const std::string& prefix) {
+    const std::filesystem::path tokenizer = TestDataDir() / "qwen3";
+    if (!std::filesystem::exists(tokenizer / "tokenizer.json")) {
+      skip_ = new std::string(tokenizer.string() + " missing: run scripts/fetch_test_data.sh");
+      return;
+    }
+    root_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
+                                      (prefix + std::to_string(::getpid())));
+    RemoveTree(*root_);
+    std::filesystem::create_directories(*root_);
+    Child init({"init-model", "--config", SourceDir() + "/tests/data/model/configs/" + config,
+                "--tokenizer", tokenizer.string(), "--out", model_dir().string(), "--dtype", "fp32",
+                "--seed", std::to_string(seed)},
+               *root_);
+    const std::optional<int> code = init.Wait(std::chrono::seconds(120));
+    if (code != 0) init_error_ = new std::string("init-model failed: " + init.err());
+  }
+  static void TearDownTestSuite() {
+    if (root_ != nullptr) RemoveTree(*root_);
+    delete root_;
+    root_ = nullptr;
+    delete skip_;
+    skip_ = nullptr;
+    delete init_error_;
+    init_error_ = nullptr;
+  }
+  void SetUp() override {
+    if (skip_ != nullptr) GTEST_SKIP() << *skip_;
+    if (init_error_ != nullptr) FAIL() << *init_error_;
+    dir_ = *root_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::create_directories(dir_);
+  }
+
+  static std::filesystem::path model_dir() { return *root_ / "model"; }
+
+  // WriteTinyJob in this test's directory on the suite's model.
+  std::filesystem::path WriteConfig(int num_rollout, const std::string& extra = "") const {
+    return WriteTinyJob(dir_, model_dir(), num_rollout, extra);
+  }
+
+  // TrainSavedRollouts in this test's directory.
+  std::map<int64_t, nlohmann::json> TrainSavedRollouts(const std::filesystem::path& config,
+                                                       const std::string& rollouts,
+                                                       const std::string& name, int trainers,
+                                                       int tp, int pp,
+                                                       const std::vector<std::string>& extra,
+                                                       std::string* logs) const {
+    return testing::TrainSavedRollouts(dir_, config, rollouts, name, trainers, tp, pp, extra,
+                                       logs);
+  }
+
+  static inline std::string* skip_ = nullptr;
+  static inline std::string* init_error_ = nullptr;
+  static inline std::filesystem::path* root_ = nullptr;
+  std::filesystem::path dir_;
+};
 
 }  // namespace slime::testing
 
