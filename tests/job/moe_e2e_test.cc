@@ -2,21 +2,24 @@
 // end): two engines serve the sparse model, a trainer trains it with the router's load-balancing
 // and z losses, the weight sync carries every expert (the engines' log-probs of the next rollout
 // equal the trainer's), a run resumes from its checkpoint, expert-parallel trainers (EP 2) match
-// one trainer and their checkpoint resumes at EP 1, and in deterministic mode the trainer
-// recomputes the engines' log-probs to the bit.
+// one trainer and their checkpoint resumes at EP 1, rollout routing replay trains on the engines'
+// experts on every layout, and in deterministic mode the trainer recomputes the engines'
+// log-probs to the bit.
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "child_process.h"
 #include "gtest/gtest.h"
 #include "job_runs.h"
 #include "nlohmann/json.hpp"
-#include "remove_tree.h"
-#include "test_paths.h"
 
 namespace slime {
 namespace {
@@ -28,55 +31,12 @@ using testing::ExpectEnginesMatchTrainer;
 using testing::ExpectSameTrainMetrics;
 using testing::ReadFile;
 using testing::RunToCompletion;
-using testing::SourceDir;
 using testing::StepValues;
-using testing::TestDataDir;
-using testing::TrainSavedRollouts;
-using testing::WriteTinyJob;
 
-class MoeE2eTest : public ::testing::Test {
+class MoeE2eTest : public testing::TinyModelJobTest {
  protected:
-  static void SetUpTestSuite() {
-    const fs::path tokenizer = TestDataDir() / "qwen3";
-    if (!fs::exists(tokenizer / "tokenizer.json")) {
-      skip_ = new std::string(tokenizer.string() + " missing: run scripts/fetch_test_data.sh");
-      return;
-    }
-    root_ =
-        new fs::path(fs::temp_directory_path() / ("slime_moe_e2e_" + std::to_string(::getpid())));
-    testing::RemoveTree(*root_);
-    fs::create_directories(*root_);
-    Child init(
-        {"init-model", "--config", SourceDir() + "/tests/data/model/configs/qwen3-moe-tiny.json",
-         "--tokenizer", tokenizer.string(), "--out", (*root_ / "model").string(), "--dtype", "fp32",
-         "--seed", "5"},
-        *root_);
-    const std::optional<int> code = init.Wait(std::chrono::seconds(120));
-    if (code != 0) init_error_ = new std::string("init-model failed: " + init.err());
-  }
-  static void TearDownTestSuite() {
-    if (root_ != nullptr) testing::RemoveTree(*root_);
-    delete root_;
-    root_ = nullptr;
-  }
-  void SetUp() override {
-    if (skip_ != nullptr) GTEST_SKIP() << *skip_;
-    if (init_error_ != nullptr) FAIL() << *init_error_;
-    dir_ = *root_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::create_directories(dir_);
-  }
-  fs::path WriteConfig(int num_rollout, const std::string& extra = "") {
-    return WriteTinyJob(dir_, *root_ / "model", num_rollout, extra);
-  }
-
-  static std::string* skip_;
-  static std::string* init_error_;
-  static fs::path* root_;
-  fs::path dir_;
+  static void SetUpTestSuite() { InitModel("qwen3-moe-tiny.json", 5, "slime_moe_e2e_"); }
 };
-std::string* MoeE2eTest::skip_ = nullptr;
-std::string* MoeE2eTest::init_error_ = nullptr;
-fs::path* MoeE2eTest::root_ = nullptr;
 
 // GRPO on the sparse model: 2 rollouts, one optimizer step each with the router losses on; the
 // engines generate rollout 1 with the weights the trainer synced after step 0 (a learning rate
@@ -143,8 +103,8 @@ TEST_F(MoeE2eTest, ExpertParallelTrainersMatchOneTrainerAndResumeAtEp1) {
   ASSERT_EQ(steps["ep2"].size(), 2u) << "one optimizer step per rollout";
   ExpectEnginesMatchTrainer(steps["ep2"], "ep2");
 
-  steps["ep1"] = TrainSavedRollouts(dir_, config, rollouts, "ep1", 1, 1, 1, common, &logs);
-  steps["dp2"] = TrainSavedRollouts(dir_, config, rollouts, "dp2", 2, 1, 1, common, &logs);
+  steps["ep1"] = TrainSavedRollouts(config, rollouts, "ep1", 1, 1, 1, common, &logs);
+  steps["dp2"] = TrainSavedRollouts(config, rollouts, "dp2", 2, 1, 1, common, &logs);
   ExpectSameTrainMetrics(steps, "ep1", {"ep2", "dp2"});
 
   // The EP 2 run's checkpoint, one rollout further on one trainer.
@@ -157,6 +117,114 @@ TEST_F(MoeE2eTest, ExpertParallelTrainersMatchOneTrainerAndResumeAtEp1) {
   ASSERT_EQ(code, 0) << "stdout:\n" << resumed.out() << "\nstderr:\n" << resumed.err();
   EXPECT_NE(resumed.out().find("at rollout 2"), std::string::npos) << resumed.out();
   EXPECT_NE(resumed.out().find("rollout 2/3 | reward"), std::string::npos) << resumed.out();
+}
+
+// A copy of a rollout saved as debug rollout data, with every routed expert id e moved to
+// (e + 4) mod 8 (each row kept ascending): routes the model would not choose, so replaying them
+// must show.
+void ShiftSavedRouting(const fs::path& from, const fs::path& to) {
+  Json doc = Json::parse(ReadFile(from));
+  int64_t shifted = 0;
+  constexpr size_t kTopK = 2;  // the tiny model's num_experts_per_tok
+  for (Json& group : doc.at("samples")) {
+    for (Json& sample : group) {
+      std::vector<int32_t> ids = sample.at("rollout_routed_experts").get<std::vector<int32_t>>();
+      for (size_t row = 0; row + kTopK <= ids.size(); row += kTopK) {
+        for (size_t j = 0; j < kTopK; ++j) ids[row + j] = (ids[row + j] + 4) % 8;
+        std::sort(ids.begin() + static_cast<std::ptrdiff_t>(row),
+                  ids.begin() + static_cast<std::ptrdiff_t>(row + kTopK));
+      }
+      shifted += static_cast<int64_t>(ids.size());
+      sample["rollout_routed_experts"] = ids;
+    }
+  }
+  ASSERT_GT(shifted, 0) << from << " holds no routing";
+  fs::create_directories(to.parent_path());
+  std::ofstream(to) << doc.dump() << "\n";
+}
+
+// Rollout routing replay (R3) through the real job: the engines return every token's experts
+// (--enable-return-routed-experts), the samples carry them over gRPC, and two expert-parallel
+// trainers replay them before the all-to-all dispatch; the saved rollouts carry the routing too.
+//   * the replayed rollouts train the same on one trainer, at TP 2 (the routes of the gathered
+//     sequence) and at PP 2 (each stage its layers' routes) as at EP 2;
+//   * the replay is honoured: the same rollouts with their routes moved to other experts train
+//     with a far larger train/rollout log-prob gap;
+//   * with replay off and the routing returned, train/routing_agreement measures it: close to 1
+//     for the engines' own routes (same weights, float32), far lower for the moved routes.
+TEST_F(MoeE2eTest, RolloutRoutingReplayTrainsOnTheEnginesExpertsOnEveryLayout) {
+  const fs::path rollouts = dir_ / "rollouts";
+  const fs::path config = WriteConfig(
+      2, "debug:\n  save_debug_rollout_data: \"" + (rollouts / "{rollout_id}.json").string() +
+             "\"\nalgorithm:\n  get_mismatch_metrics: true\n  entropy_coef: 0.01\n"
+             "  use_rollout_routing_replay: true\n");
+  const std::vector<std::string> common = {"--set", "train.lr=1.0e-3", "--set",
+                                           "eval.interval=null", "--set",
+                                           "train.lr_decay_iters=32"};
+  std::map<std::string, std::map<int64_t, Json>> steps;
+  std::vector<std::string> ep2 = {"--config", config.string(),
+                                  "--set",    "cluster.actor_num_gpus_per_node=2",
+                                  "--set",    "train.expert_model_parallel_size=2"};
+  ep2.insert(ep2.end(), common.begin(), common.end());
+  std::string logs;
+  ASSERT_TRUE(RunToCompletion(ep2, dir_, std::chrono::seconds(500), "r3-ep2", &logs));
+  steps["ep2"] = StepValues(dir_ / "run" / "metrics.jsonl");
+  ASSERT_EQ(steps["ep2"].size(), 2u) << "one optimizer step per rollout";
+  ExpectEnginesMatchTrainer(steps["ep2"], "r3-ep2");
+  for (const auto& [step, values] : steps["ep2"]) {
+    EXPECT_FALSE(values.contains("train/routing_agreement")) << "replayed: nothing to measure";
+  }
+  // Every saved sample has its tokens' routes: 2 layers × top-2 per token.
+  const Json saved = Json::parse(ReadFile(rollouts / "0.json"));
+  for (const Json& group : saved.at("samples")) {
+    for (const Json& sample : group) {
+      EXPECT_EQ(sample.at("routed_experts_per_token").get<int64_t>(), 4) << sample.dump();
+      EXPECT_FALSE(sample.at("rollout_routed_experts").empty()) << sample.dump();
+    }
+  }
+
+  const std::string replayed = (rollouts / "{rollout_id}.json").string();
+  steps["ep1"] = TrainSavedRollouts(config, replayed, "ep1", 1, 1, 1, common, &logs);
+  steps["tp2"] = TrainSavedRollouts(config, replayed, "tp2", 2, 2, 1, common, &logs);
+  steps["pp2"] = TrainSavedRollouts(config, replayed, "pp2", 2, 1, 2, common, &logs);
+  ExpectSameTrainMetrics(steps, "ep1", {"ep2", "tp2", "pp2"});
+
+  for (int rollout = 0; rollout < 2; ++rollout) {
+    const std::string name = std::to_string(rollout) + ".json";
+    ShiftSavedRouting(rollouts / name, dir_ / "shifted" / name);
+  }
+  const std::string shifted = (dir_ / "shifted" / "{rollout_id}.json").string();
+  steps["moved"] = TrainSavedRollouts(config, shifted, "moved", 1, 1, 1, common, &logs);
+  ASSERT_EQ(steps["moved"].size(), 2u) << logs;
+  const std::string diff = "train/train_rollout_logprob_abs_diff";
+  for (const auto& [step, values] : steps["moved"]) {
+    ASSERT_TRUE(values.contains(diff)) << values.dump();
+    const double own = steps["ep1"].at(step)[diff].get<double>();
+    std::cout << "step " << step << ": log-prob gap " << values[diff] << " with moved routes, "
+              << own << " with the engines'\n";
+    EXPECT_GT(values[diff].get<double>(), 20 * own + 1e-4)
+        << "step " << step << ": the moved routes were not replayed";
+  }
+
+  // Replay off, routing returned: the agreement metric.
+  std::vector<std::string> measure = common;
+  measure.insert(measure.end(), {"--set", "algorithm.use_rollout_routing_replay=false", "--set",
+                                 "rollout.return_routed_experts=true"});
+  for (const auto& [name, files] :
+       std::vector<std::pair<std::string, std::string>>{{"own", replayed}, {"moved-own", shifted}}) {
+    steps[name] = TrainSavedRollouts(config, files, name, 1, 1, 1, measure, &logs);
+    ASSERT_EQ(steps[name].size(), 2u) << name << ": " << logs;
+  }
+  const std::string key = "train/routing_agreement";
+  for (const auto& [step, values] : steps["own"]) {
+    const Json& moved = steps["moved-own"].at(step);
+    ASSERT_TRUE(values.contains(key)) << values.dump();
+    ASSERT_TRUE(moved.contains(key)) << moved.dump();
+    std::cout << "step " << step << ": routing_agreement " << values[key] << " (moved routes "
+              << moved[key] << ")\n";
+    EXPECT_GT(values[key].get<double>(), 0.95) << "step " << step;
+    EXPECT_LT(moved[key].get<double>(), 0.6) << "step " << step;
+  }
 }
 
 // debug.deterministic_mode on the sparse model: the engines' routing, expert GEMMs and combine
