@@ -205,9 +205,33 @@ class Engine::Impl {
     for (uint64_t id : ids) Finish(id, FinishReason::Abort(why));
   }
 
-  void Pause() {
+  void Pause(PauseMode mode) {
     paused_ = true;
-    AbortMatching("", true, "Abort in pause_generation");
+    switch (mode) {
+      case PauseMode::kAbort:
+        AbortMatching("", true, "Abort in pause_generation");
+        break;
+      case PauseMode::kInPlace:  // nothing moves: no step runs until Continue
+        break;
+      case PauseMode::kRetract:
+        if (const size_t n = scheduler_.RetractAll().size(); n > 0 && metrics_) {
+          metrics_->OnRetract(static_cast<int64_t>(n));
+        }
+        FlushStaleCacheIfIdle();
+        break;
+    }
+  }
+
+  // After a weight update asked to flush the prefix cache: now if no sequence holds cached pages
+  // (waiting ones hold none), else once none does (flush_when_idle_).
+  void FlushStaleCache() {
+    flush_when_idle_ = true;
+    FlushStaleCacheIfIdle();
+  }
+  void FlushStaleCacheIfIdle() {
+    if (!flush_when_idle_ || scheduler_.num_running() > 0) return;
+    radix_.Reset();  // cached K/V came from the old weights
+    flush_when_idle_ = false;
   }
 
   void Continue() {
@@ -228,8 +252,7 @@ class Engine::Impl {
 
   Status UpdateWeightsFromDisk(const std::string& path, const std::string& version) {
     SLIME_RETURN_IF_ERROR(runner_->LoadWeightsFromDisk(path));
-    if (live_.empty()) radix_.Reset();  // cached K/V came from the old weights
-    else flush_when_idle_ = true;
+    FlushStaleCache();
     engine_->set_weight_version(version);
     return absl::OkStatus();
   }
@@ -268,10 +291,7 @@ class Engine::Impl {
       for (size_t i = 0; i < u.names.size(); ++i) named.push_back({u.names[i], buffers[i]});
       return runner_->UpdateRankWeights(rank, named);
     }));
-    if (u.flush_cache) {
-      if (live_.empty()) radix_.Reset();  // cached K/V came from the old weights
-      else flush_when_idle_ = true;
-    }
+    if (u.flush_cache) FlushStaleCache();
     if (u.weight_version) engine_->set_weight_version(*u.weight_version);
     return absl::OkStatus();
   }
@@ -283,10 +303,7 @@ class Engine::Impl {
     } else {
       SLIME_RETURN_IF_ERROR(ReceiveOwnIpcBucket(*u.bucket));
     }
-    if (u.flush_cache) {
-      if (live_.empty()) radix_.Reset();  // cached K/V came from the old weights
-      else flush_when_idle_ = true;
-    }
+    if (u.flush_cache) FlushStaleCache();
     if (u.weight_version) engine_->set_weight_version(*u.weight_version);
     return absl::OkStatus();
   }
@@ -499,7 +516,8 @@ class Engine::Impl {
   std::vector<uint64_t> held_;  // submitted while paused
   bool paused_ = false;
   bool kv_released_ = false;
-  bool flush_when_idle_ = false;
+  bool flush_when_idle_ = false;  // the prefix cache holds K/V of replaced weights
+  std::string step_version_;      // the weight version of the step running
   Clock::time_point last_step_end_ = Clock::now();
   // Where step time goes (logged at shutdown): host work before the forward, enqueueing the
   // forward (async on CUDA), sampling (waits for the device), and accepting/emitting.
@@ -554,10 +572,7 @@ void Engine::Impl::Finish(uint64_t id, FinishReason reason) {
   Callback cb = std::move(r.callback);
   RequestOutput out = std::move(r.out);
   live_.erase(it);
-  if (flush_when_idle_ && live_.empty()) {
-    radix_.Reset();
-    flush_when_idle_ = false;
-  }
+  FlushStaleCacheIfIdle();
   if (cb) cb(out);
 }
 
@@ -573,6 +588,14 @@ void Engine::Impl::Emit(LiveRequest& r) {
 
 bool Engine::Impl::Accept(LiveRequest& r, int32_t token, float logprob, TopLogprobs top) {
   r.out.output_ids.push_back(token);
+  const int64_t end = static_cast<int64_t>(r.out.output_ids.size());
+  std::vector<WeightVersionSpan>& spans = r.out.weight_versions;
+  if (spans.empty() || spans.back().version != step_version_) {
+    spans.push_back({step_version_, end - 1, end});
+    r.out.weight_version = step_version_;
+  } else {
+    spans.back().end = end;
+  }
   if (metrics_) {
     const Clock::time_point now = Clock::now();
     if (r.out.output_ids.size() == 1) metrics_->OnFirstToken(Seconds(now - r.arrival));
@@ -609,6 +632,7 @@ bool Engine::Impl::Accept(LiveRequest& r, int32_t token, float logprob, TopLogpr
 bool Engine::Impl::Step() {
   StepTimes times;
   times.start = Clock::now();
+  step_version_ = engine_->weight_version();  // of every token this step samples
   Batch batch = scheduler_.Schedule();
   FinishUnscheduled(batch);
   if (batch.items.empty()) return false;
@@ -1006,9 +1030,9 @@ void Engine::Abort(std::string rid_prefix, bool all) {
   });
 }
 
-void Engine::Pause() {
+void Engine::Pause(PauseMode mode) {
   paused_ = true;
-  Post([](Impl& impl) { impl.Pause(); });
+  Post([mode](Impl& impl) { impl.Pause(mode); });
 }
 
 void Engine::Continue() {

@@ -928,6 +928,13 @@ Json GenerateOutputJson(const RequestOutput& out, const GenerateInput& in,
   meta["completion_tokens"] = static_cast<int64_t>(out.output_ids.size());
   meta["cached_tokens"] = out.cached_tokens;
   meta["weight_version"] = out.weight_version;
+  // The output tokens by the weights that sampled them (several spans when the request lived
+  // through a weight update during an in-place or retracting pause).
+  Json spans = Json::array();
+  for (const WeightVersionSpan& v : out.weight_versions) {
+    spans.push_back({{"version", v.version}, {"start", v.start}, {"end", v.end}});
+  }
+  meta["weight_versions"] = std::move(spans);
   meta["num_retractions"] = out.num_retractions;
   if (out.finish.finished()) meta["e2e_latency"] = out.e2e_latency;
 

@@ -285,6 +285,11 @@ void Scheduler::Retract(Sequence* seq, std::vector<Plan>* plans, Batch* batch,
     if (!planned->decode) *prefill_left += planned->num_tokens;
     plans->erase(planned);
   }
+  MoveToWaiting(seq);
+  batch->retracted.push_back(seq->id);
+}
+
+void Scheduler::MoveToWaiting(Sequence* seq) {
   ReleasePages(seq);
   seq->num_computed = 0;
   seq->prefilled = false;
@@ -293,7 +298,18 @@ void Scheduler::Retract(Sequence* seq, std::vector<Plan>* plans, Batch* batch,
   seq->state = Sequence::State::kWaiting;
   RemoveRunning(seq);
   waiting_.push_front(seq);
-  batch->retracted.push_back(seq->id);
+}
+
+std::vector<uint64_t> Scheduler::RetractAll() {
+  std::vector<uint64_t> ids;
+  // The last admitted first, so the queue's head keeps the admission order.
+  const std::vector<Sequence*> running = running_;
+  for (auto it = running.rbegin(); it != running.rend(); ++it) {
+    MoveToWaiting(*it);
+    ids.push_back((*it)->id);
+  }
+  std::reverse(ids.begin(), ids.end());
+  return ids;
 }
 
 Scheduler::Admission Scheduler::TryAdmit(Sequence* seq, int64_t reserve,

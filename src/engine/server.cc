@@ -9,8 +9,10 @@
 #include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <ctime>
+#include <map>
 #include <future>
 #include <mutex>
+#include <string>
 
 #include "nlohmann/json.hpp"
 #include "slime/common/build_info.h"
@@ -510,13 +512,20 @@ void EngineServer::Impl::AddRoutes(http::Router& r) {
     std::optional<json> body = ParseBody(req, w);
     if (!body) return;
     const json& mode = Member(*body, "mode");
-    if (!mode.is_null() && (!mode.is_string() || mode.get<std::string>() != "abort")) {
+    static const std::map<std::string, Engine::PauseMode> kModes = {
+        {"abort", Engine::PauseMode::kAbort},
+        {"in_place", Engine::PauseMode::kInPlace},
+        {"retract", Engine::PauseMode::kRetract}};
+    const auto known = mode.is_string() ? kModes.find(mode.get<std::string>()) : kModes.end();
+    if (!mode.is_null() && known == kModes.end()) {
       SendError(w, 400,
-                "pause_generation: only mode \"abort\" is supported (in-flight requests end "
-                "with finish_reason abort and their partial output; new ones wait)");
+                fmt::format("pause_generation: mode must be \"abort\" (in-flight requests end "
+                            "with their partial output), \"in_place\" (they stay, K/V kept) or "
+                            "\"retract\" (they return to the queue, K/V dropped); got {}",
+                            mode.dump()));
       return;
     }
-    engine_->Pause();
+    engine_->Pause(mode.is_null() ? Engine::PauseMode::kAbort : known->second);
     w->SendJson(200, {{"message", "Generation paused successfully."}, {"status", "ok"}});
   });
   r.Add("POST", "/continue_generation", [this](const http::Request& req, Writer w) {

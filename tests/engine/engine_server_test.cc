@@ -4,12 +4,17 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <future>
+#include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "nlohmann/json.hpp"
 #include "promtool.h"
@@ -367,6 +372,119 @@ TEST_F(EngineServerTest, PauseAbortsInFlightAndHoldsNewRequestsUntilContinue) {
   auto h = held.get();
   ASSERT_TRUE(h.ok());
   EXPECT_EQ(json::parse(h->body)["meta_info"]["finish_reason"]["type"], "length");
+}
+
+// The two pauses that keep requests (slime's interruptible rollout): a greedy request paused
+// mid-generation, the weights updated while it waits, then continued. It keeps the tokens it
+// had — the old weights' greedy tokens — and samples the rest with the new weights;
+// meta_info.weight_versions splits its tokens between the two versions. After a retraction its
+// K/V is recomputed with the new weights, so the token after the split is what the new weights
+// alone give for prompt + the kept tokens. Without an update, an in-place pause changes nothing.
+TEST_F(EngineServerTest, PauseInPlaceOrByRetractionKeepsRequestsAcrossAWeightUpdate) {
+  constexpr int kNew = 400;
+  const json body = {{"input_ids", kPrompt},
+                     {"return_logprob", true},
+                     {"sampling_params",
+                      {{"temperature", 0}, {"max_new_tokens", kNew}, {"ignore_eos", true}}}};
+  auto logprobs = [](const json& out) {
+    std::vector<double> v;
+    for (const json& t : out["meta_info"]["output_token_logprobs"]) v.push_back(t[0].get<double>());
+    return v;
+  };
+  // Every run starts from an empty prefix cache, so each prefills its prompt the same way.
+  auto flush = [&] {
+    auto r = client_->Get("/flush_cache");
+    ASSERT_TRUE(r.ok() && r->status == 200) << (r.ok() ? r->body : r.status().ToString());
+  };
+  flush();
+  const json reference = Generate(body);
+  ASSERT_EQ(Ids(reference).size(), static_cast<size_t>(kNew));
+  EXPECT_EQ(reference["meta_info"]["weight_versions"],
+            json::parse(R"([{"version": "default", "start": 0, "end": 400}])"));
+
+  // Starts `body`, pauses it in `mode` once it runs, calls `while_paused`, continues; its answer.
+  auto interrupted = [&](const std::string& mode, const std::function<void()>& while_paused) {
+    flush();
+    auto pending = std::async(std::launch::async, [&] {
+      http::Client c("127.0.0.1", server_->port());
+      return c.Post("/generate", body.dump());
+    });
+    WaitForRunning(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    auto [ps, pj] = Post("/pause_generation", {{"mode", mode}});
+    EXPECT_EQ(ps, 200) << pj.dump();
+    // In place, the request stays running (its K/V held); retracted, it waits.
+    for (int i = 0; i < 500 && engine_->load().num_running != (mode == "in_place" ? 1 : 0); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(engine_->load().num_running, mode == "in_place" ? 1 : 0) << mode;
+    EXPECT_EQ(engine_->load().num_waiting, mode == "in_place" ? 0 : 1) << mode;
+    EXPECT_EQ(pending.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout)
+        << mode << ": the paused request answered";
+    while_paused();
+    auto [cs, cj] = Post("/continue_generation", json::object());
+    EXPECT_EQ(cs, 200);
+    auto r = pending.get();
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? json::parse(r->body) : json();
+  };
+
+  // In place, no update: the same tokens and log-probs, bit for bit.
+  const json still = interrupted("in_place", [] {});
+  EXPECT_EQ(Ids(still), Ids(reference));
+  EXPECT_EQ(logprobs(still), logprobs(reference));
+  EXPECT_EQ(still["meta_info"]["weight_versions"], reference["meta_info"]["weight_versions"]);
+
+  // Back to the original weights after each update, whatever fails (the other tests use them).
+  auto restore_weights = [this](void*) {
+    Post("/update_weights_from_disk",
+         {{"model_path", ModelDir::Get(0)}, {"weight_version", "default"}});
+  };
+  for (const std::string mode : {"in_place", "retract"}) {
+    SCOPED_TRACE(mode);
+    const std::unique_ptr<void, decltype(restore_weights)> restore(this, restore_weights);
+    const json out = interrupted(mode, [&] {
+      auto [s, j] = Post("/update_weights_from_disk",
+                         {{"model_path", ModelDir::Get(5)}, {"weight_version", "5"}});
+      EXPECT_EQ(s, 200) << j.dump();
+    });
+    ASSERT_EQ(out["meta_info"]["finish_reason"]["type"], "length") << out.dump();
+    const std::vector<int32_t> ids = Ids(out);
+    ASSERT_EQ(ids.size(), static_cast<size_t>(kNew));
+    const json& spans = out["meta_info"]["weight_versions"];
+    ASSERT_EQ(spans.size(), 2u) << spans.dump();
+    const int64_t split = spans[0]["end"].get<int64_t>();
+    EXPECT_GT(split, 0);
+    EXPECT_LT(split, kNew);
+    EXPECT_EQ(spans, (json{{{"version", "default"}, {"start", 0}, {"end", split}},
+                           {{"version", "5"}, {"start", split}, {"end", kNew}}}));
+    EXPECT_EQ(out["meta_info"]["weight_version"], "5");
+    EXPECT_EQ(out["meta_info"]["num_retractions"], mode == "retract" ? 1 : 0);
+    // The tokens before the update are the old weights' own.
+    const std::vector<int32_t> want = Ids(reference);
+    const std::vector<double> got_lp = logprobs(out), want_lp = logprobs(reference);
+    ASSERT_EQ(got_lp.size(), static_cast<size_t>(kNew));
+    EXPECT_TRUE(std::equal(ids.begin(), ids.begin() + split, want.begin()));
+    EXPECT_TRUE(std::equal(got_lp.begin(), got_lp.begin() + split, want_lp.begin()));
+    if (mode == "retract") {
+      // Recomputed with the new weights: the next token is theirs for prompt + kept tokens.
+      std::vector<int32_t> prefix(kPrompt.begin(), kPrompt.end());
+      prefix.insert(prefix.end(), ids.begin(), ids.begin() + split);
+      flush();
+      const json next = Generate({{"input_ids", prefix},
+                                  {"return_logprob", true},
+                                  {"sampling_params", {{"temperature", 0},
+                                                       {"max_new_tokens", 1},
+                                                       {"ignore_eos", true}}}});
+      EXPECT_EQ(Ids(next).at(0), ids[split]);
+      EXPECT_NEAR(logprobs(next).at(0), got_lp.at(split), 1e-4);
+    }
+  }
+  // Any other mode is refused, naming the three.
+  auto [bs, bj] = Post("/pause_generation", {{"mode", "later"}});
+  EXPECT_EQ(bs, 400);
+  EXPECT_NE(bj.dump().find("in_place"), std::string::npos) << bj.dump();
+  EXPECT_FALSE(engine_->paused());
 }
 
 TEST_F(EngineServerTest, ClientDisconnectFreesTheRequest) {

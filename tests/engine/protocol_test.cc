@@ -499,10 +499,13 @@ TEST(GenerateOutputJsonTest, RunningChunkHasNullFinishAndNoLatency) {
   out.text = "ok";
   out.prompt_tokens = 3;
   out.weight_version = "7";
+  out.weight_versions = {{"6", 0, 1}, {"7", 1, 2}};
   const Json j = GenerateOutputJson(out, Input(false), nullptr, false);
   const Json want = Json::parse(R"({"text": "ok", "output_ids": [111, 107],
       "meta_info": {"id": "r1", "finish_reason": null, "prompt_tokens": 3,
         "completion_tokens": 2, "cached_tokens": 0, "weight_version": "7",
+        "weight_versions": [{"version": "6", "start": 0, "end": 1},
+                            {"version": "7", "start": 1, "end": 2}],
         "num_retractions": 0}})");
   EXPECT_EQ(j, want) << j.dump();
 }
@@ -536,13 +539,16 @@ TEST(GenerateOutputJsonTest, FinishedWithLogprobsGolden) {
   out.cached_tokens = 2;
   out.finish = FinishReason::Stop(256);
   out.weight_version = "default";
+  out.weight_versions = {{"default", 0, 2}};
   out.e2e_latency = 0.125;
   out.num_retractions = 1;
   const Json j = GenerateOutputJson(out, Input(true), tok.get(), false);
   const Json want = Json::parse(R"({"text": "o", "output_ids": [111, 256],
       "meta_info": {"id": "r1", "finish_reason": {"type": "stop", "matched": 256},
         "prompt_tokens": 3, "completion_tokens": 2, "cached_tokens": 2,
-        "weight_version": "default", "num_retractions": 1, "e2e_latency": 0.125,
+        "weight_version": "default",
+        "weight_versions": [{"version": "default", "start": 0, "end": 2}],
+        "num_retractions": 1, "e2e_latency": 0.125,
         "output_token_logprobs": [[-0.5, 111, null], [-0.25, 256, null]],
         "input_token_logprobs": [[null, 104, null], [-1.5, 105, null], [-2.0, 33, null]],
         "output_token_logprobs_length": 2}})");

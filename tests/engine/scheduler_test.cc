@@ -283,6 +283,41 @@ TEST(SchedulerTest, RetractedSequenceReusesItsCachedPages) {
   EXPECT_EQ(s.engine.outputs().at(2), Generate(Iota(4, 20), 6));
 }
 
+TEST(SchedulerTest, RetractAllQueuesEveryRunningSequenceFirstInAdmissionOrder) {
+  // The engine's retracting pause: three running sequences (one mid-prefill) and one waiting go
+  // back to the queue as 1, 2, 3, 4; their full pages stay cached, and they finish with the
+  // outputs they would have had.
+  SchedulerOptions options;
+  options.max_running_requests = 3;
+  options.max_prefill_tokens = 16;
+  Rig s(64, 2, options);
+  ASSERT_TRUE(s.scheduler.Add(1, Iota(6, 0), 8).ok());
+  ASSERT_TRUE(s.scheduler.Add(2, Iota(6, 10), 8).ok());
+  ASSERT_TRUE(s.scheduler.Add(3, Iota(12, 30), 8).ok());  // its prefill spans two steps
+  ASSERT_TRUE(s.scheduler.Add(4, Iota(5, 50), 8).ok());   // over max_running_requests: waits
+  s.engine.Step();  // 1 and 2 prefilled (a token each), 3's first 4 prompt tokens
+  ASSERT_EQ(s.scheduler.num_running(), 3);
+  ASSERT_FALSE(s.scheduler.Find(3)->prefilled);
+  const int64_t cached = s.radix.cached_pages();
+  EXPECT_EQ(s.scheduler.RetractAll(), (std::vector<uint64_t>{1, 2, 3}));
+  s.scheduler.CheckInvariants();
+  EXPECT_EQ(s.scheduler.num_running(), 0);
+  EXPECT_EQ(s.scheduler.WaitingIds(), (std::vector<uint64_t>{1, 2, 3, 4}));
+  for (uint64_t id : {1, 2, 3}) {
+    const Sequence* seq = s.scheduler.Find(id);
+    EXPECT_EQ(seq->num_computed, 0) << id;
+    EXPECT_TRUE(seq->pages.empty()) << id;
+    EXPECT_EQ(seq->num_retractions, 1) << id;
+  }
+  EXPECT_GT(s.radix.cached_pages(), cached);  // the computed full pages went to the cache
+  EXPECT_TRUE(s.scheduler.RetractAll().empty());  // nothing running: nothing to do
+  s.engine.RunToCompletion();
+  EXPECT_EQ(s.engine.outputs().at(1), Generate(Iota(6, 0), 8));
+  EXPECT_EQ(s.engine.outputs().at(2), Generate(Iota(6, 10), 8));
+  EXPECT_EQ(s.engine.outputs().at(3), Generate(Iota(12, 30), 8));
+  EXPECT_EQ(s.engine.outputs().at(4), Generate(Iota(5, 50), 8));
+}
+
 TEST(SchedulerTest, LoneSequenceTooLongForThePoolIsOutOfMemory) {
   Rig s(5, 2);  // 8 usable tokens
   ASSERT_TRUE(s.scheduler.Add(1, Iota(6, 0), 10).ok());

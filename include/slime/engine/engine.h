@@ -13,8 +13,17 @@
 // memory, an internal error). Its last callback carries the finish reason; for streaming
 // requests earlier callbacks carry the cumulative output every `stream_interval` tokens.
 //
-// Pause (SGLang's abort mode) aborts every in-flight request and holds new ones until
-// Continue. Memory release/resume and weight updates run on the engine thread between steps.
+// Pause stops generation until Continue and holds new requests meanwhile; its mode (SGLang's
+// /pause_generation modes) says what becomes of the requests in flight: abort ends each with its
+// partial output; in_place keeps them where they are, K/V included; retract drops their K/V
+// (full pages go to the prefix cache) and puts them back at the head of the queue, to be
+// prefilled again over prompt and output so far. Memory release/resume and weight updates run on
+// the engine thread between steps, paused or not, so a weight update during an in-place or
+// retracting pause lands between two decode steps of the requests it interrupts: their later
+// tokens come from the new weights (after an in-place pause attending the K/V the old weights
+// wrote; after a retraction over K/V recomputed with the new ones, when the update flushes the
+// prefix cache that kept the retracted pages), and each output says which
+// tokens came from which version (RequestOutput::weight_versions).
 //
 // Weight plane (SGLang's distributed update): InitWeightsUpdateGroup joins a c10d group (on a
 // helper thread; generation goes on), UpdateWeightsFromDistributed receives one bucket on the
@@ -149,7 +158,8 @@ class Engine {
   void Cancel(uint64_t id);
   // SGLang /abort_request: requests whose rid starts with `rid_prefix` (empty + all = all).
   void Abort(std::string rid_prefix, bool all);
-  void Pause();
+  enum class PauseMode { kAbort, kInPlace, kRetract };
+  void Pause(PauseMode mode = PauseMode::kAbort);
   void Continue();
   bool paused() const { return paused_.load(); }
 

@@ -126,7 +126,8 @@ Status ValidatePrompt(std::string_view field, std::span<const int32_t> ids,
 
 // The response object of one input (a non-streaming answer, or one cumulative SSE chunk):
 // {"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
-//  "completion_tokens", "cached_tokens", "weight_version", "num_retractions",
+//  "completion_tokens", "cached_tokens", "weight_version", "weight_versions" ([{"version",
+//  "start", "end"}] spans of output tokens, RequestOutput::weight_versions), "num_retractions",
 //  "e2e_latency" (finished only), with in.return_routed_experts "routed_experts" (base64 of the
 //  little-endian int32 [rows, layers, top_k] array), and with in.return_logprob:
 //  "output_token_logprobs", "input_token_logprobs", "output_token_logprobs_length", and with

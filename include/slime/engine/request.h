@@ -105,6 +105,15 @@ struct FinishReason {
 // Top alternatives at one position: (logprob, token id), best first.
 using TopLogprobs = std::vector<std::pair<float, int32_t>>;
 
+// Output tokens [start, end) sampled with the weights of `version` (a request that lives
+// through a weight update — a pause in place or by retraction — has one span per version).
+struct WeightVersionSpan {
+  std::string version;
+  int64_t start = 0;
+  int64_t end = 0;
+  bool operator==(const WeightVersionSpan&) const = default;
+};
+
 // Everything a request has produced so far (cumulative; the engine sends a copy per update).
 struct RequestOutput {
   std::string rid;
@@ -127,7 +136,10 @@ struct RequestOutput {
   int64_t cached_tokens = 0;                 // prompt tokens served from the prefix cache
   int64_t num_retractions = 0;               // times the request was preempted and recomputed
   FinishReason finish;
+  // The weights of the last output token (of the engine at arrival until one is sampled), and
+  // every output token's by span, in order.
   std::string weight_version;
+  std::vector<WeightVersionSpan> weight_versions;
   double e2e_latency = 0.0;                  // seconds from arrival to finish (0 until then)
 };
 

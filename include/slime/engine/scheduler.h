@@ -168,6 +168,11 @@ class Scheduler {
   // Returns false for an unknown id. Call between steps only (after the last batch ran).
   bool Finish(uint64_t id);
 
+  // Retracts every running sequence (as a page shortage retracts one: computed full pages to
+  // the radix cache, num_computed 0), in admission order at the head of the waiting queue; the
+  // ids in that order. Between steps only. The engine's retracting pause.
+  std::vector<uint64_t> RetractAll();
+
   const Sequence* Find(uint64_t id) const;
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
@@ -205,6 +210,7 @@ class Scheduler {
   void CacheComputedPages(Sequence* seq);  // running, mid-flight: share computed full pages
   void ReleasePages(Sequence* seq);        // cache computed full pages, free the rest, unlock
   void RemoveRunning(Sequence* seq);
+  void MoveToWaiting(Sequence* seq);       // a retraction: pages released, head of the queue
 
   SchedulerOptions options_;
   KvPagePool* pool_;
