@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -162,10 +163,24 @@ Status ApplyGenerateResponse(const nlohmann::json& response, data::Sample* sampl
     }
     log_probs.push_back(e[0].get<float>());
   }
-  std::string weight_version;
-  if (auto it = meta.find("weight_version"); it != meta.end() && it->is_string()) {
-    weight_version = it->get<std::string>();
+  // The weights of the answer's tokens: each span's version, oldest first, where the engine
+  // reports spans (an answer that lived through a weight update has several), else its one.
+  std::vector<std::string> versions;
+  if (auto it = meta.find("weight_versions"); it != meta.end() && !it->is_null()) {
+    if (!it->is_array()) return bad("has a meta_info.weight_versions that is not a list");
+    for (size_t i = 0; i < it->size(); ++i) {
+      const nlohmann::json& span = (*it)[i];
+      if (!span.is_object() || !span.contains("version") || !span["version"].is_string()) {
+        return bad(fmt::format("has a malformed meta_info.weight_versions[{}]", i));
+      }
+      versions.push_back(span["version"].get<std::string>());
+    }
   }
+  if (auto it = meta.find("weight_version"); versions.empty() && it != meta.end() &&
+                                             it->is_string()) {
+    versions.push_back(it->get<std::string>());
+  }
+  const std::string weight_version = versions.empty() ? std::string() : versions.front();
   std::string text;
   if (auto it = response.find("text"); it != response.end() && it->is_string()) {
     text = it->get<std::string>();
@@ -186,6 +201,7 @@ Status ApplyGenerateResponse(const nlohmann::json& response, data::Sample* sampl
   } else if (!weight_version.empty()) {
     sample->weight_versions.push_back(weight_version);
   }
+  for (size_t i = 1; i < versions.size(); ++i) sample->weight_versions.push_back(versions[i]);
   if (routed && routed->rows > 0) {
     SLIME_RETURN_IF_ERROR(
         sample->AppendRoutedExperts(routed->values, routed->rows, routed->per_token));
