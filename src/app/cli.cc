@@ -48,6 +48,7 @@ struct TrainOptions {
   std::vector<std::string> overrides;
   bool dry_run = false;
   bool async_train = false;
+  bool fully_async_train = false;
   std::string log_level;
 };
 
@@ -72,9 +73,14 @@ int RunTrain(const TrainOptions& options) {
   if (Status s = InitLogging(log); !s.ok()) return UsageError(std::string(s.message()));
   for (const std::string& w : warnings) spdlog::warn("config: {}", w);
 
-  if (options.async_train) {
-    Status s = job::CheckAsyncConfig(config);
-    if (!s.ok()) return UsageError(std::string(s.message()));
+  if (options.async_train && options.fully_async_train) {
+    return UsageError("--async and --fully-async are two different loops; pick one");
+  }
+  const job::TrainLoop loop = options.fully_async_train ? job::TrainLoop::kFullyAsync
+                              : options.async_train     ? job::TrainLoop::kOneStepOff
+                                                        : job::TrainLoop::kSync;
+  if (Status s = job::CheckLoopConfig(config, loop); !s.ok()) {
+    return UsageError(std::string(s.message()));
   }
   if (options.dry_run) {  // the real start checks the same in the driver's setup
     Status s = job::CheckInputFiles(config);
@@ -96,7 +102,7 @@ int RunTrain(const TrainOptions& options) {
   job::DriverOptions driver;
   driver.config = std::move(config);
   driver.placement = job->request;
-  driver.async_train = options.async_train;
+  driver.loop = loop;
   return job::RunDriver(std::move(driver), &signals);
 }
 
@@ -129,6 +135,10 @@ int RunCli(int argc, char** argv) {
   train_cmd->add_flag("--async", train.async_train,
                       "One-step off-policy (slime's train_async.py): generate rollout N+1 while "
                       "training on N; not with cluster.colocate (docs/operations.md)");
+  train_cmd->add_flag("--fully-async", train.fully_async_train,
+                      "Fully asynchronous: the engines generate continuously, weight updates land "
+                      "without draining them, no sample older than rollout.max_staleness "
+                      "versions (default 1); not with cluster.colocate (docs/operations.md)");
   train_cmd->add_option("--log-level", train.log_level,
                         "trace|debug|info|warn|error|critical|off (default: debug.log_level)");
 

@@ -360,9 +360,11 @@ StatusOr<SyncStats> WeightSender::SendIpc(const std::vector<model::NamedTensor>&
   return stats;
 }
 
-Status WeightSender::PauseEngines() {
-  std::vector<std::string> bodies(options_.engines.size(), "{}");
+Status WeightSender::PauseEngines(InFlight in_flight) {
+  const std::string body = in_flight == InFlight::kKeep ? R"({"mode":"retract"})" : "{}";
+  std::vector<std::string> bodies(options_.engines.size(), body);
   SLIME_RETURN_IF_ERROR(PostAll("/pause_generation", bodies, nullptr));
+  if (in_flight == InFlight::kKeep) return absl::OkStatus();  // retracted requests are waiting, not idle
   for (const EngineEndpoint& e : options_.engines) {
     http::Client client(e.host, e.port, http::ClientOptions{.bearer_token = options_.bearer_token});
     const auto deadline = Clock::now() + std::chrono::milliseconds(

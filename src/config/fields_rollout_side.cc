@@ -246,6 +246,14 @@ void AddRolloutFields(std::vector<FieldSpec<Config>>* table) {
       .ReadBy("rollout")
       .Slime("--mask-offpolicy-in-partial-rollout")
       .Doc("With partial_rollout, exclude tokens generated in earlier rollouts from the loss.");
+  b.Add("max_staleness", &RolloutConfig::max_staleness)
+      .ReadBy("job")
+      .Min(0)
+      .Doc(
+          "With `slime_train --fully-async`: the most weight versions a trained sample's "
+          "oldest token may lag the policy it trains (0: on policy). The engines start no "
+          "rollout that would exceed it, and samples over it (continued from earlier rollouts) "
+          "are dropped from the loss. Unset: 1. Refused without --fully-async.");
   b.Add("engine_concurrency", &RolloutConfig::engine_concurrency)
       .ReadBy("rollout")
       .Slime("--sglang-server-concurrency")

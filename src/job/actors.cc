@@ -87,7 +87,10 @@ class TrainerActor : public runtime::Actor {
       return Json::object();
     });
     AddJsonMethod(this, "sync_weights", [w](const Json& r) {
-      return w->SyncWeights(r.at("weight_version").get<std::string>());
+      // "keep_requests": the engines' running requests continue across the update (fully async).
+      return w->SyncWeights(r.at("weight_version").get<std::string>(),
+                            r.value("keep_requests", false) ? comm::InFlight::kKeep
+                                                            : comm::InFlight::kAbort);
     });
     AddJsonMethod(this, "resync_engine", [w](const Json& r) { return w->ResyncEngine(r); });
     AddJsonMethod(this, "check_engine_weights",

@@ -132,8 +132,13 @@ Status Driver::Loop() {
       (eval_only || !config_.eval.skip_eval_before_train)) {
     SLIME_RETURN_IF_ERROR(Evaluate(0, nullptr));
   }
-  if (options_.async_train) {
+  if (options_.loop == TrainLoop::kOneStepOff) {
     SLIME_RETURN_IF_ERROR(RunAsyncLoop(start_rollout_id_, num_rollout_, this));
+    return FinishRun(loop_start);
+  }
+  if (options_.loop == TrainLoop::kFullyAsync) {
+    SLIME_RETURN_IF_ERROR(RunFullyAsyncLoop(start_rollout_id_, num_rollout_,
+                                            config_.rollout.max_staleness.value_or(1), this));
     return FinishRun(loop_start);
   }
   loop_start_ = loop_start;
@@ -237,22 +242,24 @@ bool Driver::SyncDue(int64_t rollout_id) {
          (rollout_id + 1) % config_.weight_sync.interval == 0;
 }
 
-Status Driver::UpdateWeights(int64_t rollout_id, MetricValues* values) {
+Status Driver::UpdateWeights(int64_t rollout_id, comm::InFlight in_flight, MetricValues* values) {
   const auto t = Clock::now();
-  SLIME_ASSIGN_OR_RETURN(Json sync, SyncWeights(std::to_string(rollout_id + 1)));
+  SLIME_ASSIGN_OR_RETURN(Json sync, SyncWeights(std::to_string(rollout_id + 1), in_flight));
   (*values)["perf/update_weights_time"] = Since(t);
   (*values)["perf/update_weights_gb_per_s"] = sync.value("gb_per_s", 0.0);
   return absl::OkStatus();
 }
 
-StatusOr<Json> Driver::SyncWeights(const std::string& version) {
+StatusOr<Json> Driver::SyncWeights(const std::string& version, comm::InFlight in_flight) {
   // An engine restarted since the last sync: the group is re-formed with its new address.
   if (engines_ != nullptr) SLIME_RETURN_IF_ERROR(engines_->ReconnectIfChanged());
   // Every rank: rank 0 sends, its TP peers take part in the gathers and the later pipeline
   // stages send their parameters to it, and each rank advances its own keep_old_actor queue.
   // Rank 0's reply has the transfer's numbers.
+  const Json request = {{"weight_version", version},
+                       {"keep_requests", in_flight == comm::InFlight::kKeep}};
   SLIME_ASSIGN_OR_RETURN(std::vector<std::string> replies,
-                         CallTrainers("sync_weights", Json{{"weight_version", version}}.dump()));
+                         CallTrainers("sync_weights", request.dump()));
   Json reply = Json::parse(replies.front(), nullptr, false);
   if (!reply.is_object())
     return absl::InternalError("sync_weights on trainer-0: reply is not JSON");
@@ -318,7 +325,9 @@ Status Driver::SyncAndHandGpuToEngines(int64_t rollout_id, MetricValues* values)
     SLIME_RETURN_IF_ERROR(EngineMemory(/*release=*/false, {"weights"}));
     (*values)["perf/onload_rollout_time"] = Since(t);
   }
-  if (SyncDue(rollout_id)) SLIME_RETURN_IF_ERROR(UpdateWeights(rollout_id, values));
+  if (SyncDue(rollout_id)) {
+    SLIME_RETURN_IF_ERROR(UpdateWeights(rollout_id, comm::InFlight::kAbort, values));
+  }
   if (offload_trainers_) {
     SLIME_RETURN_IF_ERROR(TrainerMemory(/*release=*/true, "perf/offload_train_time", values));
   }
@@ -363,17 +372,46 @@ Status Driver::TrainerMemory(bool release, const char* metric, MetricValues* val
   return absl::OkStatus();
 }
 
-Status CheckAsyncConfig(const config::Config& config) {
+Status CheckLoopConfig(const config::Config& config, TrainLoop loop) {
+  if (loop == TrainLoop::kSync || loop == TrainLoop::kOneStepOff) {
+    if (config.rollout.max_staleness) {
+      return absl::InvalidArgumentError(
+          "rollout.max_staleness bounds the fully asynchronous loop only; run with "
+          "--fully-async or remove the key");
+    }
+  }
+  if (loop == TrainLoop::kSync) return absl::OkStatus();
+  const char* flag = loop == TrainLoop::kOneStepOff ? "--async" : "--fully-async";
   if (config.cluster.colocate) {
-    return absl::InvalidArgumentError(
-        "--async: cluster.colocate is true, but the one-step-off-policy loop generates on the "
-        "engines while the trainers train, so they need devices of their own (slime's "
-        "train_async.py asserts the same); set cluster.colocate: false or run without --async");
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: cluster.colocate is true, but this loop generates on the engines while the "
+        "trainers train, so they need devices of their own (slime's train_async.py asserts the "
+        "same); set cluster.colocate: false or run without {}",
+        flag, flag));
   }
   if (config.fault_tolerance.max_trainer_restarts > 0) {
-    return absl::InvalidArgumentError(
-        "--async: fault_tolerance.max_trainer_restarts is for the synchronous loop (a trainer "
-        "group restart rewinds it to the last checkpoint); set it to 0 or run without --async");
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: fault_tolerance.max_trainer_restarts is for the synchronous loop (a trainer group "
+        "restart rewinds it to the last checkpoint); set it to 0 or run without {}",
+        flag, flag));
+  }
+  if (loop != TrainLoop::kFullyAsync) return absl::OkStatus();
+  if (config.debug.rollout_only || config.debug.load_debug_rollout_data) {
+    return absl::InvalidArgumentError(fmt::format(
+        "--fully-async overlaps generation with training, but {} leaves only one of them; run "
+        "without --fully-async",
+        config.debug.rollout_only ? "debug.rollout_only" : "debug.load_debug_rollout_data"));
+  }
+  // Rollout k needs the weights of at least k − max_staleness, and the weights advance only
+  // every weight_sync.interval rollouts.
+  const int64_t staleness = config.rollout.max_staleness.value_or(1);
+  if (config.weight_sync.interval - 1 > staleness) {
+    return absl::InvalidArgumentError(fmt::format(
+        "--fully-async: weight_sync.interval {} lets the engines' weights fall {} versions "
+        "behind, more than rollout.max_staleness {} allows; raise rollout.max_staleness to at "
+        "least {} or lower weight_sync.interval",
+        config.weight_sync.interval, config.weight_sync.interval - 1, staleness,
+        config.weight_sync.interval - 1));
   }
   return absl::OkStatus();
 }

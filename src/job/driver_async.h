@@ -1,4 +1,5 @@
-// The one-step-off-policy loop of `slime_train --async` (internal to the job module): slime's
+// The asynchronous loops (internal to the job module). First, the one-step-off-policy loop of
+// `slime_train --async`: slime's
 // train_async.py (docs/algorithms.md, "One step off policy") as a schedule over the driver's
 // per-rollout steps. The Driver (driver.cc) implements RolloutSteps; RunAsyncLoop only decides
 // what runs when, so the schedule reads in one place:
@@ -34,6 +35,40 @@
 // Stop: when a step fails or the job is stopped, the generation in flight is cancelled
 // (RolloutSteps::CancelGeneration) and joined before RunAsyncLoop returns; its rollout is
 // discarded (a resume regenerates it from the saved state).
+//
+// Second, the fully asynchronous loop of `slime_train --fully-async` (RunFullyAsyncLoop): a
+// producer thread generates rollout after rollout while the loop's thread trains, and the
+// weight updates land on the engines in the middle of a generation:
+//
+//   producer, for j in [start, num_rollout):
+//     serve any eval asked for (between generations, at the engines' current weights)
+//     wait until j − version ≤ max_staleness   (version: the weights on the engines, = the
+//                                                rollout they were trained through + 1)
+//     generate rollout j; capture the rollout-side state (checkpoint j keeps it); queue both
+//   trainer, for k in [start, num_rollout):
+//     take rollout k from the queue (perf/rollout_wait_time: the trainer idled)
+//     drop from the loss every sample whose oldest token is over the bound (a sample continued
+//       from an earlier rollout by rollout.partial_rollout can be); process, train, save k
+//     if weight_sync.interval is due: wait for an eval in flight (an eval sees one version),
+//       sync with InFlight::kKeep (running requests keep their tokens, continue on the new
+//       weights; their later tokens carry the new version), version = k+1, wake the producer
+//     if eval is due: ask the producer for it; report k
+//
+// Staleness bound: a sample of rollout j is trained at policy version j; its oldest token was
+// generated at a version ≥ the engines' version when j started ≥ j − max_staleness. With
+// max_staleness 0 the loop is synchronous (rollout k+1 starts after the sync of k); with 1 it
+// overlaps like --async but without waiting for the generation to finish before a sync.
+//
+// Metrics added to each rollout's record beside --async's:
+//   rollout/weight_staleness/min     the least lag of a sample's oldest token (max, mean above)
+//   async/stale_samples_dropped      samples over the bound, kept out of the loss
+//   async/queue_depth                finished rollouts waiting when the trainer took this one
+//   async/admitted_version           the engines' weight version when this rollout started
+//   async/producer_wait_time         seconds the producer waited on the bound before it
+//   perf/eval_wait_time              seconds the sync waited for an eval in flight
+//
+// Stop: a failed step or a stop cancels the generation in flight and joins the producer; the
+// queued rollouts are discarded (a resume regenerates them from checkpoint k's state).
 #ifndef SLIME_JOB_DRIVER_ASYNC_H_
 #define SLIME_JOB_DRIVER_ASYNC_H_
 
@@ -42,6 +77,7 @@
 
 #include "driver_report.h"
 #include "nlohmann/json.hpp"
+#include "slime/comm/in_flight.h"
 #include "slime/common/status.h"
 #include "slime/data/prompt_dataset.h"
 #include "slime/rollout/coordinator.h"
@@ -54,9 +90,12 @@ struct RolloutSideState {
   nlohmann::json coordinator;                        // RolloutCoordinator::State()
 };
 
-// The driver's steps. Threads: GenerateRollout runs on the loop's prefetch thread, at most one
-// at a time, and never while CaptureState, UpdateWeights or Evaluate run; CancelGeneration may be
-// called from any thread; the rest run on the thread that called RunAsyncLoop.
+// The driver's steps. Threads (RunAsyncLoop): GenerateRollout runs on the loop's prefetch
+// thread, at most one at a time, and never while CaptureState, UpdateWeights or Evaluate run;
+// CancelGeneration may be called from any thread; the rest run on the thread that called the
+// loop. RunFullyAsyncLoop: GenerateRollout, CaptureState and Evaluate run on the producer
+// thread, one at a time; UpdateWeights (InFlight::kKeep) may run during a generation, never
+// during an eval; the rest run on the loop's thread.
 class RolloutSteps {
  public:
   virtual ~RolloutSteps() = default;
@@ -71,7 +110,9 @@ class RolloutSteps {
                        MetricValues* values) = 0;
   virtual Status Save(int64_t rollout_id, const RolloutSideState& state, MetricValues* values) = 0;
   virtual bool SyncDue(int64_t rollout_id) = 0;
-  virtual Status UpdateWeights(int64_t rollout_id, MetricValues* values) = 0;  // version id + 1
+  // Weight version rollout_id + 1; `in_flight`: what running requests do meanwhile.
+  virtual Status UpdateWeights(int64_t rollout_id, comm::InFlight in_flight,
+                               MetricValues* values) = 0;
   virtual bool EvalDue(int64_t rollout_id) = 0;
   virtual Status Evaluate(int64_t rollout_id, MetricValues* values) = 0;
   // The console summary and the metrics record of the rollout.
@@ -85,9 +126,26 @@ class RolloutSteps {
 // `steps->Stopped()` turns true between rollouts.
 Status RunAsyncLoop(int64_t start_rollout_id, int64_t num_rollout, RolloutSteps* steps);
 
-// rollout_id − the weight version of each sample's oldest generated span, for samples whose
-// versions are integers: {max, mean}; nullopt when no sample has one.
-std::optional<std::pair<double, double>> WeightStaleness(const rollout::RolloutResult& result);
+// Runs rollouts [start_rollout_id, num_rollout) on the fully asynchronous schedule above, no
+// sample trained more than `max_staleness` weight versions behind. Errors: as RunAsyncLoop's;
+// a failed eval is reported at the next sync or at the end.
+Status RunFullyAsyncLoop(int64_t start_rollout_id, int64_t num_rollout, int64_t max_staleness,
+                         RolloutSteps* steps);
+
+// How far behind the policy that trains them a rollout's samples were generated:
+// rollout_id − the weight version of each sample's oldest generated span, over the samples
+// whose versions are integers and that train (not remove_sample).
+struct Staleness {
+  double min = 0;
+  double max = 0;
+  double mean = 0;
+};
+// nullopt when no sample has an integer version.
+std::optional<Staleness> WeightStaleness(const rollout::RolloutResult& result);
+
+// Marks remove_sample on every sample whose oldest integer version lags result->rollout_id by
+// more than `max_staleness` (its loss mask becomes zero); returns how many it marked.
+int64_t DropStaleSamples(int64_t max_staleness, rollout::RolloutResult* result);
 
 }  // namespace slime::job
 

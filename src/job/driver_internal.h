@@ -186,13 +186,15 @@ class Driver : public RolloutSteps {
     return TrainRollout(rollout_id, result, values);
   }
   bool SyncDue(int64_t rollout_id) override;
-  Status UpdateWeights(int64_t rollout_id, MetricValues* values) override;
+  Status UpdateWeights(int64_t rollout_id, comm::InFlight in_flight,
+                       MetricValues* values) override;
   bool EvalDue(int64_t rollout_id) override;
   Status Evaluate(int64_t rollout_id, MetricValues* perf) override;
   Status Report(int64_t rollout_id, const MetricValues& values) override;
   void CancelGeneration() override { coordinator_.Cancel(); }
   bool Stopped() override { return signals_->last_signal() != 0; }
-  StatusOr<Json> SyncWeights(const std::string& version);
+  StatusOr<Json> SyncWeights(const std::string& version,
+                             comm::InFlight in_flight = comm::InFlight::kAbort);
   // Colocated with offload: after a generation, the engines release their GPU memory and the
   // trainers take theirs back.
   Status HandGpuToTrainers(MetricValues* values);

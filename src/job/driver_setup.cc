@@ -46,7 +46,7 @@ std::string MetricsHost(const config::Config& config, const std::string& bind_ho
 }  // namespace
 
 Status Driver::Setup() {
-  if (options_.async_train) SLIME_RETURN_IF_ERROR(CheckAsyncConfig(config_));
+  SLIME_RETURN_IF_ERROR(CheckLoopConfig(config_, options_.loop));
   SLIME_RETURN_IF_ERROR(CheckInputFiles(config_));
   train_only_ = config_.debug.load_debug_rollout_data.has_value();
   SLIME_RETURN_IF_ERROR(MakePathsAbsolute());

@@ -385,10 +385,11 @@ struct TrainerWorker::Impl {
     return absl::OkStatus();
   }
   StatusOr<nlohmann::json> SyncFromDisk(const std::string& version,
-                                        const comm::TensorFetchFn& fetch);
+                                        const comm::TensorFetchFn& fetch, comm::InFlight in_flight);
   // The source's side of SyncWeights (disk or the weight-update group).
   StatusOr<nlohmann::json> SendFromSource(const std::string& version,
-                                          const comm::TensorFetchFn& fetch);
+                                          const comm::TensorFetchFn& fetch,
+                                          comm::InFlight in_flight);
   std::string DiskRoot() const {
     const config::Config& c = options.config;
     return c.weight_sync.disk_dir.value_or(c.cluster.run_dir + "/weight_sync");
@@ -397,8 +398,9 @@ struct TrainerWorker::Impl {
   // from `fetch` (Trainer::FullParameter; at TP > 1 each comes to the CPU as it is gathered, so
   // the device holds one gathered tensor at a time); returns its bytes.
   StatusOr<int64_t> WriteWeightsDir(const std::string& dir, const comm::TensorFetchFn& fetch);
-  // Pause → /update_weights_from_disk → continue on one engine.
-  Status LoadOnEngine(const comm::EngineEndpoint& e, const std::string& dir, const std::string& version);
+  // Pause (as `in_flight` says) → /update_weights_from_disk → continue on one engine.
+  Status LoadOnEngine(const comm::EngineEndpoint& e, const std::string& dir,
+                      const std::string& version, comm::InFlight in_flight);
 
   Status CheckInit() const {
     if (trainer == nullptr) return absl::FailedPreconditionError("trainer: init has not run");
@@ -736,7 +738,8 @@ Status TrainerWorker::ConnectEngines(const nlohmann::json& request) {
   return absl::OkStatus();
 }
 
-StatusOr<nlohmann::json> TrainerWorker::SyncWeights(const std::string& weight_version) {
+StatusOr<nlohmann::json> TrainerWorker::SyncWeights(const std::string& weight_version,
+                                                    comm::InFlight in_flight) {
   SLIME_RETURN_IF_ERROR(impl_->CheckInit());
   SLIME_RETURN_IF_ERROR(impl_->EnsureResident());
   Impl& impl = *impl_;
@@ -759,7 +762,7 @@ StatusOr<nlohmann::json> TrainerWorker::SyncWeights(const std::string& weight_ve
     next = i + 1;
     return trainer->FullParameter(i);
   };
-  StatusOr<nlohmann::json> sent = impl.SendFromSource(weight_version, fetch);
+  StatusOr<nlohmann::json> sent = impl.SendFromSource(weight_version, fetch, in_flight);
   Status finished = impl.FinishGathers(next);  // the TP peers wait in the remaining gathers
   if (!sent.ok()) return sent.status();
   SLIME_RETURN_IF_ERROR(finished);
@@ -769,12 +772,13 @@ StatusOr<nlohmann::json> TrainerWorker::SyncWeights(const std::string& weight_ve
 }
 
 StatusOr<nlohmann::json> TrainerWorker::Impl::SendFromSource(const std::string& version,
-                                                             const comm::TensorFetchFn& fetch) {
-  if (!disk_engines.empty()) return SyncFromDisk(version, fetch);
+                                                             const comm::TensorFetchFn& fetch,
+                                                             comm::InFlight in_flight) {
+  if (!disk_engines.empty()) return SyncFromDisk(version, fetch, in_flight);
   if (sender == nullptr) {
     return absl::FailedPreconditionError("sync_weights: connect_engines has not run");
   }
-  SLIME_RETURN_IF_ERROR(sender->PauseEngines());
+  SLIME_RETURN_IF_ERROR(sender->PauseEngines(in_flight));
   StatusOr<comm::SyncStats> stats =
       sender->Send(std::as_const(*trainer).FullParameterShapes(), fetch, version);
   // Engines continue even after a failed bucket, so they never stay paused.
@@ -820,7 +824,7 @@ StatusOr<int64_t> TrainerWorker::Impl::WriteWeightsDir(const std::string& dir,
 }
 
 Status TrainerWorker::Impl::LoadOnEngine(const comm::EngineEndpoint& e, const std::string& dir,
-                                         const std::string& version) {
+                                         const std::string& version, comm::InFlight in_flight) {
   http::ClientOptions co;
   co.timeout = std::chrono::seconds(60 * options.config.cluster.distributed_timeout_minutes);
   co.bearer_token = config::EngineAccessToken(options.config.cluster);
@@ -831,7 +835,10 @@ Status TrainerWorker::Impl::LoadOnEngine(const comm::EngineEndpoint& e, const st
     if (r.status != 200) return http::StatusFromHttp(r.status, where + " " + path, r.body);
     return absl::OkStatus();
   };
-  SLIME_RETURN_IF_ERROR(post("/pause_generation", nlohmann::json::object()));
+  const nlohmann::json pause = in_flight == comm::InFlight::kKeep
+                                  ? nlohmann::json{{"mode", "retract"}}
+                                  : nlohmann::json::object();
+  SLIME_RETURN_IF_ERROR(post("/pause_generation", pause));
   Status updated = post("/update_weights_from_disk", {{"model_path", dir}, {"weight_version", version}});
   Status resumed = post("/continue_generation", nlohmann::json::object());
   SLIME_RETURN_IF_ERROR(updated);
@@ -851,14 +858,15 @@ void RemoveDir(const std::string& dir) {
 }  // namespace
 
 StatusOr<nlohmann::json> TrainerWorker::Impl::SyncFromDisk(const std::string& version,
-                                                           const comm::TensorFetchFn& fetch) {
+                                                           const comm::TensorFetchFn& fetch,
+                                                           comm::InFlight in_flight) {
   const config::Config& c = options.config;
   const auto start = std::chrono::steady_clock::now();
   const std::string dir = fmt::format("{}/v{}", DiskRoot(), version);
   SLIME_ASSIGN_OR_RETURN(int64_t bytes, WriteWeightsDir(dir, fetch));
   const double write_s = SecondsSince(start);
   for (const comm::EngineEndpoint& e : disk_engines) {
-    SLIME_RETURN_IF_ERROR(LoadOnEngine(e, dir, version));
+    SLIME_RETURN_IF_ERROR(LoadOnEngine(e, dir, version, in_flight));
   }
   if (!last_disk_dir.empty() && last_disk_dir != dir && !c.weight_sync.disk_keep_files) {
     RemoveDir(last_disk_dir);
@@ -941,7 +949,7 @@ StatusOr<nlohmann::json> TrainerWorker::ResyncEngine(const nlohmann::json& reque
     if (!reuse) RemoveDir(dir);
     return request_ok;
   }
-  Status loaded = impl.LoadOnEngine(e, dir, version);
+  Status loaded = impl.LoadOnEngine(e, dir, version, comm::InFlight::kAbort);
   if (!reuse) RemoveDir(dir);
   SLIME_RETURN_IF_ERROR(loaded);
   spdlog::info("weight sync: engine {}:{} resynced to weight_version {} from {} in {:.2f} s",

@@ -7,7 +7,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,8 +28,13 @@ class ScriptedSteps : public RolloutSteps {
   int64_t fail_train_at = -1;
   int64_t stop_after_report = -1;
   std::chrono::milliseconds generate_time{40};
+  std::chrono::milliseconds train_time{20};
+  std::chrono::milliseconds sync_time{0};
+  std::chrono::milliseconds eval_time{0};
+  bool fully_async = false;  // RunFullyAsyncLoop: generation runs on across syncs
   int64_t slow_from = -1;  // rollouts from this one take 30 s unless cancelled
   int64_t num_rollout = 4;
+  std::optional<int64_t> carried_sample_version;  // adds one sample this old to every rollout
 
   StatusOr<rollout::RolloutResult> GenerateRollout(int64_t rollout_id) override {
     EXPECT_FALSE(generating_.exchange(true)) << "two generations at once";
@@ -52,7 +59,20 @@ class ScriptedSteps : public RolloutSteps {
     result.rollout_id = rollout_id;
     data::Sample s;
     s.weight_versions = {std::to_string(version)};
+    // A sync landed during the generation: the answer's later tokens carry the new version.
+    if (const int64_t now = version_.load(); now != version) {
+      s.weight_versions.push_back(std::to_string(now));
+    }
     result.groups.push_back({s, s});
+    if (carried_sample_version) {  // a sample continued from an earlier rollout
+      data::Sample old;
+      old.weight_versions = {std::to_string(*carried_sample_version), std::to_string(version)};
+      result.groups.push_back({old});
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      generated_versions[rollout_id] = result.groups.front().front().weight_versions;
+    }
     return result;
   }
   RolloutSideState CaptureState() override {
@@ -68,9 +88,14 @@ class ScriptedSteps : public RolloutSteps {
     Event("process", rollout_id);
     return absl::OkStatus();
   }
-  Status Train(int64_t rollout_id, const rollout::RolloutResult&, MetricValues*) override {
+  Status Train(int64_t rollout_id, const rollout::RolloutResult& result,
+               MetricValues*) override {
     Event("train", rollout_id);
-    if (rollout_id + 1 < num_rollout) {
+    for (const data::SampleGroup& g : result.groups) {
+      for (const data::Sample& s : g) removed[rollout_id] += s.remove_sample;
+    }
+    trained.push_back(rollout_id);
+    if (!fully_async && rollout_id + 1 < num_rollout) {
       // The next rollout generates while this one trains.
       std::unique_lock<std::mutex> lock(mu_);
       EXPECT_TRUE(started_cv_.wait_for(lock, std::chrono::seconds(5),
@@ -78,7 +103,7 @@ class ScriptedSteps : public RolloutSteps {
           << "generation of rollout " << rollout_id + 1 << " did not start during training of "
           << rollout_id;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(train_time);
     if (rollout_id == fail_train_at) return absl::InternalError("trainer died");
     return absl::OkStatus();
   }
@@ -88,9 +113,18 @@ class ScriptedSteps : public RolloutSteps {
     return absl::OkStatus();
   }
   bool SyncDue(int64_t rollout_id) override { return (rollout_id + 1) % sync_interval == 0; }
-  Status UpdateWeights(int64_t rollout_id, MetricValues*) override {
-    EXPECT_FALSE(generating_) << "weight update during a generation (rollout " << rollout_id << ")";
+  Status UpdateWeights(int64_t rollout_id, comm::InFlight in_flight, MetricValues*) override {
+    if (fully_async) {
+      EXPECT_EQ(in_flight, comm::InFlight::kKeep) << "a fully async sync drains the engines";
+      EXPECT_FALSE(evaluating_) << "weight update during an eval (rollout " << rollout_id << ")";
+    } else {
+      EXPECT_EQ(in_flight, comm::InFlight::kAbort);
+      EXPECT_FALSE(generating_) << "weight update during a generation (rollout " << rollout_id
+                                << ")";
+    }
+    if (generating_) Event("sync during gen", rollout_id);
     Event("sync", rollout_id);
+    std::this_thread::sleep_for(sync_time);
     version_ = rollout_id + 1;
     return absl::OkStatus();
   }
@@ -99,7 +133,11 @@ class ScriptedSteps : public RolloutSteps {
   }
   Status Evaluate(int64_t rollout_id, MetricValues*) override {
     EXPECT_FALSE(generating_) << "eval during a generation";
+    evaluating_ = true;
     Event("eval", rollout_id);
+    eval_versions.push_back(version_.load());
+    std::this_thread::sleep_for(eval_time);
+    evaluating_ = false;
     return absl::OkStatus();
   }
   Status Report(int64_t rollout_id, const MetricValues& values) override {
@@ -128,6 +166,11 @@ class ScriptedSteps : public RolloutSteps {
 
   std::vector<int64_t> saved_offsets;
   std::vector<MetricValues> reports;
+  std::vector<int64_t> trained;
+  std::vector<int64_t> eval_versions;  // the weight version each eval saw
+  std::map<int64_t, std::vector<std::string>> generated_versions;  // guarded by mu_
+  // The rollouts whose Train received a sample marked remove_sample, by count.
+  std::map<int64_t, int64_t> removed;
 
  private:
   void Event(const std::string& what, int64_t id) {
@@ -140,6 +183,7 @@ class ScriptedSteps : public RolloutSteps {
   std::vector<std::string> events_;
   int64_t offset_ = 0;
   std::atomic<bool> generating_{false};
+  std::atomic<bool> evaluating_{false};
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> stopped_{false};
   std::atomic<int64_t> version_{0};
@@ -230,10 +274,144 @@ TEST(AsyncLoop, WeightStalenessIgnoresSamplesWithoutANumericVersion) {
   r.groups.push_back({a, b, c});
   auto st = WeightStaleness(r);
   ASSERT_TRUE(st.has_value());
-  EXPECT_EQ(st->first, 2.0);
-  EXPECT_EQ(st->second, 1.5);
+  EXPECT_EQ(st->max, 2.0);
+  EXPECT_EQ(st->min, 1.0);
+  EXPECT_EQ(st->mean, 1.5);
   r.groups = {{c}};
   EXPECT_FALSE(WeightStaleness(r).has_value());
+}
+
+// ---- RunFullyAsyncLoop ----------------------------------------------------------------------
+
+std::vector<std::string> Versions(std::initializer_list<int64_t> v) {
+  std::vector<std::string> out;
+  for (int64_t x : v) out.push_back(std::to_string(x));
+  return out;
+}
+
+TEST(FullyAsyncLoop, ASlowTrainerMakesTheProducerWaitOnTheBound) {
+  ScriptedSteps steps;
+  steps.fully_async = true;
+  steps.num_rollout = 6;
+  steps.train_time = std::chrono::milliseconds(150);  // generation takes 40 ms
+  ASSERT_TRUE(RunFullyAsyncLoop(0, 6, /*max_staleness=*/1, &steps).ok());
+  ASSERT_EQ(steps.reports.size(), 6u);
+  EXPECT_EQ(steps.trained, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  double producer_waited = 0;
+  for (int64_t k = 0; k < 6; ++k) {
+    const MetricValues& v = steps.reports[k];
+    // Rollout k starts once the weights of k − 1 are on the engines (k − version ≤ 1), and
+    // finishes before the next sync: every token carries version k − 1.
+    EXPECT_EQ(v.at("async/admitted_version"), static_cast<double>(std::max<int64_t>(0, k - 1)));
+    EXPECT_EQ(steps.generated_versions.at(k), Versions({std::max<int64_t>(0, k - 1)})) << k;
+    EXPECT_EQ(v.at("rollout/weight_staleness/max"), k == 0 ? 0.0 : 1.0) << k;
+    EXPECT_LE(v.at("rollout/weight_staleness/min"), v.at("rollout/weight_staleness/max"));
+    EXPECT_EQ(v.at("async/stale_samples_dropped"), 0.0);
+    producer_waited += v.at("async/producer_wait_time");
+  }
+  // The producer ran ahead and waited on the bound while the trainer trained (~110 ms a
+  // rollout from rollout 2 on).
+  EXPECT_GT(producer_waited, 0.3);
+  EXPECT_EQ(steps.IndexOf("gen 6"), -1);
+  // Checkpoint k keeps the data source after rollout k, however far the producer had run.
+  EXPECT_EQ(steps.saved_offsets, (std::vector<int64_t>{4, 8, 12, 16, 20, 24}));
+}
+
+TEST(FullyAsyncLoop, WeightUpdatesLandDuringAGenerationAndItsTokensCarryBothVersions) {
+  ScriptedSteps steps;
+  steps.fully_async = true;
+  steps.num_rollout = 5;
+  steps.generate_time = std::chrono::milliseconds(250);
+  steps.train_time = std::chrono::milliseconds(10);
+  ASSERT_TRUE(RunFullyAsyncLoop(0, 5, /*max_staleness=*/2, &steps).ok());
+  // Rollout j (j ≥ 1) starts as rollout j − 1 finishes, at version j − 1; the sync of j − 1
+  // (version j) lands while it generates.
+  EXPECT_EQ(steps.generated_versions.at(0), Versions({0}));
+  for (int64_t j = 1; j < 5; ++j) {
+    EXPECT_EQ(steps.generated_versions.at(j), Versions({j - 1, j})) << j;
+    EXPECT_GE(steps.IndexOf("sync during gen " + std::to_string(j - 1)), 0) << j;
+    EXPECT_EQ(steps.reports[j].at("rollout/weight_staleness/max"), 1.0) << j;
+  }
+  // The trainer idled on generation: it waited for every rollout.
+  EXPECT_GT(steps.reports[2].at("perf/rollout_wait_time"), 0.15);
+}
+
+TEST(FullyAsyncLoop, MaxStalenessZeroIsTheSynchronousSchedule) {
+  ScriptedSteps steps;
+  steps.fully_async = true;
+  ASSERT_TRUE(RunFullyAsyncLoop(0, 4, /*max_staleness=*/0, &steps).ok());
+  for (int64_t k = 0; k + 1 < 4; ++k) {
+    EXPECT_GT(steps.IndexOf("gen " + std::to_string(k + 1)), steps.IndexOf("sync " + std::to_string(k)));
+    EXPECT_EQ(steps.generated_versions.at(k), Versions({k}));
+    EXPECT_EQ(steps.reports[k].at("rollout/weight_staleness/max"), 0.0);
+  }
+  EXPECT_EQ(steps.IndexOf("sync during gen 0"), -1);
+}
+
+TEST(FullyAsyncLoop, SamplesOverTheBoundAreDroppedFromTheLoss) {
+  ScriptedSteps steps;
+  steps.fully_async = true;
+  steps.num_rollout = 5;
+  steps.carried_sample_version = 0;  // one sample of every rollout began at version 0
+  ASSERT_TRUE(RunFullyAsyncLoop(0, 5, /*max_staleness=*/1, &steps).ok());
+  for (int64_t k = 0; k < 5; ++k) {
+    const int64_t over = k >= 2 ? 1 : 0;  // lag k > 1
+    EXPECT_EQ(steps.removed[k], over) << k;
+    EXPECT_EQ(steps.reports[k].at("async/stale_samples_dropped"), static_cast<double>(over)) << k;
+    // What trains is within the bound.
+    EXPECT_LE(steps.reports[k].at("rollout/weight_staleness/max"), 1.0) << k;
+  }
+}
+
+TEST(FullyAsyncLoop, AnEvalRunsBetweenGenerationsAtOneWeightVersion) {
+  ScriptedSteps steps;
+  steps.fully_async = true;
+  steps.num_rollout = 4;
+  steps.eval_interval = 2;
+  steps.eval_time = std::chrono::milliseconds(120);  // longer than a rollout's training
+  ASSERT_TRUE(RunFullyAsyncLoop(0, 4, /*max_staleness=*/1, &steps).ok());
+  // Asked after the syncs of rollouts 1 and 3: each saw the weights of that sync, no update
+  // landed during it (UpdateWeights checks), and the loop waited for the last one.
+  EXPECT_EQ(steps.eval_versions, (std::vector<int64_t>{2, 4}));
+  EXPECT_GE(steps.IndexOf("eval 3"), 0);
+  EXPECT_GT(steps.IndexOf("sync 2"), steps.IndexOf("eval 1"));
+  EXPECT_GT(steps.reports[2].at("perf/eval_wait_time"), 0.0);
+}
+
+TEST(FullyAsyncLoop, AFailureOrAStopCancelsTheGenerationAndJoinsTheProducer) {
+  {
+    ScriptedSteps steps;
+    steps.fully_async = true;
+    steps.fail_train_at = 1;
+    steps.slow_from = 2;
+    const auto start = std::chrono::steady_clock::now();
+    Status s = RunFullyAsyncLoop(0, 4, 1, &steps);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_TRUE(steps.cancelled());
+    EXPECT_FALSE(steps.generating()) << "the producer outlived the loop";
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  }
+  {
+    ScriptedSteps steps;
+    steps.fully_async = true;
+    steps.fail_generate_at = 2;
+    Status s = RunFullyAsyncLoop(0, 4, 1, &steps);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_EQ(steps.IndexOf("train 2"), -1);
+    EXPECT_EQ(steps.IndexOf("gen 3"), -1) << "the producer stops at a failed generation";
+  }
+  {
+    ScriptedSteps steps;
+    steps.fully_async = true;
+    steps.slow_from = 1;
+    steps.stop_after_report = 0;
+    const auto start = std::chrono::steady_clock::now();
+    Status s = RunFullyAsyncLoop(0, 4, 1, &steps);
+    EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+    EXPECT_TRUE(steps.cancelled());
+    EXPECT_EQ(steps.IndexOf("train 1"), -1);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  }
 }
 
 }  // namespace

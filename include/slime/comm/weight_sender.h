@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "slime/comm/in_flight.h"
 #include "slime/comm/process_group.h"
 #include "slime/common/status.h"
 #include "slime/model/checkpoint.h"
@@ -103,9 +104,9 @@ class WeightSender {
                            bool flush_cache = true);
   Status Disconnect();
 
-  // POST /pause_generation {} then GET /flush_cache (retried until 200 or the timeout), and
-  // POST /continue_generation {} — on every engine.
-  Status PauseEngines();
+  // On every engine: POST /pause_generation, then (kAbort) GET /flush_cache retried until 200 or
+  // the timeout; POST /continue_generation {}.
+  Status PauseEngines(InFlight in_flight = InFlight::kAbort);
   Status ContinueEngines();
 
   const WeightSenderOptions& options() const { return options_; }

@@ -81,6 +81,9 @@ struct RolloutConfig {
   std::optional<std::string> dynamic_sampling_filter;
   bool partial_rollout = false;
   bool mask_offpolicy_in_partial_rollout = false;
+  // --fully-async only: no trained sample's oldest token is more than this many weight
+  // versions behind the trainer (the driver checks it; unset there: 1).
+  std::optional<int> max_staleness;
   int engine_concurrency = 512;
   double request_timeout_s = 3600;  // one /generate call of the rollout
   int request_max_attempts = 60;    // tries while an engine refuses connections

@@ -28,6 +28,15 @@
 //             data source as it was after rollout k was drawn (the prefetched rollout is
 //             discarded on stop and regenerated on resume). Not with cluster.colocate.
 //             Schedule and extra metrics: src/job/driver_async.h.
+//   fully async  DriverOptions::loop kFullyAsync (`slime_train train --fully-async`): the engines
+//             generate rollout after rollout on a producer thread while the trainers train; a
+//             weight update lands between decode steps without draining them (running requests
+//             keep their tokens and continue with the new weights, each token tagged with its
+//             version); rollout j starts only while j − the engines' weight version ≤
+//             rollout.max_staleness, and samples over the bound are dropped from the loss.
+//             Eval runs on the producer between generations, at one weight version. A
+//             checkpoint of k keeps the data source as it was after rollout k was drawn.
+//             Schedule and metrics: src/job/driver_async.h. Not with cluster.colocate.
 //   debug     debug.rollout_only: generate (and save_debug_rollout_data) only;
 //             debug.load_debug_rollout_data: train only, on rollouts saved earlier by
 //             save_debug_rollout_data (no engines).
@@ -51,16 +60,24 @@
 
 namespace slime::job {
 
+// Which loop runs the rollouts (above).
+enum class TrainLoop {
+  kSync,        // generate, train, sync, one after another
+  kOneStepOff,  // --async
+  kFullyAsync,  // --fully-async
+};
+
 struct DriverOptions {
   config::Config config;                 // resolved
   runtime::PlacementRequest placement;   // what to place (app::PlanJob's request)
   std::string head_node_name = "node0";  // this node's name in the runtime
   double start_timeout_s = 600;          // nodes and actors must be up within this
-  bool async_train = false;              // --async: the one-step-off-policy loop (above)
+  TrainLoop loop = TrainLoop::kSync;     // --async, --fully-async (above)
 };
 
-// Errors: the config cannot run the --async loop (cluster.colocate); the message says why.
-Status CheckAsyncConfig(const config::Config& config);
+// Errors: the config cannot run `loop` (cluster.colocate with an async loop, trainer failover,
+// rollout.max_staleness without --fully-async); the message names the key and the flag.
+Status CheckLoopConfig(const config::Config& config, TrainLoop loop);
 
 // Errors: a file the job reads does not exist (model.hf_checkpoint with its config.json and
 // tokenizer.json, data.prompt_data, eval.datasets[].path, reward.custom_rm_path,

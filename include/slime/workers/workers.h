@@ -80,6 +80,7 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "slime/comm/in_flight.h"
 #include "slime/common/status.h"
 #include "slime/config/config.h"
 #include "slime/data/rollout_batch.h"
@@ -150,7 +151,10 @@ class TrainerWorker {
   // part in the gathers and sends to stage 0; other DP ranks send nothing ({"source": false,
   // "seconds"}). Then, on
   // every rank, the trainer's keep_old_actor queue (each rank keeps its own).
-  StatusOr<nlohmann::json> SyncWeights(const std::string& weight_version);
+  // `in_flight`: what the engines' running requests do meanwhile (comm::InFlight: aborted, as
+  // between rollouts, or kept across the update, as in fully async training).
+  StatusOr<nlohmann::json> SyncWeights(const std::string& weight_version,
+                                       comm::InFlight in_flight = comm::InFlight::kAbort);
   // One (restarted) engine, {"host", "port"}, gets the trainer's current weights through the
   // disk transport (an HF directory under weight_sync.disk_dir, default <run_dir>/weight_sync,
   // loaded with /update_weights_from_disk; the disk transport's own directory is reused when it
