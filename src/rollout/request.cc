@@ -171,7 +171,10 @@ Status ApplyGenerateResponse(const nlohmann::json& response, data::Sample* sampl
     for (size_t i = 0; i < it->size(); ++i) {
       const nlohmann::json& span = (*it)[i];
       if (!span.is_object() || !span.contains("version") || !span["version"].is_string()) {
-        return bad(fmt::format("has a malformed meta_info.weight_versions[{}]", i));
+        return bad(fmt::format(
+            "has a malformed meta_info.weight_versions[{}] (each entry is {{\"version\": "
+            "string, \"start\": int, \"end\": int}})",
+            i));
       }
       versions.push_back(span["version"].get<std::string>());
     }

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "test_paths.h"
 
@@ -181,6 +182,35 @@ TEST(CliTest, NotEnoughGpusIsAClearPlacementError) {
   EXPECT_NE(r.err.find("needs 12 GPUs"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("cluster.num_nodes"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("terminate"), std::string::npos) << r.err;
+}
+
+TEST(CliTest, TheAsyncLoopsRefuseWhatTheyCannotHonour) {
+  const std::string job = "--config configs/grpo-tiny-cpu.yaml --dry-run ";
+  struct Case {
+    std::string args;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--set rollout.max_staleness=2",
+            "rollout.max_staleness bounds the fully asynchronous loop only"},
+           {"--async --set rollout.max_staleness=2",
+            "rollout.max_staleness bounds the fully asynchronous loop only"},
+           {"--async --fully-async", "--async and --fully-async are two different loops"},
+           {"--fully-async --set cluster.colocate=true", "--fully-async: cluster.colocate is true"},
+           {"--fully-async --set weight_sync.interval=3",
+            "weight_sync.interval 3 lets the engines' weights fall 2 versions behind, more than "
+            "rollout.max_staleness 1 allows"},
+           {"--fully-async --set debug.rollout_only=true", "debug.rollout_only leaves only one"},
+           {"--fully-async --set rollout.max_staleness=-1", "rollout.max_staleness"},
+       }) {
+    RunResult r = RunSlime(job + c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << "\n" << r.err;
+  }
+  // Within the bound: the plan prints.
+  RunResult ok = RunSlime(job +
+                          "--fully-async --set weight_sync.interval=3 --set rollout.max_staleness=2");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
 }
 
 TEST(CliTest, UnknownKeySuggestsTheRightOne) {

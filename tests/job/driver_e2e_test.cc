@@ -340,6 +340,57 @@ TEST_F(DriverE2eTest, AsyncRefusesColocatedJobsAndTrainerFailover) {
       << failover.err();
 }
 
+// ---- --fully-async: generation and training overlap under rollout.max_staleness ------------
+
+TEST_F(DriverE2eTest, FullyAsyncKeepsEveryTrainedSampleWithinTheBoundAndUpdatesMidGeneration) {
+  // 64-token answers, one request at a time per engine: a rollout generates for seconds while
+  // the trainer needs well under one, so each weight update lands in a generation.
+  const fs::path config = WriteConfig(
+      5, "debug:\n  save_debug_rollout_data: \"" + dir_.string() +
+             "/rollouts/{rollout_id}.json\"\n");
+  Child run({"--config", config.string(), "--fully-async", "--set", "rollout.max_staleness=2",
+             "--set", "rollout.max_response_len=64", "--set", "rollout.engine_concurrency=1"},
+            dir_);
+  std::optional<int> code = run.Wait(std::chrono::seconds(600));
+  ASSERT_EQ(code, 0) << "stdout:\n" << run.out() << "\nstderr:\n" << run.err();
+  EXPECT_NE(run.out().find("done: rollouts 0..4"), std::string::npos) << run.out();
+  std::map<int64_t, Json> records = RolloutRecords(dir_ / "run" / "metrics.jsonl");
+  ASSERT_EQ(records.size(), 5u);
+  int evals = 0;
+  for (const Json& r : ReadJsonl(dir_ / "run" / "metrics.jsonl")) evals += r.contains("eval/add2");
+  EXPECT_EQ(evals, 6);  // before training and after every rollout, on the producer
+  int interrupted = 0;  // answers generated across a weight update
+  for (const auto& [id, r] : records) {
+    for (const char* key : {"async/admitted_version", "async/queue_depth",
+                            "async/stale_samples_dropped", "async/producer_wait_time",
+                            "rollout/weight_staleness/min", "rollout/weight_staleness/max",
+                            "perf/rollout_wait_time", "perf/update_weights_time", "train/loss"}) {
+      EXPECT_TRUE(r.contains(key)) << key << " missing in " << r.dump();
+    }
+    EXPECT_LE(r.value("rollout/weight_staleness/max", 99.0), 2.0) << id;
+    EXPECT_GE(r.at("async/admitted_version").get<double>(), static_cast<double>(id - 2)) << id;
+    for (const Json& s : SavedSamples(dir_ / "rollouts" / (std::to_string(id) + ".json"))) {
+      // Consecutive versions, oldest first, none older than the bound.
+      std::vector<int64_t> versions;
+      for (const Json& v : s.at("weight_versions")) versions.push_back(std::stoll(v.get<std::string>()));
+      ASSERT_FALSE(versions.empty()) << id;
+      EXPECT_GE(versions.front(), id - 2) << id << " " << s.dump();
+      EXPECT_LE(versions.back(), id) << id;
+      for (size_t i = 1; i < versions.size(); ++i) EXPECT_EQ(versions[i], versions[i - 1] + 1);
+      interrupted += versions.size() > 1;
+      // A retracted answer keeps its tokens and their log-probs.
+      EXPECT_EQ(s.at("rollout_log_probs").size(), s.at("response_length").get<size_t>()) << id;
+    }
+  }
+  EXPECT_GT(interrupted, 0) << "no weight update landed during a generation";
+  // Checkpoint k keeps the data source after rollout k, though the producer had run ahead.
+  for (int64_t k = 0; k < 5; ++k) {
+    Json state = Json::parse(ReadFile(dir_ / "ckpt" / "rollout" /
+                                      ("data_source_state_" + std::to_string(k) + ".json")));
+    EXPECT_EQ(state.at("sample_offset").get<int64_t>(), (k + 1) * 4) << k;
+  }
+}
+
 // Starts `config` and SIGKILLs engine-1's worker as soon as rollout 0 is reported, i.e. while
 // rollout 1 generates (64-token responses, one request at a time per engine: several seconds).
 // Returns the killed pid (-1 when the run ended first).

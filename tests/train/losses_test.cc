@@ -254,6 +254,37 @@ TEST(PolicyLossTest, IcepopZeroesTokensOutsideTheBand) {
   EXPECT_NEAR(MetricOf(*out, "tis_clipfrac"), 2.5, 1e-12);
 }
 
+TEST(PolicyLossTest, IcepopFromZeroIsAReaLsDecoupledPpo) {
+  // AReaL's decoupled PPO (fully async training): the clip is taken against the proximal policy
+  // (logp_old, recomputed by the trainer before the step), and each token's loss is weighted by
+  // the proximal/behaviour ratio w = exp(old − roll), tokens with w over the cap masked out:
+  //   L_t = −w_t · 1[w_t ≤ cap] · min(ρ_t A_t, clip(ρ_t, 1 − ε, 1 + ε) A_t).
+  // Written here from that definition, it equals icepop over [0, cap] (docs/algorithms.md).
+  Batch b;
+  const double eps = 0.2;
+  for (const double cap : {1.2, 1.5, 5.0}) {
+    PolicyLossOptions o;
+    o.eps_clip = eps;
+    o.eps_clip_high = eps;
+    o.use_tis = true;
+    o.tis_type = TisType::kIcepop;
+    o.tis_clip_low = 0.0;
+    o.tis_clip = cap;
+    PolicyLossInputs in = b.Inputs();
+    in.rollout_log_probs = b.rollout;
+    auto out = PolicyLoss(o, b.Reducer(), in);
+    ASSERT_TRUE(out.ok()) << out.status();
+
+    const torch::Tensor ratio = (b.logp - b.old).exp();
+    const torch::Tensor w = (b.old - b.rollout).exp();
+    const torch::Tensor kept = (w <= cap).to(torch::kDouble);
+    const torch::Tensor surrogate =
+        torch::min(ratio * b.adv, ratio.clamp(1 - eps, 1 + eps) * b.adv);
+    const torch::Tensor decoupled = -w * kept * surrogate;
+    EXPECT_NEAR(MetricOf(*out, "pg_loss"), Item(b.Reducer().Reduce(decoupled)), 1e-12) << cap;
+  }
+}
+
 TEST(PolicyLossTest, GspoUsesTheSequenceLevelRatio) {
   // Δ per sample = masked mean of old − logp: [−.25, −.25 | .4, .4 (mask of sample 1 = {1,0})
   // | −1.4]; ρ_i = exp(−Δ_i) = 1.284, .670, 4.055. With ε_high .28 sample 0 is clipped:

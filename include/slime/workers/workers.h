@@ -38,7 +38,8 @@
 //   Save(id, extra)   a checkpoint under checkpoint.save at iteration `id` (written in the
 //                     background with checkpoint.async_save; WaitForSave waits for it).
 //   ConnectEngines / SyncWeights / DisconnectEngines   SGLang's distributed update: pause the
-//                     engines, flush, broadcast every parameter in buckets, continue.
+//                     engines, flush, broadcast every parameter in buckets, continue (fully
+//                     async: pause in retract mode, the running requests wait, no flush wait).
 //   ResyncEngine      one restarted engine gets the current weights (disk transport).
 // Weight export at TP > 1 or PP > 1 (SyncWeights, ResyncEngine): the engines take full HF
 // tensors, each exactly once. Rank 0 (TP rank 0 of stage 0 of DP rank 0) is the source and the
