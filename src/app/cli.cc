@@ -134,11 +134,11 @@ int RunCli(int argc, char** argv) {
                       "config and the placement plan, then exit");
   train_cmd->add_flag("--async", train.async_train,
                       "One-step off-policy (slime's train_async.py): generate rollout N+1 while "
-                      "training on N; not with cluster.colocate (docs/operations.md)");
+                      "training on N; not with colocated offload (docs/operations.md)");
   train_cmd->add_flag("--fully-async", train.fully_async_train,
                       "Fully asynchronous: the engines generate continuously, weight updates land "
                       "without draining them, no sample older than rollout.max_staleness "
-                      "versions (default 1); not with cluster.colocate (docs/operations.md)");
+                      "versions (default 1); not with colocated offload (docs/operations.md)");
   train_cmd->add_option("--log-level", train.log_level,
                         "trace|debug|info|warn|error|critical|off (default: debug.log_level)");
 

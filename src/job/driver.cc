@@ -382,11 +382,16 @@ Status CheckLoopConfig(const config::Config& config, TrainLoop loop) {
   }
   if (loop == TrainLoop::kSync) return absl::OkStatus();
   const char* flag = loop == TrainLoop::kOneStepOff ? "--async" : "--fully-async";
-  if (config.cluster.colocate) {
+  // Colocated with offload, engines and trainers take turns on the GPUs; without it they share
+  // each device at once (each its memory share), which an overlapping loop can use.
+  if (config.cluster.colocate &&
+      (config.cluster.offload_train.value_or(false) || config.cluster.offload_rollout.value_or(false))) {
     return absl::InvalidArgumentError(fmt::format(
-        "{}: cluster.colocate is true, but this loop generates on the engines while the "
-        "trainers train, so they need devices of their own (slime's train_async.py asserts the "
-        "same); set cluster.colocate: false or run without {}",
+        "{}: cluster.colocate is true with offload (cluster.offload_train / offload_rollout), "
+        "so engines and trainers take turns on the devices, but this loop generates while the "
+        "trainers train (slime's train_async.py asserts the same); set cluster.offload_train and "
+        "cluster.offload_rollout to false to share each device at once (each its memory share: rollout.mem_fraction_static), "
+        "cluster.colocate: false, or run without {}",
         flag, flag));
   }
   if (config.fault_tolerance.max_trainer_restarts > 0) {

@@ -207,10 +207,17 @@ TEST(CliTest, TheAsyncLoopsRefuseWhatTheyCannotHonour) {
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.err;
     EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << "\n" << r.err;
   }
-  // Within the bound: the plan prints.
+  // Within the bound: the plan prints; so it does colocated without offload (engines and
+  // trainers share each device at once).
   RunResult ok = RunSlime(job +
                           "--fully-async --set weight_sync.interval=3 --set rollout.max_staleness=2");
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  for (const char* loop : {"--fully-async", "--async"}) {
+    ok = RunSlime(job + loop +
+                  " --set cluster.colocate=true --set cluster.offload_train=false"
+                  " --set cluster.offload_rollout=false");
+    EXPECT_EQ(ok.exit_code, 0) << loop << "\n" << ok.err;
+  }
 }
 
 TEST(CliTest, UnknownKeySuggestsTheRightOne) {
