@@ -8,12 +8,16 @@
 # (configs/qwen3-4b-grpo-8gpu.yaml) squeezed onto one GPU — random-weight Qwen3-4B shape
 # (tests/data/model/configs/qwen3-4b.json), TP 1, one engine, 32 prompts × 8 samples of
 # SLIME_4B_RESPONSE_LEN (default 1024) tokens — the single-GPU slice of issue 9's runs.
+# Modes shared-sync, shared-async and fully-async-N: the colocate mode's job with engine and
+# trainer sharing the GPU at once (no offload; the engine takes rollout.mem_fraction_static
+# 0.5), run synchronously, with --async, and with --fully-async at rollout.max_staleness N —
+# the side-by-side of docs/benchmarks.md "Fully asynchronous training".
 # Run inside scripts/device/run.sh (it sets SLIME_BUILD and SLIME_LOGS):
 #
 #   scripts/device/run.sh --no-tests --run 'scripts/device/e2e_bench.sh [ROLLOUTS] [MODES]'
 #
-# ROLLOUTS per run (default 5), MODES a subset of "sync async kill colocate colocate-4b"
-# (default the first four).
+# ROLLOUTS per run (default 5), MODES a subset of "sync async kill colocate colocate-4b
+# shared-sync shared-async fully-async-1 fully-async-2 fully-async-4" (default the first four).
 # Per mode: <mode>.log (console) and <mode>.jsonl (metrics) in $SLIME_LOGS, and a summary of the
 # per-rollout times on stdout.
 set -uo pipefail
@@ -36,10 +40,36 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if '"perf/step_time"' in l]
 keys = ["perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/step_time",
         "perf/rollout_wait_time", "perf/rollout_train_overlap_time", "perf/tokens_per_sec",
         "train/train_rollout_logprob_abs_diff", "rollout/engine_restarts", "rollout/weight_staleness/max",
+        "rollout/weight_staleness/mean", "async/producer_wait_time", "async/queue_depth",
         "perf/offload_rollout_time", "perf/onload_rollout_time", "perf/onload_train_time",
         "perf/offload_train_time"]
 for r in rows:
     print(r["rollout_id"], " ".join(f"{k.split('/')[-1]}={r[k]:.3f}" for k in keys if k in r))
+EOF
+}
+
+# Trained samples per second over the loop ("done: rollouts a..b in S s") and the idle shares:
+# the trainer waits for rollouts (sync: the whole generation), the engines wait on the
+# staleness bound (fully async) or for training and the sync (sync).
+throughput() {  # log jsonl samples_per_rollout
+  python3 - "$1" "$2" "$3" <<'EOF'
+import json, re, sys
+done = [l for l in open(sys.argv[1]) if l.startswith("done: rollouts")]
+if not done:
+    print("throughput: no 'done' line"); sys.exit(0)
+a, b, secs = re.match(r"done: rollouts (\d+)\.\.(\d+) in (\d+) s", done[-1]).groups()
+n, secs = int(b) - int(a) + 1, float(secs)
+rows = [json.loads(l) for l in open(sys.argv[2]) if '"perf/step_time"' in l]
+total = lambda k: sum(r.get(k, 0.0) for r in rows)
+if any("timeline/train_start_s" in r for r in rows):  # --async, --fully-async
+    trainer_idle = total("perf/rollout_wait_time")
+    engine_idle = total("async/producer_wait_time") + total("perf/update_weights_time")
+else:
+    trainer_idle = total("perf/rollout_time")
+    engine_idle = total("perf/step_time") - total("perf/rollout_time")
+per = int(sys.argv[3])
+print(f"throughput: {n} rollouts x {per} samples in {secs:.0f} s = {n * per / secs:.2f} "
+      f"trained samples/s; trainer idle {trainer_idle / secs:.0%}, engine idle {engine_idle / secs:.0%}")
 EOF
 }
 
@@ -69,7 +99,8 @@ for mode in ${modes}; do
           --set rollout.mem_fraction_static=0.45)  # 0.7 is per GPU of TP 2; the whole
                                                   # trainer (56 GB at init) shares this one
   fi
-  if [ "${mode}" = colocate ]; then  # one GPU; the 2-GPU job's batch shape and data
+  if [ "${mode}" = colocate ] || [[ "${mode}" == shared-* || "${mode}" == fully-async-* ]]; then
+    # one GPU; the 2-GPU job's batch shape and data
     args=(--config configs/qwen3-0.6b-grpo.yaml --set "cluster.run_dir=${run_dir}"
           --set "checkpoint.save=${run_dir}/ckpt" --set "eval.datasets=[]" --set eval.interval=null
           --set data.prompt_data=data/demo/train.jsonl --set data.input_key=input
@@ -77,10 +108,18 @@ for mode in ${modes}; do
           --set data.rollout_batch_size=32 --set train.global_batch_size=256
           --set "data.num_rollout=${rollouts}" --set checkpoint.save_interval=1000
           --set train.max_tokens_per_gpu=16384)
+    if [ "${mode}" != colocate ]; then  # engine and trainer share the GPU at once
+      args+=(--set cluster.offload_train=false --set cluster.offload_rollout=false)
+    fi
+    [ "${mode}" = shared-async ] && args+=(--async)
+    if [[ "${mode}" == fully-async-* ]]; then
+      args+=(--fully-async --set "rollout.max_staleness=${mode#fully-async-}")
+    fi
   fi
   echo "== ${mode}: slime_train ${args[*]}"
   start=$(date +%s)
-  if [ "${mode}" = colocate ] || [ "${mode}" = colocate-4b ]; then
+  if [ "${mode}" = colocate ] || [ "${mode}" = colocate-4b ] || [[ "${mode}" == shared-* ]] ||
+     [[ "${mode}" == fully-async-* ]]; then
     (while sleep 1; do nvidia-smi --query-gpu=index,memory.used --format=csv,noheader -i 0; done) \
       > "${logs}/${mode}.mem" 2>&1 &
     (while sleep 1; do echo "$(date +%T) $(free -m | awk '/Mem:/{print $3}')"; done) \
@@ -114,4 +153,7 @@ for mode in ${modes}; do
   echo "${mode}: exit ${rc} in $(( $(date +%s) - start )) s"
   cp "${run_dir}/metrics.jsonl" "${logs}/${mode}.jsonl" 2>/dev/null
   summary "${logs}/${mode}.log" "${logs}/${mode}.jsonl"
+  if [[ "${mode}" == shared-* || "${mode}" == fully-async-* || "${mode}" == colocate ]]; then
+    throughput "${logs}/${mode}.log" "${logs}/${mode}.jsonl" 256
+  fi
 done
