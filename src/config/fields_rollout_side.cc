@@ -246,6 +246,14 @@ void AddRolloutFields(std::vector<FieldSpec<Config>>* table) {
       .ReadBy("rollout")
       .Slime("--mask-offpolicy-in-partial-rollout")
       .Doc("With partial_rollout, exclude tokens generated in earlier rollouts from the loss.");
+  b.Add("trajectory_buffer", &RolloutConfig::trajectory_buffer)
+      .ReadBy("job")
+      .Doc(
+          "Train on trajectories that programs outside the job POST to the driver's "
+          "/trajectories (slime's rollout buffer; docs/http-api.md): each rollout takes "
+          "data.rollout_batch_size complete groups of n_samples_per_prompt. The job's engines "
+          "still serve them and eval. Not with data.prompt_data, custom_generate, "
+          "partial_rollout or dynamic_sampling_filter.");
   b.Add("max_staleness", &RolloutConfig::max_staleness)
       .ReadBy("job")
       .Min(0)

@@ -457,10 +457,25 @@ class Resolver {
     } else if (d.num_rollout.has_value() && d.num_epoch.has_value()) {
       Warn("data.num_rollout and data.num_epoch are both set; num_epoch is ignored");
     }
-    if (d.prompt_data.empty() && !c_.debug.load_debug_rollout_data.has_value()) {
+    if (r.trajectory_buffer) {
+      // The trajectories bring their prompts, answers and rewards.
+      if (!d.prompt_data.empty()) {
+        Error("data.prompt_data is not read with rollout.trajectory_buffer (the POSTed "
+              "trajectories are the data); remove one of them");
+      }
+      if (r.custom_generate) Error("rollout.custom_generate does not apply to rollout.trajectory_buffer");
+      if (r.partial_rollout) Error("rollout.partial_rollout does not apply to rollout.trajectory_buffer");
+      if (r.dynamic_sampling_filter) {
+        Error("rollout.dynamic_sampling_filter does not apply to rollout.trajectory_buffer");
+      }
+      if (c_.debug.load_debug_rollout_data) {
+        Error("debug.load_debug_rollout_data and rollout.trajectory_buffer are two sources of "
+              "rollouts; pick one");
+      }
+    } else if (d.prompt_data.empty() && !c_.debug.load_debug_rollout_data.has_value()) {
       Error(
           "data.prompt_data is required (slime --prompt-data), unless "
-          "debug.load_debug_rollout_data is set");
+          "debug.load_debug_rollout_data or rollout.trajectory_buffer is set");
     }
     if (r.mask_offpolicy_in_partial_rollout && !r.partial_rollout) {
       Warn(

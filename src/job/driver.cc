@@ -110,6 +110,7 @@ void Driver::Stop() {
   std::lock_guard<std::mutex> lock(stop_mu_);
   if (health_ != nullptr) health_->Stop();  // no engine is killed while the job stops
   coordinator_.Cancel();
+  if (trajectories_) trajectories_->Cancel();
   if (head_ == nullptr) return;
   // checkpoint.async_save: a checkpoint being written in the background is completed before the
   // actors stop (a signal, an error), within kStopSaveWait; otherwise the previous one stays
@@ -127,6 +128,11 @@ void Driver::Stop() {
 
 Status Driver::Loop() {
   const auto loop_start = Clock::now();
+  if (trajectories_) {
+    trajectories_->Open();  // the checkpoint's buffer is restored
+    spdlog::info("rollout.trajectory_buffer: POST trajectories to http://{}/trajectories",
+                 metrics_local_);
+  }
   const bool eval_only = num_rollout_ == 0 && config_.eval.interval.has_value();
   if (has_engines_ && config_.eval.interval && start_rollout_id_ == 0 &&
       (eval_only || !config_.eval.skip_eval_before_train)) {
@@ -263,6 +269,7 @@ StatusOr<Json> Driver::SyncWeights(const std::string& version, comm::InFlight in
   Json reply = Json::parse(replies.front(), nullptr, false);
   if (!reply.is_object())
     return absl::InternalError("sync_weights on trainer-0: reply is not JSON");
+  weight_version_ = std::stoll(version);
   if (config_.weight_sync.check_weight_update_equal) {
     // Every engine's tensors against the trainer's (workers.h, CheckEngineWeights): a
     // difference fails the job naming the engine and the tensor.

@@ -88,6 +88,7 @@ namespace slime::job {
 struct RolloutSideState {
   std::optional<data::DataSourceState> data_source;  // none when training on saved rollouts
   nlohmann::json coordinator;                        // RolloutCoordinator::State()
+  std::optional<nlohmann::json> trajectory_buffer;   // TrajectoryBuffer::State(), when used
 };
 
 // The driver's steps. Threads (RunAsyncLoop): GenerateRollout runs on the loop's prefetch

@@ -38,6 +38,11 @@ StatusOr<rollout::RolloutResult> Driver::GenerateRollout(int64_t rollout_id) {
                  rollout_id, kept.groups.size(), before, path, *fraction);
     return kept;
   }
+  if (trajectories_) {
+    spdlog::info("rollout {}: waiting for {} complete groups on POST /trajectories ({})", rollout_id,
+                 config_.data.rollout_batch_size, trajectories_->Stats().dump());
+    return trajectories_->Take(rollout_id);
+  }
   EngineHealthMonitor::ActiveScope checks(health_.get());
   return coordinator_.Generate(rollout_id);
 }
@@ -79,6 +84,20 @@ Status Driver::Resume(const Json& init, const std::string& dir) {
     if (state.is_discarded()) return absl::DataLossError(fmt::format("{}: not JSON", coord));
     SLIME_RETURN_IF_ERROR(coordinator_.RestoreState(state));
   }
+  if (trajectories_) {
+    // The trajectories buffered at checkpoint `loaded` (taken ones are in its rollouts).
+    const std::string path = fmt::format("{}/rollout/trajectory_buffer_{}.json", dir, loaded);
+    std::ifstream file(path);
+    if (file) {
+      std::stringstream text;
+      text << file.rdbuf();
+      Json state = Json::parse(text.str(), nullptr, false);
+      if (state.is_discarded()) return absl::DataLossError(fmt::format("{}: not JSON", path));
+      if (Status s = trajectories_->RestoreState(state); !s.ok()) {
+        return absl::DataLossError(fmt::format("{}: {}", path, std::string(s.message())));
+      }
+    }
+  }
   std::cout << fmt::format("resumed from {} at rollout {}\n", init.value("dir", std::string()),
                            start_rollout_id_);
   return absl::OkStatus();
@@ -88,6 +107,7 @@ RolloutSideState Driver::CaptureState() {
   RolloutSideState state;
   if (source_) state.data_source = source_->state();
   state.coordinator = coordinator_.State();
+  if (trajectories_) state.trajectory_buffer = trajectories_->State();
   return state;
 }
 
@@ -135,6 +155,12 @@ Status Driver::SaveCheckpoint(int64_t rollout_id, const RolloutSideState* state,
   SLIME_RETURN_IF_ERROR(WriteFileAtomically(
       fmt::format("{}/rollout/coordinator_state_{}.json", save, rollout_id),
       coordinator.dump() + "\n"));
+  if (trajectories_) {
+    const Json buffer = state != nullptr && state->trajectory_buffer ? *state->trajectory_buffer
+                                                                     : trajectories_->State();
+    SLIME_RETURN_IF_ERROR(WriteFileAtomically(
+        fmt::format("{}/rollout/trajectory_buffer_{}.json", save, rollout_id), buffer.dump() + "\n"));
+  }
   Json request = {{"rollout_id", rollout_id},
                   {"extra_state", {{"num_rollout", num_rollout_}}}};
   // checkpoint.async_save: the trainers return once their host copies are taken; each save

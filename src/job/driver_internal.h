@@ -45,6 +45,7 @@
 #include "slime/metrics/registry.h"
 #include "slime/reward/reward.h"
 #include "slime/rollout/coordinator.h"
+#include "slime/rollout/trajectory_buffer.h"
 #include "slime/runtime/agent.h"
 #include "slime/runtime/head.h"
 #include "slime/tokenizer/tokenizer.h"
@@ -191,7 +192,10 @@ class Driver : public RolloutSteps {
   bool EvalDue(int64_t rollout_id) override;
   Status Evaluate(int64_t rollout_id, MetricValues* perf) override;
   Status Report(int64_t rollout_id, const MetricValues& values) override;
-  void CancelGeneration() override { coordinator_.Cancel(); }
+  void CancelGeneration() override {
+    coordinator_.Cancel();
+    if (trajectories_) trajectories_->Cancel();
+  }
   bool Stopped() override { return signals_->last_signal() != 0; }
   StatusOr<Json> SyncWeights(const std::string& version,
                              comm::InFlight in_flight = comm::InFlight::kAbort);
@@ -225,6 +229,10 @@ class Driver : public RolloutSteps {
   std::atomic<bool> save_in_flight_{false};  // an async_save checkpoint may be being written
 
   metrics::Registry registry_;
+  // rollout.trajectory_buffer: rollouts from POST /trajectories instead of group_source_ (before
+  // metrics_server_, whose routes use them, so the server stops first).
+  std::unique_ptr<rollout::TrajectoryBuffer> trajectories_;
+  std::atomic<int64_t> weight_version_{0};  // the engines' weights (the last sync's version)
   std::unique_ptr<http::Server> metrics_server_;
   std::string metrics_target_;  // host:port of metrics_server_ as Prometheus should scrape it
   std::string metrics_local_;   // host:port of metrics_server_ from this machine
@@ -237,6 +245,7 @@ class Driver : public RolloutSteps {
   std::shared_ptr<data::PromptDataset> dataset_;
   std::optional<data::PromptDataSource> source_;
   std::unique_ptr<rollout::PromptGroupSource> group_source_;
+  void AddTrajectoryRoutes(http::Router* router);
   std::vector<rollout::EvalDataset> eval_datasets_;
   std::unique_ptr<reward::RewardModel> reward_;
   std::unique_ptr<EngineRecoveryImpl> engines_;  // outlives coordinator_ (it calls Recover)

@@ -89,7 +89,16 @@ Status Driver::MakePathsAbsolute() {
 Status Driver::LoadData() {
   const auto start = Clock::now();
   SLIME_ASSIGN_OR_RETURN(tokenizer_, tokenizer::Tokenizer::FromDirectory(config_.model.hf_checkpoint));
-  if (!train_only_) SLIME_RETURN_IF_ERROR(LoadPrompts(start));
+  if (config_.rollout.trajectory_buffer) {
+    rollout::TrajectoryBuffer::Options o;
+    o.n_samples_per_prompt = config_.data.n_samples_per_prompt;
+    o.rollout_batch_size = config_.data.rollout_batch_size;
+    SLIME_ASSIGN_OR_RETURN(rollout::RolloutOptions ro, rollout::RolloutOptionsFromConfig(config_, {}));
+    o.reward_postprocess = ro.reward_postprocess;
+    SLIME_ASSIGN_OR_RETURN(trajectories_, rollout::TrajectoryBuffer::Create(std::move(o)));
+  } else if (!train_only_) {
+    SLIME_RETURN_IF_ERROR(LoadPrompts(start));
+  }
   SLIME_RETURN_IF_ERROR(ResolveNumRollout());
   SLIME_RETURN_IF_ERROR(LoadEvalDatasets());
   if (!train_only_) {
@@ -120,7 +129,9 @@ Status Driver::LoadPrompts(Clock::time_point start) {
 Status Driver::ResolveNumRollout() {
   if (!config_.data.num_rollout) {
     if (dataset_ == nullptr) {
-      return absl::InvalidArgumentError("data.num_rollout is required with load_debug_rollout_data");
+      return absl::InvalidArgumentError(
+          "data.num_rollout is required with debug.load_debug_rollout_data or "
+          "rollout.trajectory_buffer (no prompt dataset to count epochs of)");
     }
     const int64_t per_epoch = dataset_->size() / std::max(1, config_.data.rollout_batch_size);
     config_.data.num_rollout = static_cast<int>(per_epoch * config_.data.num_epoch.value_or(1));
@@ -156,6 +167,7 @@ Status Driver::StartRuntime() {
   // Metrics: the registry is served by the driver's own HTTP server.
   http::Router router;
   http::AddMetricsRoute(router, registry_);
+  if (trajectories_) AddTrajectoryRoutes(&router);
   // The job's one read key guards the driver's /metrics as it guards the engines' (one scrape
   // credential for both); a request without it gets 401.
   http::AccessKeys keys;
@@ -523,6 +535,30 @@ void Driver::StartHealthChecks() {
       "engine health checks: GET /health_generate every {} s while generating, the first after "
       "{} s, {} s timeout (fault_tolerance.health_check_interval / first_wait / timeout)",
       ft.health_check_interval, ft.health_check_first_wait, ft.health_check_timeout);
+}
+
+// rollout.trajectory_buffer: POST /trajectories adds (400 naming the bad entry and field, nothing
+// added), GET /trajectories reports the buffer and the engines' weight version.
+void Driver::AddTrajectoryRoutes(http::Router* router) {
+  rollout::TrajectoryBuffer* buffer = trajectories_.get();
+  router->Add("POST", "/trajectories",
+              [buffer](const http::Request& request, std::shared_ptr<http::ResponseWriter> w) {
+                StatusOr<int64_t> added = buffer->Add(request.body);
+                if (!added.ok()) {
+                  const int status = absl::IsInvalidArgument(added.status()) ? 400 : 503;
+                  w->SendJson(status, Json{{"error", {{"message", std::string(added.status().message())}}}});
+                  return;
+                }
+                Json reply = buffer->Stats();
+                reply["added_now"] = *added;
+                w->SendJson(200, reply);
+              });
+  router->Add("GET", "/trajectories",
+              [this, buffer](const http::Request&, std::shared_ptr<http::ResponseWriter> w) {
+                Json reply = buffer->Stats();
+                reply["weight_version"] = std::to_string(weight_version_.load());
+                w->SendJson(200, reply);
+              });
 }
 
 Status Driver::ConfigureCoordinator() {

@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -389,6 +390,46 @@ TEST_F(DriverE2eTest, FullyAsyncKeepsEveryTrainedSampleWithinTheBoundAndUpdatesM
                                       ("data_source_state_" + std::to_string(k) + ".json")));
     EXPECT_EQ(state.at("sample_offset").get<int64_t>(), (k + 1) * 4) << k;
   }
+}
+
+// ---- rollout.trajectory_buffer: trajectories POSTed by a program outside the job -----------
+
+TEST_F(DriverE2eTest, TrainsOnTrajectoriesPostedByAnExternalProgram) {
+  // 2 rollouts of 4 groups × 2 trajectories from tests/job/post_trajectories.py.
+  const fs::path config = WriteConfig(
+      2, "debug:\n  save_debug_rollout_data: \"" + dir_.string() +
+             "/rollouts/{rollout_id}.json\"\n");
+  Child run({"--config", config.string(), "--set", "rollout.trajectory_buffer=true", "--set",
+             "data.prompt_data=''"},
+            dir_);
+  const std::string writer = fmt::format(
+      "python3 {}/tests/job/post_trajectories.py {} 8 2 > {} 2>&1", SourceDir(),
+      (dir_ / "run").string(), (dir_ / "writer.log").string());
+  const int writer_code = std::system(writer.c_str());
+  std::optional<int> code = run.Wait(std::chrono::seconds(400));
+  EXPECT_EQ(writer_code, 0) << ReadFile(dir_ / "writer.log");
+  ASSERT_EQ(code, 0) << "stdout:\n" << run.out() << "\nstderr:\n" << run.err();
+  std::map<int64_t, Json> records = RolloutRecords(dir_ / "run" / "metrics.jsonl");
+  ASSERT_EQ(records.size(), 2u);
+  for (const auto& [id, r] : records) {
+    EXPECT_TRUE(r.contains("train/loss")) << r.dump();
+    EXPECT_EQ(r.at("rollout/raw_reward").get<double>(), 0.5) << r.dump();  // rewards 0, 1
+    // Rollout k holds groups 4k..4k+3 as posted, with the tokens and versions given.
+    const std::vector<Json> samples =
+        SavedSamples(dir_ / "rollouts" / (std::to_string(id) + ".json"));
+    ASSERT_EQ(samples.size(), 8u);
+    for (size_t i = 0; i < samples.size(); ++i) {
+      const int64_t group = 4 * id + static_cast<int64_t>(i) / 2;
+      EXPECT_EQ(samples[i].at("tokens"),
+                Json::array({100 + group, 200, 300, 400 + static_cast<int64_t>(i % 2), 500 + group}))
+          << id << " " << i;
+      EXPECT_EQ(samples[i].at("response_length"), 2);
+      EXPECT_EQ(samples[i].at("weight_versions").size(), 1u);
+    }
+  }
+  // Checkpoint 1 keeps the (empty) buffer after rollout 1.
+  Json state = Json::parse(ReadFile(dir_ / "ckpt" / "rollout" / "trajectory_buffer_1.json"));
+  EXPECT_EQ(state.at("complete").size(), 0u);
 }
 
 // Starts `config` and SIGKILLs engine-1's worker as soon as rollout 0 is reported, i.e. while
