@@ -344,6 +344,52 @@ TEST_F(WeightSyncTest, SyncMakesEnginesEqualAFreshEngineOnThePerturbedWeights) {
       << j.dump();
 }
 
+// Fully async training's sync (InFlight::kKeep): a request running on engine 0 is held by an
+// in-place pause (so the update surely lands in the middle of its answer); the sender pauses in
+// retract mode without waiting for the prefix cache (a kAbort pause would wait for it until the
+// timeout), sends and continues. The answer finishes at full length, its spans name the old
+// version up to the update and the new one after it, and the engine then equals a fresh engine
+// on the new weights (no K/V of the old weights outlived the update).
+TEST_F(WeightSyncTest, KeepingRequestsTheUpdateLandsMidAnswerAndItsSpansNameBothVersions) {
+  engine::Engine* e0 = (*engines_)[0].engine.get();
+  auto answer = std::async(std::launch::async, [] {
+    return Post(0, "/generate",
+                {{"input_ids", {9707, 11, 1879, 0, 576, 374, 264, 1273}},
+                 {"sampling_params",
+                  {{"temperature", 0}, {"max_new_tokens", 200}, {"ignore_eos", true}}},
+                 {"return_logprob", true}});
+  });
+  for (int i = 0; i < 5000 && e0->load().num_running == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(e0->load().num_running, 1);
+  ASSERT_EQ(Post(0, "/pause_generation", {{"mode", "in_place"}}).first, 200);
+  const std::string before = Version(0);
+  auto sender = WeightSender::Connect(SenderOptions("keep"));
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*sender)->PauseEngines(InFlight::kKeep).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  auto stats = (*sender)->Send(*perturbed_, "9");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_TRUE((*sender)->ContinueEngines().ok());
+  auto [status, out] = answer.get();
+  ASSERT_EQ(status, 200) << out.dump();
+  EXPECT_EQ(out["output_ids"].size(), 200u);
+  EXPECT_EQ(out["meta_info"]["output_token_logprobs"].size(), 200u);
+  const json& spans = out["meta_info"]["weight_versions"];
+  ASSERT_EQ(spans.size(), 2u) << out["meta_info"].dump();
+  EXPECT_EQ(spans[0]["version"], before);
+  EXPECT_EQ(spans[1]["version"], "9");
+  EXPECT_EQ(spans[0]["start"], 0);
+  EXPECT_GT(spans[0]["end"].get<int>(), 0);
+  EXPECT_EQ(spans[0]["end"], spans[1]["start"]);
+  EXPECT_EQ(spans[1]["end"], 200);
+  EXPECT_EQ(Version(1), "9");  // the idle engine too
+  EXPECT_EQ(Greedy(0), Greedy(2));
+  EXPECT_TRUE((*sender)->Disconnect().ok());
+}
+
 // The lazy form (a tensor-parallel trainer gathers each parameter as its bucket is packed): the
 // shapes up front (meta tensors: no storage), every tensor fetched once, in order; a fetched
 // tensor that does not match its listed shape fails the sync naming it, before anything is sent.
