@@ -248,22 +248,22 @@ bool Driver::SyncDue(int64_t rollout_id) {
          (rollout_id + 1) % config_.weight_sync.interval == 0;
 }
 
-Status Driver::UpdateWeights(int64_t rollout_id, comm::InFlight in_flight, MetricValues* values) {
+Status Driver::UpdateWeights(int64_t rollout_id, EngineRequests requests, MetricValues* values) {
   const auto t = Clock::now();
-  SLIME_ASSIGN_OR_RETURN(Json sync, SyncWeights(std::to_string(rollout_id + 1), in_flight));
+  SLIME_ASSIGN_OR_RETURN(Json sync, SyncWeights(std::to_string(rollout_id + 1), requests));
   (*values)["perf/update_weights_time"] = Since(t);
   (*values)["perf/update_weights_gb_per_s"] = sync.value("gb_per_s", 0.0);
   return absl::OkStatus();
 }
 
-StatusOr<Json> Driver::SyncWeights(const std::string& version, comm::InFlight in_flight) {
+StatusOr<Json> Driver::SyncWeights(const std::string& version, EngineRequests requests) {
   // An engine restarted since the last sync: the group is re-formed with its new address.
   if (engines_ != nullptr) SLIME_RETURN_IF_ERROR(engines_->ReconnectIfChanged());
   // Every rank: rank 0 sends, its TP peers take part in the gathers and the later pipeline
   // stages send their parameters to it, and each rank advances its own keep_old_actor queue.
   // Rank 0's reply has the transfer's numbers.
   const Json request = {{"weight_version", version},
-                       {"keep_requests", in_flight == comm::InFlight::kKeep}};
+                       {"keep_requests", requests == EngineRequests::kKeep}};
   SLIME_ASSIGN_OR_RETURN(std::vector<std::string> replies,
                          CallTrainers("sync_weights", request.dump()));
   Json reply = Json::parse(replies.front(), nullptr, false);
@@ -333,7 +333,7 @@ Status Driver::SyncAndHandGpuToEngines(int64_t rollout_id, MetricValues* values)
     (*values)["perf/onload_rollout_time"] = Since(t);
   }
   if (SyncDue(rollout_id)) {
-    SLIME_RETURN_IF_ERROR(UpdateWeights(rollout_id, comm::InFlight::kAbort, values));
+    SLIME_RETURN_IF_ERROR(UpdateWeights(rollout_id, EngineRequests::kAbort, values));
   }
   if (offload_trainers_) {
     SLIME_RETURN_IF_ERROR(TrainerMemory(/*release=*/true, "perf/offload_train_time", values));

@@ -181,7 +181,7 @@ Status RunAsyncLoop(int64_t start_rollout_id, int64_t num_rollout, RolloutSteps*
         values["perf/update_weights_wait_time"] = w;
         SLIME_RETURN_IF_ERROR(ready->result.status());
       }
-      SLIME_RETURN_IF_ERROR(steps->UpdateWeights(rollout_id, comm::InFlight::kAbort, &values));
+      SLIME_RETURN_IF_ERROR(steps->UpdateWeights(rollout_id, EngineRequests::kAbort, &values));
     }
     // 5. Eval: the coordinator runs one generate or eval at a time.
     if (steps->EvalDue(rollout_id)) {
@@ -395,7 +395,7 @@ Status RunFullyAsyncLoop(int64_t start_rollout_id, int64_t num_rollout, int64_t 
       double w = 0;
       SLIME_RETURN_IF_ERROR(producer.WaitForEvals(&w));  // an eval sees one weight version
       values["perf/eval_wait_time"] = w;
-      SLIME_RETURN_IF_ERROR(steps->UpdateWeights(rollout_id, comm::InFlight::kKeep, &values));
+      SLIME_RETURN_IF_ERROR(steps->UpdateWeights(rollout_id, EngineRequests::kKeep, &values));
       producer.SetVersion(rollout_id + 1);
     }
     if (steps->EvalDue(rollout_id)) producer.RequestEval(rollout_id);

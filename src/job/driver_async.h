@@ -50,7 +50,7 @@
 //     drop from the loss every sample whose oldest token is over the bound (a sample continued
 //       from an earlier rollout by rollout.partial_rollout can be); process, train, save k
 //     if weight_sync.interval is due: wait for an eval in flight (an eval sees one version),
-//       sync with InFlight::kKeep (running requests keep their tokens, continue on the new
+//       sync with EngineRequests::kKeep (running requests keep their tokens, continue on the new
 //       weights; their later tokens carry the new version), version = k+1, wake the producer
 //     if eval is due: ask the producer for it; report k
 //
@@ -77,12 +77,16 @@
 
 #include "driver_report.h"
 #include "nlohmann/json.hpp"
-#include "slime/comm/in_flight.h"
 #include "slime/common/status.h"
 #include "slime/data/prompt_dataset.h"
 #include "slime/rollout/coordinator.h"
 
 namespace slime::job {
+
+// What a weight update does with the requests the engines are running: the trainers'
+// sync_weights "keep_requests" (comm::InFlight on their side). kAbort: as between rollouts;
+// kKeep: they keep their tokens and continue on the new weights (the fully async loop).
+enum class EngineRequests { kAbort, kKeep };
 
 // The rollout side of a checkpoint, captured between two generations.
 struct RolloutSideState {
@@ -95,7 +99,7 @@ struct RolloutSideState {
 // thread, at most one at a time, and never while CaptureState, UpdateWeights or Evaluate run;
 // CancelGeneration may be called from any thread; the rest run on the thread that called the
 // loop. RunFullyAsyncLoop: GenerateRollout, CaptureState and Evaluate run on the producer
-// thread, one at a time; UpdateWeights (InFlight::kKeep) may run during a generation, never
+// thread, one at a time; UpdateWeights (EngineRequests::kKeep) may run during a generation, never
 // during an eval; the rest run on the loop's thread.
 class RolloutSteps {
  public:
@@ -111,8 +115,8 @@ class RolloutSteps {
                        MetricValues* values) = 0;
   virtual Status Save(int64_t rollout_id, const RolloutSideState& state, MetricValues* values) = 0;
   virtual bool SyncDue(int64_t rollout_id) = 0;
-  // Weight version rollout_id + 1; `in_flight`: what running requests do meanwhile.
-  virtual Status UpdateWeights(int64_t rollout_id, comm::InFlight in_flight,
+  // Weight version rollout_id + 1; `requests`: what the engines' running requests do meanwhile.
+  virtual Status UpdateWeights(int64_t rollout_id, EngineRequests requests,
                                MetricValues* values) = 0;
   virtual bool EvalDue(int64_t rollout_id) = 0;
   virtual Status Evaluate(int64_t rollout_id, MetricValues* values) = 0;

@@ -187,7 +187,7 @@ class Driver : public RolloutSteps {
     return TrainRollout(rollout_id, result, values);
   }
   bool SyncDue(int64_t rollout_id) override;
-  Status UpdateWeights(int64_t rollout_id, comm::InFlight in_flight,
+  Status UpdateWeights(int64_t rollout_id, EngineRequests requests,
                        MetricValues* values) override;
   bool EvalDue(int64_t rollout_id) override;
   Status Evaluate(int64_t rollout_id, MetricValues* perf) override;
@@ -198,7 +198,7 @@ class Driver : public RolloutSteps {
   }
   bool Stopped() override { return signals_->last_signal() != 0; }
   StatusOr<Json> SyncWeights(const std::string& version,
-                             comm::InFlight in_flight = comm::InFlight::kAbort);
+                             EngineRequests requests = EngineRequests::kAbort);
   // Colocated with offload: after a generation, the engines release their GPU memory and the
   // trainers take theirs back.
   Status HandGpuToTrainers(MetricValues* values);

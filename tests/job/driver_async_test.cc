@@ -113,12 +113,12 @@ class ScriptedSteps : public RolloutSteps {
     return absl::OkStatus();
   }
   bool SyncDue(int64_t rollout_id) override { return (rollout_id + 1) % sync_interval == 0; }
-  Status UpdateWeights(int64_t rollout_id, comm::InFlight in_flight, MetricValues*) override {
+  Status UpdateWeights(int64_t rollout_id, EngineRequests requests, MetricValues*) override {
     if (fully_async) {
-      EXPECT_EQ(in_flight, comm::InFlight::kKeep) << "a fully async sync drains the engines";
+      EXPECT_EQ(requests, EngineRequests::kKeep) << "a fully async sync drains the engines";
       EXPECT_FALSE(evaluating_) << "weight update during an eval (rollout " << rollout_id << ")";
     } else {
-      EXPECT_EQ(in_flight, comm::InFlight::kAbort);
+      EXPECT_EQ(requests, EngineRequests::kAbort);
       EXPECT_FALSE(generating_) << "weight update during a generation (rollout " << rollout_id
                                 << ")";
     }
