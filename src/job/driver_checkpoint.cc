@@ -63,6 +63,22 @@ Status Driver::ProcessRollout(int64_t rollout_id, const rollout::RolloutResult& 
 
 // ---- Checkpoints.
 
+namespace {
+
+// A rollout-side state file of a checkpoint: nullopt when there is none (older checkpoints lack
+// some); DataLoss when it is not JSON.
+StatusOr<std::optional<Json>> ReadStateFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::optional<Json>();
+  std::stringstream text;
+  text << in.rdbuf();
+  Json state = Json::parse(text.str(), nullptr, false);
+  if (state.is_discarded()) return absl::DataLossError(fmt::format("{}: not JSON", path));
+  return std::optional<Json>(std::move(state));
+}
+
+}  // namespace
+
 Status Driver::Resume(const Json& init, const std::string& dir) {
   start_rollout_id_ = 0;
   if (!init.value("loaded", false)) return absl::OkStatus();
@@ -75,25 +91,16 @@ Status Driver::Resume(const Json& init, const std::string& dir) {
       spdlog::warn("resume: {}; the prompt order starts from the beginning", std::string(s.message()));
     }
   }
-  const std::string coord = fmt::format("{}/rollout/coordinator_state_{}.json", dir, loaded);
-  std::ifstream in(coord);
-  if (in) {
-    std::stringstream text;
-    text << in.rdbuf();
-    Json state = Json::parse(text.str(), nullptr, false);
-    if (state.is_discarded()) return absl::DataLossError(fmt::format("{}: not JSON", coord));
-    SLIME_RETURN_IF_ERROR(coordinator_.RestoreState(state));
-  }
+  SLIME_ASSIGN_OR_RETURN(
+      std::optional<Json> coordinator,
+      ReadStateFile(fmt::format("{}/rollout/coordinator_state_{}.json", dir, loaded)));
+  if (coordinator) SLIME_RETURN_IF_ERROR(coordinator_.RestoreState(*coordinator));
   if (trajectories_) {
     // The trajectories buffered at checkpoint `loaded` (taken ones are in its rollouts).
     const std::string path = fmt::format("{}/rollout/trajectory_buffer_{}.json", dir, loaded);
-    std::ifstream file(path);
-    if (file) {
-      std::stringstream text;
-      text << file.rdbuf();
-      Json state = Json::parse(text.str(), nullptr, false);
-      if (state.is_discarded()) return absl::DataLossError(fmt::format("{}: not JSON", path));
-      if (Status s = trajectories_->RestoreState(state); !s.ok()) {
+    SLIME_ASSIGN_OR_RETURN(std::optional<Json> buffer, ReadStateFile(path));
+    if (buffer) {
+      if (Status s = trajectories_->RestoreState(*buffer); !s.ok()) {
         return absl::DataLossError(fmt::format("{}: {}", path, std::string(s.message())));
       }
     }

@@ -593,21 +593,11 @@ void RolloutCoordinator::RecycleLeftovers(Run& run, GenerateTally* t) {
 
 StatusOr<RolloutResult> RolloutCoordinator::KeptResult(int64_t rollout_id,
                                                        const std::vector<Job*>& kept) {
-  RolloutResult result;
-  result.rollout_id = rollout_id;
-  for (Job* job : kept) result.groups.push_back(std::move(job->group));
-  std::sort(result.groups.begin(), result.groups.end(),
+  std::vector<data::SampleGroup> groups;
+  for (Job* job : kept) groups.push_back(std::move(job->group));
+  std::sort(groups.begin(), groups.end(),
             [](const auto& a, const auto& b) { return a.front().index < b.front().index; });
-  for (auto& g : result.groups) {
-    for (auto& s : g) {
-      s.rollout_id = rollout_id;
-      result.raw_rewards.push_back(s.reward);
-    }
-  }
-  SLIME_ASSIGN_OR_RETURN(result.rewards,
-                         internal::PostProcessRewards(result.groups, result.raw_rewards,
-                                                      options_.reward_postprocess));
-  return result;
+  return internal::ResultOfGroups(rollout_id, std::move(groups), options_.reward_postprocess);
 }
 
 void RolloutCoordinator::AddRolloutMetrics(const Run& run, const GenerateTally& t,

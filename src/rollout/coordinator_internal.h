@@ -138,6 +138,11 @@ StatusOr<std::vector<double>> PostProcessRewards(const std::vector<data::SampleG
                                                  const std::vector<double>& raw_rewards,
                                                  const reward::GroupRewardOptions& options);
 
+// Rollout `rollout_id` of `groups` in the order given: rollout_id set on every sample, the raw
+// rewards (Sample::reward) flattened in group order and their PostProcessRewards. No metrics.
+StatusOr<RolloutResult> ResultOfGroups(int64_t rollout_id, std::vector<data::SampleGroup> groups,
+                                       const reward::GroupRewardOptions& options);
+
 }  // namespace internal
 }  // namespace slime::rollout
 

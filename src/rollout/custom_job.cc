@@ -382,5 +382,21 @@ StatusOr<std::vector<double>> PostProcessRewards(const std::vector<data::SampleG
   return out;
 }
 
+StatusOr<RolloutResult> ResultOfGroups(int64_t rollout_id, std::vector<data::SampleGroup> groups,
+                                       const reward::GroupRewardOptions& options) {
+  RolloutResult result;
+  result.rollout_id = rollout_id;
+  result.groups = std::move(groups);
+  for (auto& g : result.groups) {
+    for (auto& s : g) {
+      s.rollout_id = rollout_id;
+      result.raw_rewards.push_back(s.reward);
+    }
+  }
+  SLIME_ASSIGN_OR_RETURN(result.rewards,
+                         PostProcessRewards(result.groups, result.raw_rewards, options));
+  return result;
+}
+
 }  // namespace internal
 }  // namespace slime::rollout

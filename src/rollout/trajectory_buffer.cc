@@ -171,8 +171,7 @@ StatusOr<int64_t> TrajectoryBuffer::Add(std::string_view body) {
 }
 
 StatusOr<RolloutResult> TrajectoryBuffer::Take(int64_t rollout_id) {
-  RolloutResult result;
-  result.rollout_id = rollout_id;
+  std::vector<data::SampleGroup> groups;
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] {
@@ -181,20 +180,14 @@ StatusOr<RolloutResult> TrajectoryBuffer::Take(int64_t rollout_id) {
     });
     if (cancelled_) return absl::CancelledError("the job is stopping");
     for (int64_t g = 0; g < options_.rollout_batch_size; ++g) {
-      result.groups.push_back(std::move(complete_.front().second.samples));
+      groups.push_back(std::move(complete_.front().second.samples));
       complete_.pop_front();
-      taken_ += static_cast<int64_t>(result.groups.back().size());
+      taken_ += static_cast<int64_t>(groups.back().size());
     }
   }
-  for (auto& g : result.groups) {
-    for (auto& s : g) {
-      s.rollout_id = rollout_id;
-      result.raw_rewards.push_back(s.reward);
-    }
-  }
-  SLIME_ASSIGN_OR_RETURN(result.rewards,
-                         internal::PostProcessRewards(result.groups, result.raw_rewards,
-                                                      options_.reward_postprocess));
+  SLIME_ASSIGN_OR_RETURN(RolloutResult result,
+                         internal::ResultOfGroups(rollout_id, std::move(groups),
+                                                  options_.reward_postprocess));
   result.metrics = RolloutSampleMetrics(result.groups, result.rewards, /*zero_std=*/true,
                                         /*log_passrate=*/false);
   const Json stats = Stats();
