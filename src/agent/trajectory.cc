@@ -196,6 +196,7 @@ StatusOr<std::vector<data::Sample>> BuildSegments(const data::Sample& input,
       s.loss_mask.clear();
       s.rollout_log_probs.clear();
       s.weight_versions.clear();
+      s.weight_version_tokens.clear();
       s.reward = 0;
       s.raw_reward = nullptr;
       s.status = data::SampleStatus::kPending;

@@ -260,8 +260,18 @@ void AddRolloutFields(std::vector<FieldSpec<Config>>* table) {
       .Doc(
           "With `slime_train --fully-async`: the most weight versions a trained sample's "
           "oldest token may lag the policy it trains (0: on policy). The engines start no "
-          "rollout that would exceed it, and samples over it (continued from earlier rollouts) "
-          "are dropped from the loss. Unset: 1. Refused without --fully-async.");
+          "rollout that would exceed it; samples over it (continued from earlier rollouts by "
+          "partial_rollout, or posted to the trajectory buffer) are dropped from the loss or "
+          "regenerated (stale_samples). Unset: 1. Refused without --fully-async.");
+  b.Add("stale_samples", &RolloutConfig::stale_samples)
+      .ReadBy("job")
+      .Enum({"drop", "regenerate"})
+      .Doc(
+          "With `slime_train --fully-async`, what becomes of a sample over max_staleness: "
+          "`drop` keeps it out of the loss (remove_sample); `regenerate` starts a sample "
+          "continued by partial_rollout over from its prompt when its rollout begins, so it "
+          "trains with fresh tokens (needs partial_rollout; trajectory-buffer samples can only "
+          "be dropped). Unset: drop. Refused without --fully-async.");
   b.Add("engine_concurrency", &RolloutConfig::engine_concurrency)
       .ReadBy("rollout")
       .Slime("--sglang-server-concurrency")

@@ -477,6 +477,12 @@ class Resolver {
           "data.prompt_data is required (slime --prompt-data), unless "
           "debug.load_debug_rollout_data or rollout.trajectory_buffer is set");
     }
+    if (r.stale_samples == "regenerate" && !r.partial_rollout) {
+      Error(
+          "rollout.stale_samples: regenerate starts samples continued by rollout.partial_rollout "
+          "over; without partial_rollout no sample outgrows the bound (trajectory-buffer ones "
+          "can only be dropped): set partial_rollout: true or stale_samples: drop");
+    }
     if (r.mask_offpolicy_in_partial_rollout && !r.partial_rollout) {
       Warn(
           "rollout.mask_offpolicy_in_partial_rollout has no effect without "

@@ -3,7 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
+#include <charconv>
 #include <utility>
 
 namespace slime::data {
@@ -61,8 +63,44 @@ Status Sample::AppendResponse(std::span<const int32_t> ids, std::span<const floa
   }
   teacher_log_probs.clear();
   response.append(text);
-  if (!weight_version.empty()) weight_versions.emplace_back(weight_version);
+  if (!weight_version.empty()) {
+    const bool counted = weight_version_tokens.size() == weight_versions.size();
+    weight_versions.emplace_back(weight_version);
+    if (counted) weight_version_tokens.push_back(static_cast<int64_t>(ids.size()));
+  }
   return absl::OkStatus();
+}
+
+std::optional<int64_t> Sample::OldestWeightVersion() const {
+  std::optional<int64_t> oldest;
+  for (const std::string& v : weight_versions) {
+    int64_t version = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), version);
+    if (ec != std::errc() || end != v.data() + v.size()) continue;
+    oldest = oldest ? std::min(*oldest, version) : version;
+  }
+  return oldest;
+}
+
+void Sample::ClearResponse() {
+  const int64_t prompt_length = PromptLength();
+  tokens.resize(static_cast<size_t>(prompt_length));
+  response_length = 0;
+  response.clear();
+  loss_mask.clear();
+  rollout_log_probs.clear();
+  teacher_log_probs.clear();
+  weight_versions.clear();
+  weight_version_tokens.clear();
+  const int64_t prompt_rows = std::max<int64_t>(prompt_length - 1, 0);
+  if (routed_experts_per_token > 0 && RoutedRows() > prompt_rows) {
+    rollout_routed_experts.resize(static_cast<size_t>(prompt_rows * routed_experts_per_token));
+  }
+  if (rollout_routed_experts.empty()) routed_experts_per_token = 0;
+  reward = 0.0;
+  raw_reward = nullptr;
+  status = SampleStatus::kPending;
+  remove_sample = false;
 }
 
 Status Sample::AppendRoutedExperts(std::span<const int32_t> experts, int64_t rows,
@@ -139,6 +177,21 @@ Status Sample::Validate() const {
   }
   if (!metadata.is_object()) {
     return bad(fmt::format("metadata is {}, expected an object", metadata.type_name()));
+  }
+  if (!weight_version_tokens.empty()) {
+    if (weight_version_tokens.size() != weight_versions.size()) {
+      return bad(fmt::format("weight_version_tokens has {} entries, weight_versions {}",
+                             weight_version_tokens.size(), weight_versions.size()));
+    }
+    int64_t sum = 0;
+    for (const int64_t t : weight_version_tokens) {
+      if (t < 0) return bad(fmt::format("weight_version_tokens has a negative entry {}", t));
+      sum += t;
+    }
+    if (sum > response_length) {
+      return bad(fmt::format("weight_version_tokens sum to {}, past response_length {}", sum,
+                             response_length));
+    }
   }
   return absl::OkStatus();
 }

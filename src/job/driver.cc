@@ -143,8 +143,9 @@ Status Driver::Loop() {
     return FinishRun(loop_start);
   }
   if (options_.loop == TrainLoop::kFullyAsync) {
-    SLIME_RETURN_IF_ERROR(RunFullyAsyncLoop(start_rollout_id_, num_rollout_,
-                                            config_.rollout.max_staleness.value_or(1), this));
+    SLIME_RETURN_IF_ERROR(
+        RunFullyAsyncLoop(start_rollout_id_, num_rollout_,
+                          config_.rollout.max_staleness.value_or(kDefaultMaxStaleness), this));
     return FinishRun(loop_start);
   }
   loop_start_ = loop_start;
@@ -381,10 +382,14 @@ Status Driver::TrainerMemory(bool release, const char* metric, MetricValues* val
 
 Status CheckLoopConfig(const config::Config& config, TrainLoop loop) {
   if (loop == TrainLoop::kSync || loop == TrainLoop::kOneStepOff) {
-    if (config.rollout.max_staleness) {
-      return absl::InvalidArgumentError(
-          "rollout.max_staleness bounds the fully asynchronous loop only; run with "
-          "--fully-async or remove the key");
+    for (const auto& [key, set] :
+         {std::pair{"max_staleness", config.rollout.max_staleness.has_value()},
+          std::pair{"stale_samples", config.rollout.stale_samples.has_value()}}) {
+      if (!set) continue;
+      return absl::InvalidArgumentError(fmt::format(
+          "rollout.{} is for the fully asynchronous loop only; run with --fully-async or "
+          "remove the key",
+          key));
     }
   }
   if (loop == TrainLoop::kSync) return absl::OkStatus();
@@ -392,13 +397,14 @@ Status CheckLoopConfig(const config::Config& config, TrainLoop loop) {
   // Colocated with offload, engines and trainers take turns on the GPUs; without it they share
   // each device at once (each its memory share), which an overlapping loop can use.
   if (config.cluster.colocate &&
-      (config.cluster.offload_train.value_or(false) || config.cluster.offload_rollout.value_or(false))) {
+      (config.cluster.offload_train.value_or(false) ||
+       config.cluster.offload_rollout.value_or(false))) {
     return absl::InvalidArgumentError(fmt::format(
         "{}: cluster.colocate is true with offload (cluster.offload_train / offload_rollout), "
         "so engines and trainers take turns on the devices, but this loop generates while the "
         "trainers train (slime's train_async.py asserts the same); set cluster.offload_train and "
-        "cluster.offload_rollout to false to share each device at once (each its memory share: rollout.mem_fraction_static), "
-        "cluster.colocate: false, or run without {}",
+        "cluster.offload_rollout to false to share each device at once (each its memory share: "
+        "rollout.mem_fraction_static), cluster.colocate: false, or run without {}",
         flag, flag));
   }
   if (config.fault_tolerance.max_trainer_restarts > 0) {
@@ -416,7 +422,7 @@ Status CheckLoopConfig(const config::Config& config, TrainLoop loop) {
   }
   // Rollout k needs the weights of at least k − max_staleness, and the weights advance only
   // every weight_sync.interval rollouts.
-  const int64_t staleness = config.rollout.max_staleness.value_or(1);
+  const int64_t staleness = config.rollout.max_staleness.value_or(kDefaultMaxStaleness);
   if (config.weight_sync.interval - 1 > staleness) {
     return absl::InvalidArgumentError(fmt::format(
         "--fully-async: weight_sync.interval {} lets the engines' weights fall {} versions "

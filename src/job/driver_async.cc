@@ -1,6 +1,8 @@
 // The asynchronous loops (driver_async.h).
 #include "driver_async.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -77,35 +79,27 @@ class Prefetch {
 
 }  // namespace
 
-namespace {
-
-// The weight version of a sample's oldest span, where its versions are integers.
-std::optional<int64_t> OldestVersion(const data::Sample& s) {
-  std::optional<int64_t> oldest;
-  for (const std::string& v : s.weight_versions) {
-    int64_t version = 0;
-    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), version);
-    if (ec != std::errc() || end != v.data() + v.size()) continue;
-    oldest = oldest ? std::min(*oldest, version) : version;
-  }
-  return oldest;
-}
-
-}  // namespace
-
 std::optional<Staleness> WeightStaleness(const rollout::RolloutResult& result) {
   Staleness st;
   double sum = 0;
   int64_t n = 0;
   for (const data::SampleGroup& group : result.groups) {
     for (const data::Sample& s : group) {
-      const std::optional<int64_t> oldest = OldestVersion(s);
+      const std::optional<int64_t> oldest = s.OldestWeightVersion();
       if (!oldest || s.remove_sample) continue;
       const double lag = static_cast<double>(result.rollout_id - *oldest);
       st.max = n == 0 ? lag : std::max(st.max, lag);
       st.min = n == 0 ? lag : std::min(st.min, lag);
       sum += lag;
       ++n;
+      if (s.weight_version_tokens.size() != s.weight_versions.size()) continue;
+      for (size_t i = 0; i < s.weight_versions.size(); ++i) {
+        const std::string& v = s.weight_versions[i];
+        int64_t version = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), version);
+        if (ec != std::errc() || end != v.data() + v.size()) continue;
+        st.tokens_by_lag[result.rollout_id - version] += s.weight_version_tokens[i];
+      }
     }
   }
   if (n == 0) return std::nullopt;
@@ -113,11 +107,20 @@ std::optional<Staleness> WeightStaleness(const rollout::RolloutResult& result) {
   return st;
 }
 
+void AddStalenessMetrics(const Staleness& staleness, MetricValues* values) {
+  (*values)["rollout/weight_staleness/min"] = staleness.min;
+  (*values)["rollout/weight_staleness/max"] = staleness.max;
+  (*values)["rollout/weight_staleness/mean"] = staleness.mean;
+  for (const auto& [lag, tokens] : staleness.tokens_by_lag) {
+    (*values)[fmt::format("rollout/tokens_by_staleness/{}", lag)] = static_cast<double>(tokens);
+  }
+}
+
 int64_t DropStaleSamples(int64_t max_staleness, rollout::RolloutResult* result) {
   int64_t dropped = 0;
   for (data::SampleGroup& group : result->groups) {
     for (data::Sample& s : group) {
-      const std::optional<int64_t> oldest = OldestVersion(s);
+      const std::optional<int64_t> oldest = s.OldestWeightVersion();
       if (!oldest || result->rollout_id - *oldest <= max_staleness || s.remove_sample) continue;
       s.remove_sample = true;
       ++dropped;
@@ -159,10 +162,7 @@ Status RunAsyncLoop(int64_t start_rollout_id, int64_t num_rollout, RolloutSteps*
           std::max(0.0, std::min(current.end_s, prev_train_end_s) -
                             std::max(current.start_s, prev_train_start_s));
     }
-    if (auto staleness = WeightStaleness(result)) {
-      values["rollout/weight_staleness/max"] = staleness->max;
-      values["rollout/weight_staleness/mean"] = staleness->mean;
-    }
+    if (auto staleness = WeightStaleness(result)) AddStalenessMetrics(*staleness, &values);
     // 3. Train and save k while k+1 generates.
     const double train_start_s = UnixNow();
     SLIME_RETURN_IF_ERROR(steps->Train(rollout_id, result, &values));
@@ -381,11 +381,7 @@ Status RunFullyAsyncLoop(int64_t start_rollout_id, int64_t num_rollout, int64_t 
     values["async/queue_depth"] = static_cast<double>(depth);
     values["async/admitted_version"] = static_cast<double>(p.admitted_version);
     values["async/producer_wait_time"] = p.producer_wait_s;
-    if (auto staleness = WeightStaleness(result)) {
-      values["rollout/weight_staleness/min"] = staleness->min;
-      values["rollout/weight_staleness/max"] = staleness->max;
-      values["rollout/weight_staleness/mean"] = staleness->mean;
-    }
+    if (auto staleness = WeightStaleness(result)) AddStalenessMetrics(*staleness, &values);
     const double train_start_s = UnixNow();
     SLIME_RETURN_IF_ERROR(steps->Train(rollout_id, result, &values));
     values["timeline/train_start_s"] = train_start_s;

@@ -73,6 +73,7 @@
 #define SLIME_JOB_DRIVER_ASYNC_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 
 #include "driver_report.h"
@@ -131,6 +132,9 @@ class RolloutSteps {
 // `steps->Stopped()` turns true between rollouts.
 Status RunAsyncLoop(int64_t start_rollout_id, int64_t num_rollout, RolloutSteps* steps);
 
+// rollout.max_staleness when the config leaves it unset.
+constexpr int64_t kDefaultMaxStaleness = 1;
+
 // Runs rollouts [start_rollout_id, num_rollout) on the fully asynchronous schedule above, no
 // sample trained more than `max_staleness` weight versions behind. Errors: as RunAsyncLoop's;
 // a failed eval is reported at the next sync or at the end.
@@ -140,13 +144,19 @@ Status RunFullyAsyncLoop(int64_t start_rollout_id, int64_t num_rollout, int64_t 
 // How far behind the policy that trains them a rollout's samples were generated:
 // rollout_id − the weight version of each sample's oldest generated span, over the samples
 // whose versions are integers and that train (not remove_sample).
+// tokens_by_lag: the generated tokens of those samples by rollout_id − the version of the span
+// that made them (tokens by version), over the samples that know their span sizes
+// (Sample::weight_version_tokens).
 struct Staleness {
   double min = 0;
   double max = 0;
   double mean = 0;
+  std::map<int64_t, int64_t> tokens_by_lag;
 };
 // nullopt when no sample has an integer version.
 std::optional<Staleness> WeightStaleness(const rollout::RolloutResult& result);
+// rollout/weight_staleness/{min,max,mean} and rollout/tokens_by_staleness/<lag> into `values`.
+void AddStalenessMetrics(const Staleness& staleness, MetricValues* values);
 
 // Marks remove_sample on every sample whose oldest integer version lags result->rollout_id by
 // more than `max_staleness` (its loss mask becomes zero); returns how many it marked.

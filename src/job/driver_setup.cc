@@ -564,6 +564,9 @@ void Driver::AddTrajectoryRoutes(http::Router* router) {
 Status Driver::ConfigureCoordinator() {
   SLIME_ASSIGN_OR_RETURN(rollout::RolloutOptions ro,
                          rollout::RolloutOptionsFromConfig(config_, engine_addresses_));
+  if (options_.loop == TrainLoop::kFullyAsync && config_.rollout.stale_samples == "regenerate") {
+    ro.regenerate_older_than = config_.rollout.max_staleness.value_or(kDefaultMaxStaleness);
+  }
   // rollout.custom_generate (and eval datasets' overrides): multi-turn episodes, plugins.
   SLIME_RETURN_IF_ERROR(workflow::ConfigureCustomGeneration(config_, tokenizer_.get(), &ro,
                                                             &eval_datasets_));

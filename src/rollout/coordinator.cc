@@ -34,6 +34,7 @@ struct RolloutCoordinator::GenerateTally {
   int64_t fallback_kept = 0;  // zero-std groups kept by the dynamic filter's fallback
   int64_t retried_groups = 0;
   int64_t recycled = 0;         // leftover groups into the partial-rollout buffer
+  int64_t regenerated = 0;      // buffered samples over the staleness bound, started over
   int64_t aborted_samples = 0;  // in the leftover groups
   MetricMap drops;              // rollout/dynamic_filter/drop_zero_std_<reward>
   MetricMap recovery_metrics;   // FinishRecoveries'
@@ -464,7 +465,7 @@ StatusOr<RolloutResult> RolloutCoordinator::Generate(int64_t rollout_id) {
 void RolloutCoordinator::TopUpWaves(const std::shared_ptr<Run>& run, GenerateTally* t) {
   // Whole waves until kept + in flight covers the target (slime's loop).
   while (static_cast<int64_t>(t->kept.size()) + t->pending < t->target && t->failure.ok()) {
-    StatusOr<std::vector<data::SampleGroup>> wave = NextWave();
+    StatusOr<std::vector<data::SampleGroup>> wave = NextWave(run->rollout_id, t);
     if (!wave.ok()) {
       t->failure = wave.status();
       return;
@@ -481,12 +482,21 @@ void RolloutCoordinator::TopUpWaves(const std::shared_ptr<Run>& run, GenerateTal
   }
 }
 
-StatusOr<std::vector<data::SampleGroup>> RolloutCoordinator::NextWave() {
+StatusOr<std::vector<data::SampleGroup>> RolloutCoordinator::NextWave(int64_t rollout_id,
+                                                                      GenerateTally* t) {
   std::vector<data::SampleGroup> wave;
   const int64_t want = options_.over_sampling_batch_size;
   while (!buffer_.empty() && static_cast<int64_t>(wave.size()) < want) {
     wave.push_back(std::move(buffer_.front()));
     buffer_.erase(buffer_.begin());
+    if (!options_.regenerate_older_than) continue;
+    for (data::Sample& s : wave.back()) {
+      const std::optional<int64_t> oldest = s.OldestWeightVersion();
+      if (!oldest || rollout_id - *oldest <= *options_.regenerate_older_than) continue;
+      s.ClearResponse();
+      s.metadata.erase("start_rollout_id");
+      ++t->regenerated;
+    }
   }
   if (static_cast<int64_t>(wave.size()) < want) {
     if (source_ == nullptr) {
@@ -617,6 +627,9 @@ void RolloutCoordinator::AddRolloutMetrics(const Run& run, const GenerateTally& 
   for (const auto& [k, v] : t.drops) metrics[k] = v;
   if (t.fallback_kept > 0) metrics["rollout/dynamic_filter/kept_by_fallback"] = t.fallback_kept;
   metrics["rollout/partial_rollout/recycled_groups"] = static_cast<double>(t.recycled);
+  if (options_.regenerate_older_than) {
+    metrics["rollout/partial_rollout/regenerated_samples"] = static_cast<double>(t.regenerated);
+  }
   metrics["rollout/aborted_samples"] = static_cast<double>(t.aborted_samples);
   for (const auto& [k, v] : t.recovery_metrics) metrics[k] = v;
   int64_t num_samples = 0;

@@ -166,6 +166,8 @@ Status ApplyGenerateResponse(const nlohmann::json& response, data::Sample* sampl
   // The weights of the answer's tokens: each span's version, oldest first, where the engine
   // reports spans (an answer that lived through a weight update has several), else its one.
   std::vector<std::string> versions;
+  std::vector<int64_t> span_tokens;  // each span's end − start, where every span gives them
+  bool spans_counted = true;
   if (auto it = meta.find("weight_versions"); it != meta.end() && !it->is_null()) {
     if (!it->is_array()) return bad("has a meta_info.weight_versions that is not a list");
     for (size_t i = 0; i < it->size(); ++i) {
@@ -177,6 +179,14 @@ Status ApplyGenerateResponse(const nlohmann::json& response, data::Sample* sampl
             i));
       }
       versions.push_back(span["version"].get<std::string>());
+      const auto start = span.find("start");
+      const auto end = span.find("end");
+      if (start == span.end() || end == span.end() || !start->is_number_integer() ||
+          !end->is_number_integer() || end->get<int64_t>() < start->get<int64_t>()) {
+        spans_counted = false;
+      } else {
+        span_tokens.push_back(end->get<int64_t>() - start->get<int64_t>());
+      }
     }
   }
   if (auto it = meta.find("weight_version"); versions.empty() && it != meta.end() &&
@@ -203,8 +213,26 @@ Status ApplyGenerateResponse(const nlohmann::json& response, data::Sample* sampl
         sample->AppendResponse(ids, log_probs, /*trainable=*/true, text, weight_version));
   } else if (!weight_version.empty()) {
     sample->weight_versions.push_back(weight_version);
+    if (sample->weight_version_tokens.size() + 1 == sample->weight_versions.size()) {
+      sample->weight_version_tokens.push_back(0);
+    }
   }
-  for (size_t i = 1; i < versions.size(); ++i) sample->weight_versions.push_back(versions[i]);
+  // AppendResponse counted every id to the first span's version; the spans say how many each
+  // version made (not known: the sample's counts are dropped).
+  if (versions.size() > 1) {
+    const size_t first = sample->weight_versions.size() - 1;
+    for (size_t i = 1; i < versions.size(); ++i) sample->weight_versions.push_back(versions[i]);
+    std::vector<int64_t>& counts = sample->weight_version_tokens;
+    int64_t spanned = 0;
+    for (const int64_t t : span_tokens) spanned += t;
+    if (!spans_counted || counts.size() != first + 1 ||
+        spanned != static_cast<int64_t>(ids.size())) {
+      counts.clear();
+    } else {
+      counts.pop_back();
+      counts.insert(counts.end(), span_tokens.begin(), span_tokens.end());
+    }
+  }
   if (routed && routed->rows > 0) {
     SLIME_RETURN_IF_ERROR(
         sample->AppendRoutedExperts(routed->values, routed->rows, routed->per_token));

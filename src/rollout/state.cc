@@ -24,6 +24,7 @@ nlohmann::json SampleToJson(const data::Sample& s) {
       {"status", std::string(data::SampleStatusName(s.status))},
       {"metadata", nlohmann::json::parse(s.metadata.dump())},
       {"weight_versions", s.weight_versions},
+      {"weight_version_tokens", s.weight_version_tokens},
       {"remove_sample", s.remove_sample},
       {"rollout_routed_experts", s.rollout_routed_experts},
       {"routed_experts_per_token", s.routed_experts_per_token},
@@ -69,6 +70,8 @@ StatusOr<data::Sample> SampleFromJson(const nlohmann::json& j) {
     s.metadata = nlohmann::ordered_json::parse(j.at(field).dump());
     field = "weight_versions";
     s.weight_versions = j.at(field).get<std::vector<std::string>>();
+    field = "weight_version_tokens";  // optional: files written before it existed lack it
+    if (j.contains(field)) s.weight_version_tokens = j.at(field).get<std::vector<int64_t>>();
     field = "remove_sample";
     s.remove_sample = j.at(field).get<bool>();
     field = "rollout_routed_experts";  // optional: files written before it existed lack it

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 #include <utility>
 #include <vector>
@@ -84,6 +85,27 @@ StatusOr<std::pair<std::string, data::Sample>> ParseTrajectory(const Json& t,
   } else if (const auto v = t.find("weight_version"); v != t.end()) {
     if (!v->is_string()) return bad("weight_version", "must be a string");
     s.weight_versions.push_back(v->get<std::string>());
+    // One version: every model token (loss mask 1) is its.
+    s.weight_version_tokens.push_back(std::count(s.loss_mask.begin(), s.loss_mask.end(), 1));
+  }
+  if (const auto vt = t.find("weight_version_tokens"); vt != t.end()) {
+    const std::string shape = fmt::format(
+        "must be a list of {} token counts >= 0 (one per weight_versions entry) summing to at "
+        "most {} (response_length)",
+        s.weight_versions.size(), n);
+    if (!t.contains("weight_versions") || !vt->is_array() ||
+        vt->size() != s.weight_versions.size()) {
+      return bad("weight_version_tokens", shape);
+    }
+    s.weight_version_tokens.clear();
+    int64_t sum = 0;
+    for (const Json& c : *vt) {
+      if (!c.is_number_integer() || c.get<int64_t>() < 0)
+        return bad("weight_version_tokens", shape);
+      s.weight_version_tokens.push_back(c.get<int64_t>());
+      sum += c.get<int64_t>();
+    }
+    if (sum > static_cast<int64_t>(n)) return bad("weight_version_tokens", shape);
   }
   s.status = data::SampleStatus::kCompleted;
   if (const auto st = t.find("status"); st != t.end()) {
@@ -103,8 +125,11 @@ StatusOr<std::pair<std::string, data::Sample>> ParseTrajectory(const Json& t,
     s.metadata = nlohmann::ordered_json::parse(m->dump());
   }
   static const std::set<std::string> kKnown = {
-      "group",   "tokens",          "response_length", "reward", "loss_mask", "rollout_log_probs",
-      "weight_versions", "weight_version", "status", "label",  "response",  "metadata"};
+      "group",           "tokens",         "response_length",
+      "reward",          "loss_mask",      "rollout_log_probs",
+      "weight_versions", "weight_version", "weight_version_tokens",
+      "status",          "label",          "response",
+      "metadata"};
   for (const auto& [key, value] : t.items()) {
     if (!kKnown.count(key)) return bad(key, "is not a trajectory field");
   }

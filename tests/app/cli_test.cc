@@ -192,9 +192,15 @@ TEST(CliTest, TheAsyncLoopsRefuseWhatTheyCannotHonour) {
   };
   for (const Case& c : std::vector<Case>{
            {"--set rollout.max_staleness=2",
-            "rollout.max_staleness bounds the fully asynchronous loop only"},
+            "rollout.max_staleness is for the fully asynchronous loop only"},
            {"--async --set rollout.max_staleness=2",
-            "rollout.max_staleness bounds the fully asynchronous loop only"},
+            "rollout.max_staleness is for the fully asynchronous loop only"},
+           {"--set rollout.stale_samples=drop",
+            "rollout.stale_samples is for the fully asynchronous loop only"},
+           {"--fully-async --set rollout.stale_samples=regenerate",
+            "rollout.stale_samples: regenerate starts samples continued by "
+            "rollout.partial_rollout over"},
+           {"--fully-async --set rollout.stale_samples=resample", "rollout.stale_samples"},
            {"--async --fully-async", "--async and --fully-async are two different loops"},
            {"--fully-async --set cluster.colocate=true", "--fully-async: cluster.colocate is true"},
            {"--fully-async --set weight_sync.interval=3",
@@ -211,6 +217,10 @@ TEST(CliTest, TheAsyncLoopsRefuseWhatTheyCannotHonour) {
   // trainers share each device at once).
   RunResult ok = RunSlime(job +
                           "--fully-async --set weight_sync.interval=3 --set rollout.max_staleness=2");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  ok = RunSlime(job +
+                "--fully-async --set rollout.partial_rollout=true "
+                "--set rollout.stale_samples=regenerate");
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
   for (const char* loop : {"--fully-async", "--async"}) {
     ok = RunSlime(job + loop +

@@ -518,6 +518,7 @@ TEST(Sample, AppendResponseKeepsMasksAndLogProbsAligned) {
   EXPECT_EQ(s.rollout_log_probs, (std::vector<float>{-0.5f, -1.0f, 0, 0, 0, -0.1f}));
   EXPECT_EQ(s.response, "ab<tool>c");
   EXPECT_EQ(s.weight_versions, (std::vector<std::string>{"v1", "v2"}));
+  EXPECT_EQ(s.weight_version_tokens, (std::vector<int64_t>{2, 1}));  // the tool span has none
   EXPECT_TRUE(s.Validate().ok()) << s.Validate();
 
   EXPECT_FALSE(s.AppendResponse(gen, std::vector<float>{-1.0f}, true).ok());  // size mismatch
@@ -561,6 +562,51 @@ TEST(Sample, StatusFromFinishReasonAndValidate) {
   EXPECT_FALSE(bad.Validate().ok());
   bad.metadata = OJson::object();
   EXPECT_TRUE(bad.Validate().ok());
+  bad.weight_versions = {"1", "2"};
+  bad.weight_version_tokens = {1};
+  EXPECT_NE(bad.Validate().message().find("weight_version_tokens has 1 entries"),
+            std::string::npos);
+  bad.weight_version_tokens = {1, 1};
+  EXPECT_NE(bad.Validate().message().find("weight_version_tokens sum to 2"), std::string::npos);
+  bad.weight_version_tokens = {1, 0};
+  EXPECT_TRUE(bad.Validate().ok());
+}
+
+TEST(Sample, OldestWeightVersionAndClearResponse) {
+  Sample s;
+  s.index = 2;
+  s.tokens = {1, 2, 3};
+  s.metadata["rm_type"] = "math";
+  s.label = "7";
+  EXPECT_FALSE(s.OldestWeightVersion().has_value());
+  ASSERT_TRUE(
+      s.AppendResponse(std::vector<int32_t>{10, 11}, std::vector<float>{-1, -2}, true, "ab", "5")
+          .ok());
+  ASSERT_TRUE(
+      s.AppendResponse(std::vector<int32_t>{12}, std::vector<float>{-3}, true, "c", "3").ok());
+  s.weight_versions.push_back("not-a-number");
+  s.weight_version_tokens.push_back(0);
+  ASSERT_TRUE(s.AppendRoutedExperts(std::vector<int32_t>(5 * 2, 1), 5, 2).ok());
+  s.reward = 1;
+  s.status = SampleStatus::kCompleted;
+  s.remove_sample = true;
+  EXPECT_EQ(s.OldestWeightVersion(), 3);  // the least integer version, wherever it is
+
+  s.ClearResponse();
+  EXPECT_EQ(s.tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(s.response_length, 0);
+  EXPECT_TRUE(s.response.empty());
+  EXPECT_TRUE(s.loss_mask.empty());
+  EXPECT_TRUE(s.rollout_log_probs.empty());
+  EXPECT_TRUE(s.weight_versions.empty());
+  EXPECT_TRUE(s.weight_version_tokens.empty());
+  EXPECT_EQ(s.RoutedRows(), 2);  // the prompt's rows stay (tokens − 1)
+  EXPECT_EQ(s.reward, 0);
+  EXPECT_EQ(s.status, SampleStatus::kPending);
+  EXPECT_FALSE(s.remove_sample);
+  EXPECT_EQ(s.label, "7");
+  EXPECT_EQ(s.metadata["rm_type"], "math");
+  EXPECT_TRUE(s.Validate().ok()) << s.Validate();
 }
 
 }  // namespace

@@ -59,9 +59,11 @@ class ScriptedSteps : public RolloutSteps {
     result.rollout_id = rollout_id;
     data::Sample s;
     s.weight_versions = {std::to_string(version)};
+    s.weight_version_tokens = {3};
     // A sync landed during the generation: the answer's later tokens carry the new version.
     if (const int64_t now = version_.load(); now != version) {
       s.weight_versions.push_back(std::to_string(now));
+      s.weight_version_tokens.push_back(2);
     }
     result.groups.push_back({s, s});
     if (carried_sample_version) {  // a sample continued from an earlier rollout
@@ -281,6 +283,30 @@ TEST(AsyncLoop, WeightStalenessIgnoresSamplesWithoutANumericVersion) {
   EXPECT_FALSE(WeightStaleness(r).has_value());
 }
 
+TEST(AsyncLoop, TokensByStalenessCountTheTrainedSamplesSpans) {
+  rollout::RolloutResult r;
+  r.rollout_id = 5;
+  data::Sample a, b, unknown, removed;
+  a.weight_versions = {"3", "4", "5"};
+  a.weight_version_tokens = {10, 4, 1};
+  b.weight_versions = {"4"};
+  b.weight_version_tokens = {7};
+  unknown.weight_versions = {"2"};  // its span sizes are not known: staleness only
+  removed.weight_versions = {"1"};
+  removed.weight_version_tokens = {100};
+  removed.remove_sample = true;  // not trained: neither
+  r.groups.push_back({a, b, unknown, removed});
+  auto st = WeightStaleness(r);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->tokens_by_lag, (std::map<int64_t, int64_t>{{0, 1}, {1, 11}, {2, 10}}));
+  EXPECT_EQ(st->max, 3.0);
+  MetricValues values;
+  AddStalenessMetrics(*st, &values);
+  EXPECT_EQ(values.at("rollout/tokens_by_staleness/1"), 11.0);
+  EXPECT_EQ(values.at("rollout/weight_staleness/min"), 1.0);
+  EXPECT_EQ(values.count("rollout/tokens_by_staleness/3"), 0u);
+}
+
 // ---- RunFullyAsyncLoop ----------------------------------------------------------------------
 
 std::vector<std::string> Versions(std::initializer_list<int64_t> v) {
@@ -331,7 +357,12 @@ TEST(FullyAsyncLoop, WeightUpdatesLandDuringAGenerationAndItsTokensCarryBothVers
     EXPECT_EQ(steps.generated_versions.at(j), Versions({j - 1, j})) << j;
     EXPECT_GE(steps.IndexOf("sync during gen " + std::to_string(j - 1)), 0) << j;
     EXPECT_EQ(steps.reports[j].at("rollout/weight_staleness/max"), 1.0) << j;
+    // Tokens by version: each of the two samples made 3 tokens at j − 1, 2 at j.
+    EXPECT_EQ(steps.reports[j].at("rollout/tokens_by_staleness/1"), 6.0) << j;
+    EXPECT_EQ(steps.reports[j].at("rollout/tokens_by_staleness/0"), 4.0) << j;
   }
+  EXPECT_EQ(steps.reports[0].at("rollout/tokens_by_staleness/0"), 6.0);
+  EXPECT_EQ(steps.reports[0].count("rollout/tokens_by_staleness/1"), 0u);
   // The trainer idled on generation: it waited for every rollout.
   EXPECT_GT(steps.reports[2].at("perf/rollout_wait_time"), 0.15);
 }

@@ -2,7 +2,8 @@
 // version of every span of tokens the engine reports (meta_info.weight_versions, several when
 // the answer lived through a weight update during an in-place or retracting pause), oldest
 // first, so its staleness counts its oldest token; without spans, meta_info.weight_version; a
-// malformed list is an error naming the field.
+// malformed list is an error naming the field. Each span's end − start is its token count
+// (Sample::weight_version_tokens) when the spans cover the answer.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -45,12 +46,33 @@ TEST(AnswerVersionsTest, EverySpansVersionOldestFirst) {
                   Answer({23}, {{"weight_version", "5"}, {"weight_versions", one}}), &s)
                   .ok());
   EXPECT_EQ(s.weight_versions, (std::vector<std::string>{"4", "5", "5"}));
+  // And how many tokens each span made (rollout/tokens_by_staleness/*).
+  EXPECT_EQ(s.weight_version_tokens, (std::vector<int64_t>{2, 1, 1}));
+  EXPECT_TRUE(s.Validate().ok());
+}
+
+TEST(AnswerVersionsTest, SpanSizesThatDoNotCoverTheAnswerLeaveTheCountsUnknown) {
+  // Spans without start/end, or spanning other than the answer's tokens: the versions stay,
+  // the counts are dropped rather than guessed.
+  for (const char* spans : {R"([{"version": "4"}, {"version": "5"}])",
+                            R"([{"version": "4", "start": 0, "end": 1},
+                                {"version": "5", "start": 1, "end": 5}])"}) {
+    data::Sample s = Prompt();
+    ASSERT_TRUE(internal::ApplyGenerateResponse(
+                    Answer({20, 21, 22}, {{"weight_versions", nlohmann::json::parse(spans)}}), &s)
+                    .ok())
+        << spans;
+    EXPECT_EQ(s.weight_versions, (std::vector<std::string>{"4", "5"})) << spans;
+    EXPECT_TRUE(s.weight_version_tokens.empty()) << spans;
+    EXPECT_TRUE(s.Validate().ok()) << spans;
+  }
 }
 
 TEST(AnswerVersionsTest, WithoutSpansTheAnswersVersion) {
   data::Sample s = Prompt();
   ASSERT_TRUE(internal::ApplyGenerateResponse(Answer({20}, {{"weight_version", "7"}}), &s).ok());
   EXPECT_EQ(s.weight_versions, (std::vector<std::string>{"7"}));
+  EXPECT_EQ(s.weight_version_tokens, (std::vector<int64_t>{1}));
   // An empty list (no output token) falls back to the answer's version too.
   data::Sample t = Prompt();
   ASSERT_TRUE(internal::ApplyGenerateResponse(

@@ -4,8 +4,9 @@
 // exact_match). Covers routing (a group stays on one engine, both engines are used), the
 // per-engine concurrency limit seen from the engines, the dynamic filter, abort at the end of a
 // rollout, partial-rollout resumption with off-policy masking, eval with pass@k, an engine
-// lost mid-rollout (recovered through EngineRecovery, its groups retried whole), and the
-// routed experts of a mixture-of-experts engine carried into the samples (routing replay).
+// lost mid-rollout (recovered through EngineRecovery, its groups retried whole), samples over
+// the fully async staleness bound started over (stale_samples: regenerate), and the routed
+// experts of a mixture-of-experts engine carried into the samples (routing replay).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -382,6 +383,60 @@ TEST_F(RolloutEngineTest, AbortAtTheEndAndPartialRolloutResumes) {
     }
   }
   EXPECT_TRUE(restored.partial_rollout_buffer().empty());
+}
+
+TEST_F(RolloutEngineTest, SamplesOverTheStalenessBoundStartOverFromTheirPrompt) {
+  // --fully-async with rollout.stale_samples: regenerate. Two continued samples come out of
+  // the partial-rollout buffer into rollout 4 under a bound of 1: the one begun at version 0
+  // (lag 4) starts over from its prompt, the one begun at version 3 (lag 1) is continued.
+  auto source = Source({{"Hi there", "x"}, {"Yo", "x"}}, 2);
+  PromptGroupSource groups(source.get());
+  auto first = groups.GetSamples(1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  data::SampleGroup g = std::move(first->front());
+  const std::vector<int32_t> old_part = {100, 101, 102};
+  std::map<int64_t, std::vector<int32_t>> before;
+  for (size_t i = 0; i < g.size(); ++i) {
+    ASSERT_TRUE(
+        g[i].AppendResponse(old_part, std::vector<float>(3, -1.0f), true, "abc", i == 0 ? "0" : "3")
+            .ok());
+    g[i].status = data::SampleStatus::kAborted;
+    g[i].metadata["start_rollout_id"] = 1;
+    before[g[i].index] = g[i].tokens;
+  }
+  const int64_t stale = g[0].index;
+  RolloutCoordinator c;
+  ASSERT_TRUE(
+      c.RestoreState({{"version", 1},
+                      {"partial_rollout_buffer",
+                       json::array({json::array({SampleToJson(g[0]), SampleToJson(g[1])})})}})
+          .ok());
+  RolloutOptions o = Options(1, 2, 4);
+  o.partial_rollout = true;
+  o.regenerate_older_than = 1;
+  ASSERT_TRUE(c.Configure(o, &groups, reward_.get()).ok());
+  auto r = c.Generate(4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->groups.size(), 1u);
+  EXPECT_EQ(r->metrics["rollout/partial_rollout/regenerated_samples"], 1);
+  for (const data::Sample& s : r->groups[0]) {
+    const std::vector<int32_t>& old = before.at(s.index);
+    const bool continued = std::equal(old.begin(), old.end(), s.tokens.begin());
+    ASSERT_EQ(s.weight_versions.size(), s.index == stale ? 1u : 2u) << s.index;
+    if (s.index == stale) {
+      EXPECT_FALSE(continued) << "the stale sample kept its old tokens";
+      EXPECT_NE(s.weight_versions[0], "0");
+      EXPECT_FALSE(s.metadata.contains("start_rollout_id"));
+      EXPECT_EQ(s.OldestWeightVersion(), std::nullopt);  // only the engine's (named) version
+    } else {
+      EXPECT_TRUE(continued) << "the sample within the bound was not continued";
+      EXPECT_EQ(s.weight_versions[0], "3");
+      EXPECT_EQ(s.metadata["start_rollout_id"], 1);
+    }
+    EXPECT_GT(s.response_length, s.index == stale ? 0 : 3) << s.index;  // generated further
+    EXPECT_LE(s.response_length, 8) << s.index;  // max_response_len counts the kept tokens
+    EXPECT_TRUE(s.Validate().ok()) << s.Validate();
+  }
 }
 
 TEST_F(RolloutEngineTest, EvalReportsRewardsAndPassAtK) {

@@ -160,10 +160,16 @@ TEST(RolloutStateTest, SampleJsonRoundTripAndBadState) {
   s.rollout_log_probs = {-0.5f, -1.0f, -2.0f};
   s.metadata["start_rollout_id"] = 3;
   s.weight_versions = {"7"};
+  s.weight_version_tokens = {3};
   s.prompt = "hi";
   auto back = SampleFromJson(SampleToJson(s));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->tokens, s.tokens);
+  EXPECT_EQ(back->weight_version_tokens, s.weight_version_tokens);
+  nlohmann::json older = SampleToJson(s);  // a checkpoint written before the counts existed
+  older.erase("weight_version_tokens");
+  ASSERT_TRUE(SampleFromJson(older).ok());
+  EXPECT_TRUE(SampleFromJson(older)->weight_version_tokens.empty());
   EXPECT_EQ(back->rollout_log_probs, s.rollout_log_probs);
   EXPECT_EQ(back->status, data::SampleStatus::kAborted);
   EXPECT_EQ(back->metadata["start_rollout_id"], 3);

@@ -68,6 +68,7 @@ TEST(TrajectoryBufferTest, CompleteGroupsBecomeARolloutInCompletionOrder) {
       EXPECT_EQ(s.PromptLength(), 3);
       EXPECT_EQ(s.loss_mask, (std::vector<uint8_t>{1, 1}));
       EXPECT_EQ(s.weight_versions, (std::vector<std::string>{"3", "4"}));
+      EXPECT_TRUE(s.weight_version_tokens.empty());  // not given: not known
       EXPECT_TRUE(s.Validate().ok());
     }
   }
@@ -92,14 +93,24 @@ TEST(TrajectoryBufferTest, ABadBodyIsRefusedNamingTheFieldAndNothingIsAdded) {
   extra["advantage"] = 1.0;
   Json bad_status = Trajectory("a", 1);
   bad_status["status"] = "aborted";
+  Json short_counts = Trajectory("a", 1);
+  short_counts["weight_version_tokens"] = Json::array({2});
+  Json over_counts = Trajectory("a", 1);
+  over_counts["weight_version_tokens"] = Json::array({2, 1});
   for (const Case& c : std::vector<Case>{
            {no_group, "trajectories[1].group is required"},
-           {Trajectory("a", 1, 9), "trajectories[1].response_length is required: an integer from 1 to the 5 tokens"},
+           {Trajectory("a", 1, 9),
+            "trajectories[1].response_length is required: an integer from 1 to the 5 tokens"},
            {long_mask, "trajectories[1].loss_mask must be a list of 2 entries"},
            {bad_lp, "trajectories[1].rollout_log_probs entries must be log-probabilities"},
            {extra, "trajectories[1].advantage is not a trajectory field"},
            {bad_status, "trajectories[1].status must be"},
-           {Json{{"group", "a"}, {"tokens", Json::array({1, -2})}, {"response_length", 1}, {"reward", 0}},
+           {short_counts, "trajectories[1].weight_version_tokens must be a list of 2 token counts"},
+           {over_counts, "summing to at most 2 (response_length)"},
+           {Json{{"group", "a"},
+                 {"tokens", Json::array({1, -2})},
+                 {"response_length", 1},
+                 {"reward", 0}},
             "trajectories[1].tokens must hold non-negative integer token ids"},
        }) {
     StatusOr<int64_t> added = buffer->Add(Body({Trajectory("x", 1), c.trajectory}));
@@ -118,6 +129,22 @@ TEST(TrajectoryBufferTest, ABadBodyIsRefusedNamingTheFieldAndNothingIsAdded) {
       << over.status();
   EXPECT_EQ(buffer->Stats()["trajectories"], 0) << "a refused body left something behind";
   EXPECT_EQ(buffer->Stats()["added"], 0);
+}
+
+TEST(TrajectoryBufferTest, TokensPerVersionAreKeptWhereKnown) {
+  auto buffer = Buffer(1, 2);
+  Json counted = Trajectory("a", 1);
+  counted["weight_version_tokens"] = Json::array({1, 1});
+  Json one = Trajectory("b", 0);
+  one.erase("weight_versions");
+  one["weight_version"] = "6";
+  one["loss_mask"] = Json::array({0, 1});  // one version made every model token
+  ASSERT_TRUE(buffer->Add(Body({counted, one})).ok());
+  StatusOr<RolloutResult> r = buffer->Take(7);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->groups[0][0].weight_version_tokens, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(r->groups[1][0].weight_versions, (std::vector<std::string>{"6"}));
+  EXPECT_EQ(r->groups[1][0].weight_version_tokens, (std::vector<int64_t>{1}));
 }
 
 TEST(TrajectoryBufferTest, TakeWaitsForEnoughGroupsAndEndsOnCancel) {

@@ -87,6 +87,10 @@ struct RolloutConfig {
   // --fully-async only: no trained sample's oldest token is more than this many weight
   // versions behind the trainer (the driver checks it; unset there: 1).
   std::optional<int> max_staleness;
+  // --fully-async only: what becomes of a sample over max_staleness — "drop" (out of the loss)
+  // or "regenerate" (a continued partial-rollout sample starts over from its prompt before it
+  // is generated further). Unset: drop.
+  std::optional<std::string> stale_samples;
   int engine_concurrency = 512;
   double request_timeout_s = 3600;  // one /generate call of the rollout
   int request_max_attempts = 60;    // tries while an engine refuses connections

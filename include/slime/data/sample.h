@@ -23,6 +23,8 @@
 //   5. rollout_routed_experts is empty, or holds rows × routed_experts_per_token entries with
 //      routed_experts_per_token > 0 and rows <= tokens.size() − 1 (rows < tokens − 1 only
 //      between a tool span and the next engine call).
+//   6. weight_version_tokens is empty (not known) or has one entry ≥ 0 per weight_versions
+//      entry, summing to at most response_length.
 // A group is the n_samples_per_prompt samples of one prompt; they share group_index and have
 // consecutive `index` values.
 //
@@ -32,6 +34,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -76,6 +79,9 @@ struct Sample {
   SampleStatus status = SampleStatus::kPending;
   nlohmann::ordered_json metadata = nlohmann::ordered_json::object();  // rm_type, tools, ...
   std::vector<std::string> weight_versions;  // engine weight version of each generated span
+  // The generated tokens of each weight_versions entry, or empty where not known (an external
+  // trajectory that did not say, a checkpoint written before this field).
+  std::vector<int64_t> weight_version_tokens;
   // Routing replay (docs/algorithms.md, "Routing replay"): the engine's experts of positions
   // 0..rows−1 of `tokens`, [rows, layers, top_k] int32 flattened (slime's
   // rollout_routed_experts; row i is the routing of token i, the last token is never fed), or
@@ -86,13 +92,23 @@ struct Sample {
 
   int64_t PromptLength() const { return static_cast<int64_t>(tokens.size()) - response_length; }
 
+  // The oldest weight version among weight_versions, where they are integers (the versions
+  // slime_train's weight syncs name); nullopt when there is none.
+  std::optional<int64_t> OldestWeightVersion() const;
+
+  // Back to the prompt, as the data source gave it: the response, its masks, log-probs,
+  // versions, routing rows past the prompt, reward and status are cleared (kPending); index,
+  // group_index, prompt, label and metadata stay.
+  void ClearResponse();
+
   // Appends a response span: `ids` to tokens, response_length += ids.size(), loss-mask entries
   // of 1 (`trainable`, model output) or 0 (tool / environment output). `log_probs` must have
   // ids.size() entries for a trainable span that records log-probs; spans without log-probs
   // (tool output, or a rollout that does not record them) append 0s when the sample already
   // has log-probs. Appending log-probs to a sample whose earlier spans had none is an error
   // (invariant 3 would break). `text` is appended to `response`; `weight_version`, when not
-  // empty, to weight_versions. teacher_log_probs are cleared (they scored the old response).
+  // empty, to weight_versions (with ids.size() in weight_version_tokens while those are
+  // known). teacher_log_probs are cleared (they scored the old response).
   Status AppendResponse(std::span<const int32_t> ids, std::span<const float> log_probs,
                         bool trainable, std::string_view text = {},
                         std::string_view weight_version = {});

@@ -143,6 +143,11 @@ struct RolloutOptions {
   DynamicFilter dynamic_filter = DynamicFilter::kNone;
   bool partial_rollout = false;
   bool mask_offpolicy_in_partial_rollout = false;
+  // Set (--fully-async with rollout.stale_samples: regenerate): a sample the partial-rollout
+  // buffer hands to rollout j whose oldest token's weight version is below j − this starts
+  // over from its prompt (Sample::ClearResponse), so no token it trains on at step j is older
+  // than the bound; counted in rollout/partial_rollout/regenerated_samples.
+  std::optional<int64_t> regenerate_older_than;
   // Deterministic mode: sample j of every group sends sampling_seed = seed + j.
   bool deterministic = false;
   int seed = 42;
@@ -307,9 +312,10 @@ class RolloutCoordinator {
   // Submits waves until the groups kept and in flight cover the target; an error (source dry
   // with nothing in flight, a bad group) into tally->failure.
   void TopUpWaves(const std::shared_ptr<Run>& run, GenerateTally* tally);
-  // The next over_sampling_batch_size groups: the partial-rollout buffer's first, then the
+  // The next over_sampling_batch_size groups for rollout `rollout_id`: the partial-rollout
+  // buffer's first (samples over regenerate_older_than cleared, counted in tally), then the
   // source's; empty when both ran dry.
-  StatusOr<std::vector<data::SampleGroup>> NextWave();
+  StatusOr<std::vector<data::SampleGroup>> NextWave(int64_t rollout_id, GenerateTally* tally);
   // One job per group, submitted; a group of the wrong size is an error.
   Status SubmitWave(const std::shared_ptr<Run>& run, std::vector<data::SampleGroup> wave,
                     GenerateTally* tally);

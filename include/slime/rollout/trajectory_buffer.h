@@ -12,7 +12,10 @@
 //   loss_mask          [0 | 1]   response_length entries (default: all 1)
 //   rollout_log_probs  [number]  response_length entries, the behaviour log-probs (optional)
 //   weight_versions    [string]  the weight version of each generated span, oldest first
-//                                (optional; "weight_version": string is the one-span form)
+//                                (optional; "weight_version": string is the one-span form,
+//                                whose version made every loss-mask-1 token)
+//   weight_version_tokens [int]  the generated tokens of each weight_versions entry (optional;
+//                                feeds rollout/tokens_by_staleness/*)
 //   status             string    "completed" or "truncated" (default "completed")
 //   label, response    string    (optional), metadata object (optional)
 // The whole body is checked before anything is added: the first bad entry's error names
