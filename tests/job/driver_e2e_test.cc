@@ -369,10 +369,23 @@ TEST_F(DriverE2eTest, FullyAsyncKeepsEveryTrainedSampleWithinTheBoundAndUpdatesM
     }
     EXPECT_LE(r.value("rollout/weight_staleness/max", 99.0), 2.0) << id;
     EXPECT_GE(r.at("async/admitted_version").get<double>(), static_cast<double>(id - 2)) << id;
+    std::map<std::string, double> tokens_by_lag;  // from the saved samples' spans
     for (const Json& s : SavedSamples(dir_ / "rollouts" / (std::to_string(id) + ".json"))) {
       // Consecutive versions, oldest first, none older than the bound.
       std::vector<int64_t> versions;
       for (const Json& v : s.at("weight_versions")) versions.push_back(std::stoll(v.get<std::string>()));
+      // Each span's token count, from the engine's spans, covering the answer.
+      const std::vector<int64_t> counts = s.at("weight_version_tokens").get<std::vector<int64_t>>();
+      ASSERT_EQ(counts.size(), versions.size()) << id << " " << s.dump();
+      int64_t counted = 0;
+      for (size_t i = 0; i < counts.size(); ++i) {
+        counted += counts[i];
+        if (!s.at("remove_sample").get<bool>()) {
+          tokens_by_lag["rollout/tokens_by_staleness/" + std::to_string(id - versions[i])] +=
+              static_cast<double>(counts[i]);
+        }
+      }
+      EXPECT_EQ(counted, s.at("response_length").get<int64_t>()) << id;
       ASSERT_FALSE(versions.empty()) << id;
       EXPECT_GE(versions.front(), id - 2) << id << " " << s.dump();
       EXPECT_LE(versions.back(), id) << id;
@@ -381,6 +394,12 @@ TEST_F(DriverE2eTest, FullyAsyncKeepsEveryTrainedSampleWithinTheBoundAndUpdatesM
       // A retracted answer keeps its tokens and their log-probs.
       EXPECT_EQ(s.at("rollout_log_probs").size(), s.at("response_length").get<size_t>()) << id;
     }
+    // Tokens by version: the record's keys are the saved spans' sums.
+    std::map<std::string, double> reported;
+    for (const auto& [key, value] : r.items()) {
+      if (key.rfind("rollout/tokens_by_staleness/", 0) == 0) reported[key] = value.get<double>();
+    }
+    EXPECT_EQ(reported, tokens_by_lag) << id;
   }
   // Whether an update lands mid-generation depends on this machine's speeds (the trainer is
   // often slower here, and the producer then waits on the bound); weight_sync_test and
