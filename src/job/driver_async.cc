@@ -36,6 +36,16 @@ struct Generated {
   double end_s = 0;
 };
 
+// Rollout `rollout_id` generated on this thread, timed from `start_s` (Unix seconds).
+Generated GenerateTimed(RolloutSteps* steps, int64_t rollout_id, double start_s) {
+  Generated g;
+  g.rollout_id = rollout_id;
+  g.start_s = start_s;
+  g.result = steps->GenerateRollout(rollout_id);
+  g.end_s = UnixNow();
+  return g;
+}
+
 // At most one generation in flight on a thread of its own. The destructor cancels and joins a
 // generation still running, so no thread outlives the loop (and the coordinator it uses).
 class Prefetch {
@@ -54,12 +64,7 @@ class Prefetch {
     SLIME_CHECK(!future_.valid(), "a generation is already in flight");
     const double start_s = UnixNow();  // here, so it orders before what the caller does next
     future_ = std::async(std::launch::async, [steps = steps_, rollout_id, start_s] {
-      Generated g;
-      g.rollout_id = rollout_id;
-      g.start_s = start_s;
-      g.result = steps->GenerateRollout(rollout_id);
-      g.end_s = UnixNow();
-      return g;
+      return GenerateTimed(steps, rollout_id, start_s);
     });
   }
   bool running() const { return future_.valid(); }
@@ -277,18 +282,9 @@ class Producer {
  private:
   void Run() {
     for (int64_t j = next_; j < num_rollout_; ++j) {
-      double waited_s = 0;
-      int64_t admitted = 0;
-      if (!ServeEvalsUntil([&] { return j - version_ <= max_staleness_; }, &waited_s, &admitted)) {
-        return;
-      }
       Produced p;
-      p.admitted_version = admitted;
-      p.producer_wait_s = waited_s;
-      p.generated.rollout_id = j;
-      p.generated.start_s = UnixNow();
-      p.generated.result = steps_->GenerateRollout(j);
-      p.generated.end_s = UnixNow();
+      if (!Admit(j, &p.producer_wait_s, &p.admitted_version)) return;
+      p.generated = GenerateTimed(steps_, j, UnixNow());
       {
         std::lock_guard<std::mutex> lock(mu_);
         generating_ = false;
@@ -303,16 +299,27 @@ class Producer {
       if (!ok) break;  // the trainer reports it when it takes this rollout
     }
     // Every rollout is generated: evals go on until the loop ends.
+    std::unique_lock<std::mutex> lock(mu_);
     double unused_s = 0;
-    int64_t unused = 0;
-    ServeEvalsUntil([] { return false; }, &unused_s, &unused);
+    ServeEvals(lock, [] { return false; }, &unused_s);
   }
 
-  // Runs asked-for evals until `ready()` holds (under mu_); false when stopped. `*waited_s`:
-  // the seconds spent waiting (evals not counted); `*version`: version_ when ready.
-  template <typename Ready>
-  bool ServeEvalsUntil(Ready ready, double* waited_s, int64_t* version) {
+  // Serves evals until rollout j may start (j − version ≤ max_staleness), then marks it
+  // generating under the same lock, so a stop from then on cancels it. False when stopped.
+  // `*waited_s`: the seconds spent waiting on the bound; `*admitted`: the version it starts at.
+  bool Admit(int64_t j, double* waited_s, int64_t* admitted) {
     std::unique_lock<std::mutex> lock(mu_);
+    if (!ServeEvals(lock, [&] { return j - version_ <= max_staleness_; }, waited_s)) return false;
+    *admitted = version_;
+    generating_ = true;
+    return true;
+  }
+
+  // With `lock` (on mu_) held: runs asked-for evals until `ready()` holds, and returns true
+  // with the lock held; false when stopped. `*waited_s` += the seconds spent waiting (evals not
+  // counted).
+  template <typename Ready>
+  bool ServeEvals(std::unique_lock<std::mutex>& lock, Ready ready, double* waited_s) {
     while (true) {
       if (stop_) return false;
       if (!evals_.empty()) {
@@ -328,11 +335,7 @@ class Producer {
         cv_.notify_all();
         continue;
       }
-      if (ready()) {
-        *version = version_;
-        generating_ = true;  // the caller generates next
-        return true;
-      }
+      if (ready()) return true;
       const auto start = Clock::now();
       cv_.wait(lock);
       *waited_s += Since(start);
