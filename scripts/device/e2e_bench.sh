@@ -110,6 +110,10 @@ for mode in ${modes}; do
           --set train.max_tokens_per_gpu=16384)
     if [ "${mode}" != colocate ]; then  # engine and trainer share the GPU at once
       args+=(--set cluster.offload_train=false --set cluster.offload_rollout=false)
+      # SLIME_SHARED_SETS: more --set pairs for the shared modes (an 80 GB card needs a smaller
+      # engine share and trainer micro-batch than the H200 the defaults fit).
+      read -r -a extra <<< "${SLIME_SHARED_SETS:-}"
+      args+=("${extra[@]}")
     fi
     [ "${mode}" = shared-async ] && args+=(--async)
     if [[ "${mode}" == fully-async-* ]]; then
