@@ -163,6 +163,61 @@ TEST(SchedulerTest, TokenBudgetsAndRunningLimitAreRespected) {
   }
 }
 
+// A GRPO group arriving at once (8 samples of one prompt, an unrelated request behind them):
+// the first sample prefills the prompt — in chunks when it is over the prefill budget — while
+// its siblings wait (they would share >= kInBatchShareTokens of what it is computing) and the
+// unrelated request is admitted past them; the step after the first one's prefill completes,
+// the siblings join with only the last partial page of the prompt left to compute.
+TEST(SchedulerTest, AGroupPrefillsItsPromptOnceAndTheSiblingsWaitOnlyForItsPages) {
+  for (const int64_t budget : {int64_t{8192}, int64_t{20}}) {
+    SchedulerOptions options;
+    options.max_prefill_tokens = budget;
+    Rig s(256, 4, options);
+    const std::vector<int32_t> prompt = Iota(42, 7);  // 10 full pages + 2 tokens
+    const std::vector<int32_t> other = Iota(6, 900);
+    for (uint64_t id = 0; id < 8; ++id) ASSERT_TRUE(s.scheduler.Add(id, prompt, 4).ok());
+    ASSERT_TRUE(s.scheduler.Add(8, other, 4).ok());
+
+    // The first sample's prefill steps: no sibling is admitted while it is unfinished.
+    int64_t leader_done = -1;
+    std::vector<Batch> steps;
+    for (int step = 0; step < 8 && leader_done < 0; ++step) {
+      steps.push_back(s.engine.Step());
+      for (const BatchItem& item : steps.back().items) {
+        EXPECT_TRUE(item.seq_id == 0 || item.seq_id == 8) << "budget " << budget << " step "
+                                                          << step << ": " << item.seq_id;
+      }
+      if (s.scheduler.Find(0)->prefilled) leader_done = step;
+    }
+    ASSERT_GE(leader_done, 0) << "budget " << budget;
+    EXPECT_EQ(leader_done, budget == 20 ? 2 : 0) << "budget " << budget;  // 42 = 20 + 20 + 2
+    // The unrelated request was not held behind the group: admitted with the leader's last
+    // chunk, past the seven siblings queued before it.
+    EXPECT_EQ(s.scheduler.Find(8)->num_computed, 6) << "budget " << budget;
+
+    // Next step: the seven siblings, each computing only tokens 40..41 over the cached 40.
+    Batch join = s.engine.Step();
+    int siblings = 0;
+    for (size_t i = join.num_decodes; i < join.items.size(); ++i) {
+      const BatchItem& item = join.items[i];
+      if (item.seq_id == 0 || item.seq_id == 8) continue;
+      ++siblings;
+      EXPECT_EQ(item.start, 40) << item.seq_id;
+      EXPECT_EQ(item.num_tokens, 2) << item.seq_id;
+      EXPECT_EQ(s.scheduler.Find(item.seq_id)->cached_tokens, 40);
+    }
+    EXPECT_EQ(siblings, 7) << "budget " << budget;
+
+    s.engine.RunToCompletion();
+    for (uint64_t id = 0; id < 8; ++id) EXPECT_EQ(s.engine.outputs().at(id), Generate(prompt, 4));
+    EXPECT_EQ(s.engine.outputs().at(8), Generate(other, 4));
+    // The group computed its prompt once plus 7 × 2 tail tokens.
+    EXPECT_EQ(s.radix.matched_tokens(), 7 * 40) << "budget " << budget;
+    s.radix.Reset();
+    EXPECT_EQ(s.pool.num_free(), s.pool.num_usable());
+  }
+}
+
 TEST(SchedulerTest, IdenticalPromptsHitThePrefixOfTheFirst) {
   SchedulerOptions options;
   options.max_prefill_tokens = 40;  // one whole prompt per step
