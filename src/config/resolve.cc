@@ -484,9 +484,9 @@ class Resolver {
           "can only be dropped): set partial_rollout: true or stale_samples: drop");
     }
     if (r.mask_offpolicy_in_partial_rollout && !r.partial_rollout) {
-      Warn(
+      Error(
           "rollout.mask_offpolicy_in_partial_rollout has no effect without "
-          "rollout.partial_rollout");
+          "rollout.partial_rollout: set partial_rollout: true or remove the key");
     }
   }
 

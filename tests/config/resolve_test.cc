@@ -508,9 +508,12 @@ TEST(ConfigResolveData, LengthOfTrainingAndPromptData) {
   EXPECT_TRUE(LoadMinimal({"data.prompt_data=", "debug.load_debug_rollout_data=/d/{rollout_id}",
                            "cluster.rollout_num_gpus=~"})
                   .ok());
-  warnings.clear();
-  ASSERT_TRUE(LoadMinimal({"rollout.mask_offpolicy_in_partial_rollout=true"}, &warnings).ok());
-  EXPECT_TRUE(Contains(warnings, "has no effect without rollout.partial_rollout"));
+  EXPECT_TRUE(FailsWith(LoadMinimal({"rollout.mask_offpolicy_in_partial_rollout=true"}),
+                        {"rollout.mask_offpolicy_in_partial_rollout has no effect without "
+                         "rollout.partial_rollout"}));
+  EXPECT_TRUE(LoadMinimal({"rollout.mask_offpolicy_in_partial_rollout=true",
+                           "rollout.partial_rollout=true"})
+                  .ok());
 }
 
 TEST(ConfigResolveLengths, PromptLengthFromContextLength) {
