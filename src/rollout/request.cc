@@ -220,12 +220,13 @@ Status ApplyGenerateResponse(const nlohmann::json& response, data::Sample* sampl
   // AppendResponse counted every id to the first span's version; the spans say how many each
   // version made (not known: the sample's counts are dropped).
   if (versions.size() > 1) {
-    const size_t first = sample->weight_versions.size() - 1;
+    // Where the first span's version went in: the last entry, when it was appended at all.
+    const size_t before = sample->weight_versions.size();
     for (size_t i = 1; i < versions.size(); ++i) sample->weight_versions.push_back(versions[i]);
     std::vector<int64_t>& counts = sample->weight_version_tokens;
     int64_t spanned = 0;
     for (const int64_t t : span_tokens) spanned += t;
-    if (!spans_counted || counts.size() != first + 1 ||
+    if (!spans_counted || weight_version.empty() || counts.size() != before ||
         spanned != static_cast<int64_t>(ids.size())) {
       counts.clear();
     } else {
