@@ -124,17 +124,30 @@ void BuildBatchedPrefill(const std::vector<PagedItem>& items, int64_t page_size,
 namespace {
 
 // Deterministic mode on CUDA (PagedLayout::invariant_key_rows): positions, write slots, each
-// item's context slots back to back and one (first key, last key) pair per new token, in one
-// host buffer and one copy to the device.
+// item's context slots back to back, one (first key, last key) pair per new token and, in a
+// step that mixes decodes with prefill chunks, the rows of each, in one host buffer and one copy
+// to the device.
 void BuildInvariantRows(const std::vector<PagedItem>& items, int64_t page_size,
                         torch::Device device, PagedLayout* layout) {
-  int64_t tokens = 0, keys = 0;
+  int64_t tokens = 0, keys = 0, decodes = 0;
   for (const PagedItem& item : items) {
     tokens += item.num_new;
     keys += item.context_len;
+    if (item.num_new == 1) ++decodes;
   }
-  // [positions T | write slots T | row meta 2T | key rows K]
-  std::vector<int64_t> host(4 * tokens + keys);
+  const bool mixed = decodes > 0 && decodes < tokens;
+  // [positions T | write slots T | row meta 2T | key rows K | (mixed) decode rows | chunk rows]
+  std::vector<int64_t> host(4 * tokens + keys + (mixed ? tokens : 0));
+  if (mixed) {
+    int64_t* decode_rows = host.data() + 4 * tokens + keys;
+    int64_t* chunk_rows = decode_rows + decodes;
+    int64_t row = 0;
+    for (const PagedItem& item : items) {
+      for (int64_t i = 0; i < item.num_new; ++i, ++row) {
+        *(item.num_new == 1 ? decode_rows++ : chunk_rows++) = row;
+      }
+    }
+  }
   int64_t* positions = host.data();
   int64_t* write_slots = positions + tokens;
   int64_t* meta = write_slots + tokens;
@@ -160,6 +173,11 @@ void BuildInvariantRows(const std::vector<PagedItem>& items, int64_t page_size,
   layout->write_slots = all.narrow(0, tokens, tokens);
   layout->invariant_row_meta = all.narrow(0, 2 * tokens, 2 * tokens).view({tokens, 2});
   layout->invariant_key_rows = all.narrow(0, 4 * tokens, keys);
+  layout->invariant_all_decode = decodes == tokens;
+  if (mixed) {
+    layout->invariant_decode_rows = all.narrow(0, 4 * tokens + keys, decodes);
+    layout->invariant_chunk_rows = all.narrow(0, 4 * tokens + keys + decodes, tokens - decodes);
+  }
 }
 
 }  // namespace
@@ -411,8 +429,20 @@ torch::Tensor PagedAttention::Attend(int layer, const torch::Tensor& q, const to
 
   const PagedLayout& lay = *layout_;
   if (lay.invariant_row_meta.defined()) {
-    return model::InvariantPagedAttention(q, kp, vp, lay.invariant_key_rows,
-                                          lay.invariant_row_meta);
+    if (!lay.invariant_decode_rows.defined()) {
+      return model::InvariantPagedAttention(q, kp, vp, lay.invariant_key_rows,
+                                            lay.invariant_row_meta, lay.invariant_all_decode);
+    }
+    // Decodes and prefill chunks apart, each in the launch shape that suits it.
+    torch::Tensor out = torch::empty(q.sizes(), q.options());
+    for (const bool decodes : {true, false}) {
+      const torch::Tensor& rows = decodes ? lay.invariant_decode_rows : lay.invariant_chunk_rows;
+      out.index_copy_(0, rows,
+                      model::InvariantPagedAttention(
+                          q.index_select(0, rows), kp, vp, lay.invariant_key_rows,
+                          lay.invariant_row_meta.index_select(0, rows), decodes));
+    }
+    return out;
   }
   if (lay.decode_kernel && model::BatchInvariant() && lay.decode_rows_are_prefix &&
       lay.decode_page_table.defined() && lay.num_tokens == lay.decode_page_table.size(0)) {

@@ -49,7 +49,7 @@ torch::Tensor CudaAttentionRows(const torch::Tensor& q, const torch::Tensor& k,
                                 const torch::Tensor& row_meta,
                                 const torch::Tensor& page_table = torch::Tensor(),
                                 const torch::Tensor& seq_lens = torch::Tensor(),
-                                int64_t page_size = 0) {
+                                int64_t page_size = 0, bool rows_are_sequences = false) {
   const torch::Tensor qc = q.stride(2) == 1 && q.stride(1) == q.size(2) ? q : q.contiguous();
   torch::Tensor out = torch::empty(q.sizes(), q.options());
   cuda::InvariantAttentionArgs a;
@@ -67,6 +67,7 @@ torch::Tensor CudaAttentionRows(const torch::Tensor& q, const torch::Tensor& k,
   } else {
     a.row_meta = row_meta.data_ptr<int64_t>();
   }
+  a.rows_are_sequences = rows_are_sequences;
   a.out = out.data_ptr();
   a.rows = q.size(0);
   a.heads = static_cast<int>(q.size(1));
@@ -428,7 +429,7 @@ torch::Tensor InvariantCausalAttention(const torch::Tensor& q, const torch::Tens
 
 torch::Tensor InvariantPagedAttention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                       const torch::Tensor& v_cache, const torch::Tensor& key_rows,
-                                      const torch::Tensor& row_meta) {
+                                      const torch::Tensor& row_meta, bool rows_are_sequences) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() &&
                   k_cache.strides() == v_cache.strides() && k_cache.stride(2) == 1 &&
                   k_cache.stride(1) == k_cache.size(2) && q.size(2) == k_cache.size(2) &&
@@ -444,10 +445,12 @@ torch::Tensor InvariantPagedAttention(const torch::Tensor& q, const torch::Tenso
                   row_meta.size(0) == q.size(0) && row_meta.scalar_type() == torch::kLong &&
                   row_meta.is_contiguous(),
               "batch-invariant paged attention: expected key_rows [K] and row_meta [T, 2] int64");
+  static_cast<void>(rows_are_sequences);  // a launch shape: only CUDA builds have launches
 #ifdef SLIME_MODEL_FUSED_KERNELS
   if (q.is_cuda() && k_cache.is_cuda() && key_rows.is_cuda() && row_meta.is_cuda()) {
     torch::NoGradGuard no_grad;
-    return CudaAttentionRows(q, k_cache, v_cache, key_rows, row_meta);
+    return CudaAttentionRows(q, k_cache, v_cache, key_rows, row_meta, torch::Tensor(),
+                             torch::Tensor(), 0, rows_are_sequences);
   }
 #endif
   TORCH_CHECK(false, "batch-invariant paged attention: CUDA tensors of a CUDA build expected, got ",

@@ -767,9 +767,17 @@ TEST(BatchInvariantCudaTest, PagedAttentionIsTheSameBitsAsAttentionOverTheSequen
     total_new += news[s];
   }
   const torch::Tensor q = torch::randn({total_new, heads, d}, opts);
-  const torch::Tensor out = InvariantPagedAttention(
-      q, kc, vc, torch::tensor(key_rows, longs).to(torch::kCUDA),
-      torch::tensor(meta, longs).view({total_new, 2}).to(torch::kCUDA));
+  const torch::Tensor key_rows_d = torch::tensor(key_rows, longs).to(torch::kCUDA);
+  const torch::Tensor meta_d = torch::tensor(meta, longs).view({total_new, 2}).to(torch::kCUDA);
+  const torch::Tensor out = InvariantPagedAttention(q, kc, vc, key_rows_d, meta_d);
+  // One warp per row with its query heads (the launch shape for a step of decodes), and the
+  // rows in two launches (a step that mixes decodes and chunks): the same bits.
+  EXPECT_TRUE(torch::equal(
+      InvariantPagedAttention(q, kc, vc, key_rows_d, meta_d, /*rows_are_sequences=*/true), out));
+  const torch::Tensor head = torch::arange(0, 71, longs).to(torch::kCUDA);
+  EXPECT_TRUE(torch::equal(InvariantPagedAttention(q.index_select(0, head), kc, vc, key_rows_d,
+                                                   meta_d.index_select(0, head), true),
+                           out.narrow(0, 0, 71)));
   int64_t row = 0;
   for (size_t s = 0; s < lens.size(); ++s) {
     const torch::Tensor ref = InvariantCausalAttention(

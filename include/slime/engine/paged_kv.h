@@ -111,6 +111,12 @@ struct PagedLayout {
   // back to back, and per token row (first index into them, its position).
   torch::Tensor invariant_key_rows;  // [sum of context_len] int64
   torch::Tensor invariant_row_meta;  // [T, 2] int64
+  // Which rows are decode tokens (one new token of their sequence): all of them
+  // (invariant_all_decode), or, in a step that mixes them with prefill chunks, the two row sets
+  // (int64), each attended with the launch shape that suits it (the bits are the same).
+  bool invariant_all_decode = false;
+  torch::Tensor invariant_decode_rows;
+  torch::Tensor invariant_chunk_rows;
 
   static PagedLayout Build(const std::vector<PagedItem>& items, int64_t page_size,
                            torch::Device device, bool decode_kernel = false);

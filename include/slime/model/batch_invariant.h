@@ -72,9 +72,12 @@ torch::Tensor InvariantCausalAttention(const torch::Tensor& q, const torch::Tens
 // sees keys j = 0..row_meta[r][1], key j being cache row key_rows[row_meta[r][0] + j] of
 // k_cache/v_cache [slots, kv_heads, D]. Row r's result is the bits InvariantCausalAttention
 // gives the same query over the same keys (one kernel, one order per row). Not differentiable.
+// `rows_are_sequences` (every row reads keys no other row reads, as a step of decodes does)
+// picks the launch shape for such rows; it changes no row's bits.
 torch::Tensor InvariantPagedAttention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                       const torch::Tensor& v_cache, const torch::Tensor& key_rows,
-                                      const torch::Tensor& row_meta);
+                                      const torch::Tensor& row_meta,
+                                      bool rows_are_sequences = false);
 
 // The decode form (one new token per sequence, the decode CUDA graphs' inputs): row b of
 // q [B, heads, D] sees keys 0..seq_lens[b] - 1 of its pages, key j being cache row

@@ -3,7 +3,6 @@
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <algorithm>
 #include <cmath>
@@ -296,126 +295,199 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 
 // ---- attention on tensor cores (bfloat16 / float16, head_dim 64 or 128) ----------------------
 //
-// A warp takes up to kTcRows query rows of one head that read the same keys and walks the keys
-// in blocks of kTcKeys at absolute positions 0, kTcKeys, 2 kTcKeys, ... For a row and a block
-// the arithmetic is fixed (TcAttendBlock):
-//   s_j = (Q Kᵀ)_j · scale, Q Kᵀ on tensor cores (16x16x16 steps over head_dim, ascending);
+// A warp takes up to kTcRows query rows that read the same keys (consecutive tokens of one head
+// in a prefill or the trainer's forward; the query heads of one key/value head for a decode
+// token) and walks the keys in blocks of kTcKeys at absolute positions 0, kTcKeys, 2 kTcKeys,
+// ... For a row and a block the arithmetic is fixed (TcAttendBlock), all of it in registers:
+//   s_j = (Q Kᵀ)_j · scale, Q Kᵀ by mma.sync m16n8k16 over head_dim in ascending 16-wide steps;
 //   over the row's keys j <= last in the block: m' = max(m, max_j s_j), c = exp(m - m'),
-//   p_j = exp(s_j - m') rounded to T (0 for keys past last), l = l c + (Σ_{j<16} p_j + Σ_{j>=16} p_j),
-//   o = o c + P V (tensor cores, keys in two steps of 16);
-// a block without a key of the row leaves the row untouched; out = o / l. Which other rows
-// share the warp changes nothing in a row's numbers (a tensor-core product element reads its
-// own row of Q only), so decode, chunked prefill and the trainer's packed forward agree bit
-// for bit, as the CUDA-core kernel above does, at tensor-core speed.
+//   p_j = exp(s_j - m') rounded to T (0 for keys past last), the block's Σ p_j in one order
+//   (each lane its 8 keys ascending, then a butterfly over the row's 4 lanes),
+//   l = fma(l, c, Σ p_j), t = P V (mma over the block's two 16-key halves in order),
+//   o = fma(o, c, t);
+// a block without a key of the row leaves the row untouched; out = o / l. A tensor-core product
+// element reads its own row of Q (or P) only, so which other rows share the warp changes nothing
+// in a row's numbers: decode, chunked prefill and the trainer's packed forward agree bit for bit.
+// Each rounding step is an explicit intrinsic, so no kernel's compilation contracts it otherwise.
 //
 // Two kernels run that arithmetic: InvariantAttentionTcKernel, one warp per block of threads
-// (decode rows, one per warp, and short or unaligned inputs), and InvariantAttentionTcCtaKernel
-// for prefills and the trainer: kTcWarps warps over kTcWarps · kTcRows consecutive rows share
-// each key block through shared memory, the next block's loads in flight while the warps
-// compute. The two give every row the same bits.
+// (decode: the query heads of a token's key/value head as its rows; short or unaligned inputs),
+// and InvariantAttentionTcCtaKernel for prefills and the trainer: kTcWarps warps over
+// kTcWarps · kTcRows consecutive rows share each key block through shared memory. Both load the
+// next key block while they compute on this one (cp.async where the rows are 16-byte aligned).
 constexpr int kTcRows = 16;
 constexpr int kTcKeys = 32;
 constexpr int kTcPad = 8;
 constexpr int kTcWarps = 4;
 
-template <typename T>
-using TcQFragment =
-    nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, nvcuda::wmma::row_major>;
-
-// One warp's scratch for a key block: the scores, the rounded probabilities, one 16-dim slice
-// of P V.
-template <typename T>
-struct __align__(32) TcScratch {
-  float ss[kTcRows][kTcKeys + 4];
-  T ps[kTcRows][kTcKeys + kTcPad];
-  float ts[kTcRows][16 + 4];
-};
-
 // K (kv[0]) and V (kv[1]) of one key block, rows kTcKeys, zeros past the group's last key.
 template <typename T, int D>
 using TcKeyBlock = T[2][kTcKeys][D + kTcPad];
 
-template <bool kPaged>
-__device__ __forceinline__ int64_t KeyRow(const InvariantAttentionArgs& a, int64_t r,
-                                          int64_t first, int64_t j) {
-  if (kPaged) {
-    return static_cast<int64_t>(a.page_table[r * a.max_pages + j / a.page_size]) * a.page_size +
-           j % a.page_size;
-  }
-  return a.key_rows != nullptr ? a.key_rows[first + j] : first + j;
+// The warp's queries as mma A fragments: [16-dim step][register].
+template <int D>
+using TcQuery = uint32_t[D / 16][4];
+
+__device__ __forceinline__ uint32_t Bits(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+__device__ __forceinline__ uint32_t Bits(__half x) { return __half_as_ushort(x); }
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(T lo, T hi) {
+  return Bits(lo) | (Bits(hi) << 16);
 }
 
-// The block update of the header above for the warp's rows: lane pair (2i, 2i + 1) owns row i
-// (`mine`: the row is in the group being walked; `my_last`: its last key), `half` its half of
-// the block's keys and of each 16-dim slice of o.
+// d += A B for one m16n8k16 step, float32 accumulators.
+template <typename T>
+__device__ __forceinline__ void MmaTc(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                      uint32_t a3, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// Four 8x8 b16 matrices from shared memory, transposed: lanes 8i..8i+7 name matrix i's rows.
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* row) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(src) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void CpAsyncWaitAll() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// The per-row state of a thread: lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8 of
+// its warp's 16, key columns 2t, 2t + 1 of each 8-key tile, head dims 2t, 2t + 1 of each 8-dim
+// tile of o.
+template <int D>
+struct TcRows {
+  bool mine[2] = {false, false};  // the row is in the group being walked
+  int64_t last[2] = {-1, -1};     // its last key
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+  float o[D / 8][4] = {};
+};
+
+// The block update of the header above for the warp's rows.
 template <typename T, int D>
-__device__ __forceinline__ void TcAttendBlock(const TcQFragment<T> (&qf)[D / 16],
-                                              const TcKeyBlock<T, D>& kv, TcScratch<T>& sc,
-                                              int64_t kb, bool mine, int64_t my_last, float scale,
-                                              float& m, float& l, float (&o)[D / 16][8]) {
-  namespace wmma = nvcuda::wmma;
-  const int lane = threadIdx.x & 31, i = lane >> 1, half = lane & 1;
-  // S = Q Kᵀ [kTcRows, kTcKeys]
+__device__ __forceinline__ void TcAttendBlock(const TcQuery<D>& qf, const TcKeyBlock<T, D>& kv,
+                                              int64_t kb, float scale, TcRows<D>& st) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // S = Q Kᵀ [16, kTcKeys]: s[nt] is the 16 x 8 tile of keys nt * 8 .. nt * 8 + 7.
+  float s[kTcKeys / 8][4];
 #pragma unroll
-  for (int nf = 0; nf < kTcKeys / 16; ++nf) {
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::fill_fragment(acc, 0.f);
+  for (int nt = 0; nt < kTcKeys / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+    const T* krow = &kv[0][nt * 8 + g][2 * t];
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
-      wmma::load_matrix_sync(fb, &kv[0][nf * 16][kk * 16], D + kTcPad);
-      wmma::mma_sync(acc, qf[kk], fb, acc);
+      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + kk * 16);
+      const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + kk * 16 + 8);
+      MmaTc<T>(s[nt], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b0, b1);
     }
-    wmma::store_matrix_sync(&sc.ss[0][nf * 16], acc, kTcKeys + 4, wmma::mem_row_major);
   }
-  __syncwarp();
-  // The online softmax of row i: this lane takes keys half * 16 .. half * 16 + 15.
-  float bmax = -INFINITY;
+  // Row r of this lane is element pair (2r, 2r + 1) of each tile.
+  float bmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-  for (int jj = 0; jj < 16; ++jj) {
-    const int j = half * 16 + jj;
-    if (mine && kb + j <= my_last) bmax = fmaxf(bmax, sc.ss[i][j] * scale);
-  }
-  bmax = fmaxf(bmax, __shfl_xor_sync(kFullMask, bmax, 1));
-  const bool update = mine && bmax != -INFINITY;
-  const float m_new = update ? fmaxf(m, bmax) : m;
-  const float c = update ? expf(m - m_new) : 1.f;
-  float psum = 0.f;
+  for (int nt = 0; nt < kTcKeys / 8; ++nt) {
 #pragma unroll
-  for (int jj = 0; jj < 16; ++jj) {
-    const int j = half * 16 + jj;
-    const float p = update && kb + j <= my_last ? expf(sc.ss[i][j] * scale - m_new) : 0.f;
-    const T pt = To<T>(p);
-    sc.ps[i][j] = pt;
-    psum += F(pt);
-  }
-  const float other = __shfl_xor_sync(kFullMask, psum, 1);
-  const float bsum = half == 0 ? psum + other : other + psum;  // one order on both lanes
-  if (update) {
-    l = l * c + bsum;
-    m = m_new;
-  }
-  __syncwarp();
-  // o = o c + P V, 16 dims at a time.
-#pragma unroll
-  for (int f = 0; f < D / 16; ++f) {
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::fill_fragment(acc, 0.f);
-#pragma unroll
-    for (int kk = 0; kk < kTcKeys / 16; ++kk) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
-      wmma::load_matrix_sync(fa, &sc.ps[0][kk * 16], kTcKeys + kTcPad);
-      wmma::load_matrix_sync(fb, &kv[1][kk * 16][f * 16], D + kTcPad);
-      wmma::mma_sync(acc, fa, fb, acc);
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1;
+      s[nt][e] = __fmul_rn(s[nt][e], scale);
+      const int64_t key = kb + nt * 8 + 2 * t + (e & 1);
+      if (st.mine[r] && key <= st.last[r]) bmax[r] = fmaxf(bmax[r], s[nt][e]);
     }
-    wmma::store_matrix_sync(&sc.ts[0][0], acc, 16 + 4, wmma::mem_row_major);
-    __syncwarp();
-    if (update) {
+  }
+  bool upd[2];
+  float c[2], m_new[2];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) o[f][e] = o[f][e] * c + sc.ts[i][half * 8 + e];
+  for (int r = 0; r < 2; ++r) {
+    bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(kFullMask, bmax[r], 1));
+    bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(kFullMask, bmax[r], 2));
+    upd[r] = st.mine[r] && bmax[r] != -INFINITY;
+    m_new[r] = upd[r] ? fmaxf(st.m[r], bmax[r]) : st.m[r];
+    c[r] = upd[r] ? expf(__fsub_rn(st.m[r], m_new[r])) : 1.f;
+  }
+  // P rounded to T, packed as the A fragments of P V: pf[nt][r] holds row r's two keys of tile nt.
+  uint32_t pf[kTcKeys / 8][2];
+  float psum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nt = 0; nt < kTcKeys / 8; ++nt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t key = kb + nt * 8 + 2 * t;
+      const float p0 = upd[r] && key <= st.last[r] ? expf(__fsub_rn(s[nt][2 * r], m_new[r])) : 0.f;
+      const float p1 =
+          upd[r] && key + 1 <= st.last[r] ? expf(__fsub_rn(s[nt][2 * r + 1], m_new[r])) : 0.f;
+      const T t0 = To<T>(p0), t1 = To<T>(p1);
+      psum[r] = __fadd_rn(__fadd_rn(psum[r], F(t0)), F(t1));
+      pf[nt][r] = PackPair(t0, t1);
     }
-    __syncwarp();
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    // A butterfly: the four lanes end with the same bits (each step adds a commuting pair).
+    psum[r] = __fadd_rn(psum[r], __shfl_xor_sync(kFullMask, psum[r], 1));
+    psum[r] = __fadd_rn(psum[r], __shfl_xor_sync(kFullMask, psum[r], 2));
+    if (upd[r]) {
+      st.l[r] = __fmaf_rn(st.l[r], c[r], psum[r]);
+      st.m[r] = m_new[r];
+    }
+  }
+  // o = o c + P V, two 8-dim tiles per transposed load of V.
+  const int mat = lane >> 3, mrow = lane & 7;
+#pragma unroll
+  for (int nd = 0; nd < D / 8; nd += 2) {
+    float acc[2][4] = {};
+#pragma unroll
+    for (int kc = 0; kc < kTcKeys / 16; ++kc) {
+      uint32_t b[4];
+      LdMatrixX4Trans(b, &kv[1][kc * 16 + (mat & 1) * 8 + mrow][(nd + (mat >> 1)) * 8]);
+      MmaTc<T>(acc[0], pf[2 * kc][0], pf[2 * kc][1], pf[2 * kc + 1][0], pf[2 * kc + 1][1], b[0],
+               b[1]);
+      MmaTc<T>(acc[1], pf[2 * kc][0], pf[2 * kc][1], pf[2 * kc + 1][0], pf[2 * kc + 1][1], b[2],
+               b[3]);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        if (upd[r]) st.o[nd + j][e] = __fmaf_rn(st.o[nd + j][e], c[r], acc[j][e]);
+      }
+    }
+  }
+}
+
+// Reads the warp's 16 query rows from `qs` (rows `first_row`.., D + kTcPad apart) as A fragments.
+template <typename T, int D>
+__device__ __forceinline__ void TcLoadQuery(const T (*qs)[D + kTcPad], int first_row,
+                                            TcQuery<D>& qf) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int c = kk * 16 + 2 * t;
+    qf[kk][0] = *reinterpret_cast<const uint32_t*>(&qs[first_row + g][c]);
+    qf[kk][1] = *reinterpret_cast<const uint32_t*>(&qs[first_row + g + 8][c]);
+    qf[kk][2] = *reinterpret_cast<const uint32_t*>(&qs[first_row + g][c + 8]);
+    qf[kk][3] = *reinterpret_cast<const uint32_t*>(&qs[first_row + g + 8][c + 8]);
   }
 }
 
@@ -427,32 +499,50 @@ __device__ __forceinline__ void RowKeys(const InvariantAttentionArgs& a, int64_t
   *last = kPaged ? static_cast<int64_t>(a.seq_lens[r]) - 1 : a.row_meta[2 * r + 1];
 }
 
-// Stages `rows` query rows of head h (zeros past rows_here) through `qs` and loads the warp's
-// kTcRows of them, starting at row `first_row`, as tensor-core fragments. Leaves qs free.
-template <typename T, int D>
-__device__ __forceinline__ void LoadQueries(const InvariantAttentionArgs& a, int64_t row0, int h,
-                                            int rows, int rows_here, T (*qs)[D + kTcPad],
-                                            int first_row, TcQFragment<T> (&qf)[D / 16],
-                                            bool whole_block) {
-  for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
-    const int i = idx / D, c = idx % D;
-    qs[i][c] = i < rows_here ? static_cast<const T*>(a.q)[(row0 + i) * a.q_row_stride +
-                                                          static_cast<int64_t>(h) * D + c]
-                             : To<T>(0.f);
+template <bool kPaged>
+__device__ __forceinline__ int64_t KeyRow(const InvariantAttentionArgs& a, int64_t r,
+                                          int64_t first, int64_t j) {
+  if (kPaged) {
+    return static_cast<int64_t>(a.page_table[r * a.max_pages + j / a.page_size]) * a.page_size +
+           j % a.page_size;
   }
-  if (whole_block) __syncthreads();
-  else __syncwarp();
+  return a.key_rows != nullptr ? a.key_rows[first + j] : first + j;
+}
+
+// Starts moving key block kb (keys past glast as zeros) of kv/head base k, v into `dst`, spread
+// over `threads` threads from `tid`: cp.async when kVec, else plain loads and stores.
+template <typename T, int D, bool kPaged, bool kVec>
+__device__ __forceinline__ void TcFetchBlock(const InvariantAttentionArgs& a, const T* k,
+                                             const T* v, int64_t token, int64_t first,
+                                             int64_t glast, int64_t kb, TcKeyBlock<T, D>& dst,
+                                             int tid, int threads) {
+  for (int idx = tid; idx < kTcKeys * (D / 8); idx += threads) {
+    const int j = idx / (D / 8), c = (idx % (D / 8)) * 8;
+    const int64_t key = kb + j;
+    if (key <= glast) {
+      const int64_t row = KeyRow<kPaged>(a, token, first, key);
+      const T* kr = k + row * a.kv_row_stride + c;
+      const T* vr = v + row * a.kv_row_stride + c;
+      if (kVec) {
+        CpAsync16(&dst[0][j][c], kr);
+        CpAsync16(&dst[1][j][c], vr);
+      } else {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    nvcuda::wmma::load_matrix_sync(qf[kk], &qs[first_row][kk * 16], D + kTcPad);
+        for (int e = 0; e < 8; ++e) {
+          dst[0][j][c + e] = kr[e];
+          dst[1][j][c + e] = vr[e];
+        }
+      }
+    } else {
+      *reinterpret_cast<uint4*>(&dst[0][j][c]) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(&dst[1][j][c]) = make_uint4(0, 0, 0, 0);
+    }
   }
-  if (whole_block) __syncthreads();
-  else __syncwarp();
+  if (kVec) CpAsyncCommit();
 }
 
 // Chooses the next group among `n` rows: the first unfinished row and every unfinished row
-// reading its keys (paged: the row alone). One thread calls it.
-template <bool kPaged>
+// reading its keys. One thread calls it.
 __device__ __forceinline__ void NextGroup(int n, const int64_t* first_s, const int64_t* last_s,
                                           int* done_s, int* group_s, int* leader_s,
                                           int64_t* glast_s) {
@@ -462,8 +552,7 @@ __device__ __forceinline__ void NextGroup(int n, const int64_t* first_s, const i
   }
   int64_t glast = -1;
   for (int r = 0; r < n; ++r) {
-    const bool in = leader >= 0 && !done_s[r] &&
-                    (kPaged ? r == leader : first_s[r] == first_s[leader]);
+    const bool in = leader >= 0 && !done_s[r] && first_s[r] == first_s[leader];
     group_s[r] = in;
     if (in) {
       done_s[r] = 1;
@@ -474,129 +563,143 @@ __device__ __forceinline__ void NextGroup(int n, const int64_t* first_s, const i
   *glast_s = glast;
 }
 
+// Writes the lane's rows: row r of the warp to out row out_row[r], head out_head[r], if valid.
 template <typename T, int D>
-__device__ __forceinline__ void StoreRows(const InvariantAttentionArgs& a, int64_t row, int h,
-                                          bool valid, float l, const float (&o)[D / 16][8]) {
-  if (!valid) return;
-  const int half = threadIdx.x & 1;
-  T* out = static_cast<T*>(a.out) + (row * a.heads + h) * static_cast<int64_t>(D);
+__device__ __forceinline__ void TcStoreRows(const InvariantAttentionArgs& a,
+                                            const int64_t (&out_row)[2], const int (&out_head)[2],
+                                            const bool (&valid)[2], const TcRows<D>& st) {
+  const int t = threadIdx.x & 3;
 #pragma unroll
-  for (int f = 0; f < D / 16; ++f) {
+  for (int r = 0; r < 2; ++r) {
+    if (!valid[r]) continue;
+    T* out = static_cast<T*>(a.out) +
+             (out_row[r] * a.heads + out_head[r]) * static_cast<int64_t>(D) + 2 * t;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) out[f * 16 + half * 8 + e] = To<T>(o[f][e] / l);
+    for (int nd = 0; nd < D / 8; ++nd) {
+      *reinterpret_cast<uint32_t*>(out + nd * 8) =
+          PackPair(To<T>(__fdiv_rn(st.o[nd][2 * r], st.l[r])),
+                   To<T>(__fdiv_rn(st.o[nd][2 * r + 1], st.l[r])));
+    }
   }
 }
 
-template <typename T, int D, bool kPaged, bool kVec>
+// One warp. kHeadRows: block (x, y) takes token x and its rows are the query heads of key/value
+// head y / chunks (chunk y % chunks of 16 of them), all reading the token's keys — decode.
+// Otherwise block (x, y) takes up to tile_rows consecutive tokens from x · tile_rows of head y,
+// walked in groups of rows that read the same keys.
+template <typename T, int D, bool kPaged, bool kVec, bool kHeadRows>
 __global__ void __launch_bounds__(32) InvariantAttentionTcKernel(InvariantAttentionArgs a,
                                                                  int tile_rows) {
-  __shared__ __align__(32) TcKeyBlock<T, D> kv;
-  __shared__ TcScratch<T> sc;
+  __shared__ __align__(16) TcKeyBlock<T, D> kv[2];
   __shared__ int64_t first_s[kTcRows], last_s[kTcRows];
   __shared__ int done_s[kTcRows], group_s[kTcRows];
   __shared__ int leader_s;
   __shared__ int64_t glast_s;
 
-  const int lane = threadIdx.x;
-  const int h = blockIdx.y;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * tile_rows;
-  const int rows_here = static_cast<int>(min(static_cast<int64_t>(tile_rows), a.rows - row0));
-  const int g = h / (a.heads / a.kv_heads);
-  const T* k = static_cast<const T*>(a.k) + static_cast<int64_t>(g) * D;
-  const T* v = static_cast<const T*>(a.v) + static_cast<int64_t>(g) * D;
+  const int lane = threadIdx.x, g = lane >> 2;
+  const int group_heads = a.heads / a.kv_heads;
+  const int chunks = (group_heads + kTcRows - 1) / kTcRows;
+  // Row i of the warp: token row_token(i), head row_head(i); rows_here of the 16 exist.
+  const int64_t token0 = kHeadRows ? static_cast<int64_t>(blockIdx.x)
+                                   : static_cast<int64_t>(blockIdx.x) * tile_rows;
+  const int head0 = kHeadRows ? static_cast<int>(blockIdx.y / chunks) * group_heads +
+                                    static_cast<int>(blockIdx.y % chunks) * kTcRows
+                              : static_cast<int>(blockIdx.y);
+  const int rows_here =
+      kHeadRows ? min(kTcRows, group_heads - static_cast<int>(blockIdx.y % chunks) * kTcRows)
+                : static_cast<int>(min(static_cast<int64_t>(tile_rows), a.rows - token0));
+  auto row_token = [&](int i) { return kHeadRows ? token0 : token0 + i; };
+  auto row_head = [&](int i) { return kHeadRows ? head0 + i : head0; };
+  const int kvh = head0 / group_heads;
+  const T* k = static_cast<const T*>(a.k) + static_cast<int64_t>(kvh) * D;
+  const T* v = static_cast<const T*>(a.v) + static_cast<int64_t>(kvh) * D;
 
-  TcQFragment<T> qf[D / 16];
-  LoadQueries<T, D>(a, row0, h, kTcRows, rows_here, &kv[0][0], 0, qf, false);
+  // The queries, staged through the first key buffer.
+  T (*qs)[D + kTcPad] = &kv[0][0][0];
+  for (int idx = lane; idx < kTcRows * D; idx += 32) {
+    const int i = idx / D, c = idx % D;
+    qs[i][c] = i < rows_here ? static_cast<const T*>(a.q)[row_token(i) * a.q_row_stride +
+                                                          static_cast<int64_t>(row_head(i)) * D + c]
+                             : To<T>(0.f);
+  }
+  __syncwarp();
+  TcQuery<D> qf;
+  TcLoadQuery<T, D>(qs, 0, qf);
   if (lane < kTcRows) {
     int64_t first = 0, last = -1;
-    if (lane < rows_here) RowKeys<kPaged>(a, row0 + lane, &first, &last);
+    if (lane < rows_here) RowKeys<kPaged>(a, row_token(lane), &first, &last);
     first_s[lane] = first;
     last_s[lane] = last;
     done_s[lane] = last < 0;
   }
   __syncwarp();
 
-  const int i = lane >> 1;
-  float m = -INFINITY, l = 0.f;
-  float o[D / 16][8];
-#pragma unroll
-  for (int f = 0; f < D / 16; ++f) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) o[f][e] = 0.f;
-  }
-
+  TcRows<D> st;
   while (true) {
-    if (lane == 0) NextGroup<kPaged>(kTcRows, first_s, last_s, done_s, group_s, &leader_s, &glast_s);
+    if (lane == 0) NextGroup(kTcRows, first_s, last_s, done_s, group_s, &leader_s, &glast_s);
     __syncwarp();
     const int leader = leader_s;
     if (leader < 0) break;
     const int64_t glast = glast_s;
     const int64_t gfirst = first_s[leader];
-    const int64_t grow = row0 + leader;
-    const bool mine = group_s[i] != 0;
-    const int64_t my_last = last_s[i];
-
-    for (int64_t kb = 0; kb <= glast; kb += kTcKeys) {
-      for (int idx = lane; idx < kTcKeys * (D / 8); idx += 32) {
-        const int j = idx / (D / 8), c = (idx % (D / 8)) * 8;
-        const int64_t key = kb + j;
-        if (key <= glast) {
-          const int64_t row = KeyRow<kPaged>(a, grow, gfirst, key);
-          const T* kr = k + row * a.kv_row_stride + c;
-          const T* vr = v + row * a.kv_row_stride + c;
-          if (kVec) {
-            *reinterpret_cast<Vec16<T>*>(&kv[0][j][c]) = *reinterpret_cast<const Vec16<T>*>(kr);
-            *reinterpret_cast<Vec16<T>*>(&kv[1][j][c]) = *reinterpret_cast<const Vec16<T>*>(vr);
-          } else {
+    const int64_t gtoken = row_token(leader);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-              kv[0][j][c + e] = kr[e];
-              kv[1][j][c + e] = vr[e];
-            }
-          }
-        } else {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            kv[0][j][c + e] = To<T>(0.f);
-            kv[1][j][c + e] = To<T>(0.f);
-          }
-        }
-      }
+    for (int r = 0; r < 2; ++r) {
+      st.mine[r] = group_s[g + 8 * r] != 0;
+      st.last[r] = last_s[g + 8 * r];
+    }
+    int buf = 0;
+    TcFetchBlock<T, D, kPaged, kVec>(a, k, v, gtoken, gfirst, glast, 0, kv[0], lane, 32);
+    for (int64_t kb = 0; kb <= glast; kb += kTcKeys, buf ^= 1) {
+      if (kVec) CpAsyncWaitAll();
       __syncwarp();
-      TcAttendBlock<T, D>(qf, kv, sc, kb, mine, my_last, a.scale, m, l, o);
+      if (kb + kTcKeys <= glast) {
+        TcFetchBlock<T, D, kPaged, kVec>(a, k, v, gtoken, gfirst, glast, kb + kTcKeys,
+                                         kv[buf ^ 1], lane, 32);
+      }
+      TcAttendBlock<T, D>(qf, kv[buf], kb, a.scale, st);
+      __syncwarp();
     }
   }
-  StoreRows<T, D>(a, row0 + i, h, i < rows_here, l, o);
+  const int64_t out_row[2] = {row_token(g), row_token(g + 8)};
+  const int out_head[2] = {row_head(g), row_head(g + 8)};
+  const bool valid[2] = {g < rows_here, g + 8 < rows_here};
+  TcStoreRows<T, D>(a, out_row, out_head, valid, st);
 }
 
 // kTcWarps warps over kTcWarps · kTcRows consecutive rows of head h (keys 16-byte aligned,
 // key_rows/row_meta addressing): the warps share each key block, loaded by all the block's
-// threads, the next block's 16-byte chunks held in registers while the warps compute.
+// threads while the warps compute on the one before.
 template <typename T, int D>
 __global__ void __launch_bounds__(kTcWarps * 32)
     InvariantAttentionTcCtaKernel(InvariantAttentionArgs a) {
   constexpr int kRows = kTcWarps * kTcRows;
   constexpr int kThreads = kTcWarps * 32;
-  constexpr int kChunks = kTcKeys * (D / 8) / kThreads;  // 16-byte chunks of K (and V) a thread moves
-  static_assert(kTcKeys * (D / 8) % kThreads == 0, "key block must split evenly over the threads");
-  static_assert(2 * kTcKeys >= kRows, "the queries are staged through the key block");
-  __shared__ __align__(32) TcKeyBlock<T, D> kv;
-  __shared__ TcScratch<T> scratch[kTcWarps];
+  static_assert(2 * kTcKeys >= kRows, "the queries are staged through a key block");
+  __shared__ __align__(16) TcKeyBlock<T, D> kv[2];
   __shared__ int64_t first_s[kRows], last_s[kRows];
   __shared__ int done_s[kRows], group_s[kRows];
   __shared__ int leader_s;
   __shared__ int64_t glast_s;
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
   const int h = blockIdx.y;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const int rows_here = static_cast<int>(min(static_cast<int64_t>(kRows), a.rows - row0));
-  const int g = h / (a.heads / a.kv_heads);
-  const T* k = static_cast<const T*>(a.k) + static_cast<int64_t>(g) * D;
-  const T* v = static_cast<const T*>(a.v) + static_cast<int64_t>(g) * D;
+  const int kvh = h / (a.heads / a.kv_heads);
+  const T* k = static_cast<const T*>(a.k) + static_cast<int64_t>(kvh) * D;
+  const T* v = static_cast<const T*>(a.v) + static_cast<int64_t>(kvh) * D;
 
-  TcQFragment<T> qf[D / 16];
-  LoadQueries<T, D>(a, row0, h, kRows, rows_here, &kv[0][0], warp * kTcRows, qf, true);
+  T (*qs)[D + kTcPad] = &kv[0][0][0];
+  for (int idx = tid; idx < kRows * D; idx += kThreads) {
+    const int i = idx / D, c = idx % D;
+    qs[i][c] = i < rows_here ? static_cast<const T*>(a.q)[(row0 + i) * a.q_row_stride +
+                                                          static_cast<int64_t>(h) * D + c]
+                             : To<T>(0.f);
+  }
+  __syncthreads();
+  TcQuery<D> qf;
+  TcLoadQuery<T, D>(qs, warp * kTcRows, qf);
   if (tid < kRows) {
     int64_t first = 0, last = -1;
     if (tid < rows_here) RowKeys<false>(a, row0 + tid, &first, &last);
@@ -606,66 +709,44 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   }
   __syncthreads();
 
-  const int my_row = warp * kTcRows + (lane >> 1);
-  float m = -INFINITY, l = 0.f;
-  float o[D / 16][8];
-#pragma unroll
-  for (int f = 0; f < D / 16; ++f) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) o[f][e] = 0.f;
-  }
-
+  const int my_row0 = warp * kTcRows + g;  // the lane's rows: my_row0 and my_row0 + 8
+  TcRows<D> st;
   while (true) {
-    if (tid == 0) NextGroup<false>(kRows, first_s, last_s, done_s, group_s, &leader_s, &glast_s);
+    if (tid == 0) NextGroup(kRows, first_s, last_s, done_s, group_s, &leader_s, &glast_s);
     __syncthreads();
     const int leader = leader_s;
     if (leader < 0) break;
     const int64_t glast = glast_s;
     const int64_t gfirst = first_s[leader];
-    const bool mine = group_s[my_row] != 0;
-    const int64_t my_last = last_s[my_row];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      st.mine[r] = group_s[my_row0 + 8 * r] != 0;
+      st.last[r] = last_s[my_row0 + 8 * r];
+    }
     // The warp's last key in this group: blocks past it change none of its rows.
-    long long wlast = mine ? my_last : -1;
+    const long long last0 = st.mine[0] ? st.last[0] : -1, last1 = st.mine[1] ? st.last[1] : -1;
+    long long wlast = last0 > last1 ? last0 : last1;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
       wlast = max(wlast, __shfl_xor_sync(kFullMask, wlast, off));
     }
-
-    uint4 kreg[kChunks], vreg[kChunks];
-    auto fetch = [&](int64_t kb) {
-#pragma unroll
-      for (int t = 0; t < kChunks; ++t) {
-        const int idx = tid + t * kThreads;
-        const int64_t key = kb + idx / (D / 8);
-        if (key <= glast) {
-          const int64_t row = KeyRow<false>(a, 0, gfirst, key);
-          const int64_t off = row * a.kv_row_stride + (idx % (D / 8)) * 8;
-          kreg[t] = *reinterpret_cast<const uint4*>(k + off);
-          vreg[t] = *reinterpret_cast<const uint4*>(v + off);
-        } else {
-          kreg[t] = make_uint4(0, 0, 0, 0);
-          vreg[t] = make_uint4(0, 0, 0, 0);
-        }
-      }
-    };
-    fetch(0);
-    for (int64_t kb = 0; kb <= glast; kb += kTcKeys) {
-#pragma unroll
-      for (int t = 0; t < kChunks; ++t) {
-        const int idx = tid + t * kThreads;
-        const int j = idx / (D / 8), c = (idx % (D / 8)) * 8;
-        *reinterpret_cast<uint4*>(&kv[0][j][c]) = kreg[t];
-        *reinterpret_cast<uint4*>(&kv[1][j][c]) = vreg[t];
-      }
+    int buf = 0;
+    TcFetchBlock<T, D, false, true>(a, k, v, 0, gfirst, glast, 0, kv[0], tid, kThreads);
+    for (int64_t kb = 0; kb <= glast; kb += kTcKeys, buf ^= 1) {
+      CpAsyncWaitAll();
       __syncthreads();
-      if (kb + kTcKeys <= glast) fetch(kb + kTcKeys);
-      if (kb <= wlast) {
-        TcAttendBlock<T, D>(qf, kv, scratch[warp], kb, mine, my_last, a.scale, m, l, o);
+      if (kb + kTcKeys <= glast) {
+        TcFetchBlock<T, D, false, true>(a, k, v, 0, gfirst, glast, kb + kTcKeys, kv[buf ^ 1], tid,
+                                        kThreads);
       }
+      if (kb <= wlast) TcAttendBlock<T, D>(qf, kv[buf], kb, a.scale, st);
       __syncthreads();
     }
   }
-  StoreRows<T, D>(a, row0 + my_row, h, my_row < rows_here, l, o);
+  const int64_t out_row[2] = {row0 + my_row0, row0 + my_row0 + 8};
+  const int out_head[2] = {h, h};
+  const bool valid[2] = {my_row0 < rows_here, my_row0 + 8 < rows_here};
+  TcStoreRows<T, D>(a, out_row, out_head, valid, st);
 }
 
 template <typename T, int D>
@@ -673,28 +754,34 @@ int LaunchTcAttention(const InvariantAttentionArgs& a, cudaStream_t s) {
   const bool paged = a.page_table != nullptr;
   const bool vec = reinterpret_cast<uintptr_t>(a.k) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(a.v) % 16 == 0 && a.kv_row_stride % 8 == 0;
-  if (!paged && vec && a.rows >= kTcWarps * kTcRows) {
+  if (!paged && !a.rows_are_sequences && vec && a.rows >= kTcWarps * kTcRows) {
     // A prefill or the trainer's forward: consecutive rows mostly read the same keys.
     const dim3 grid(static_cast<unsigned>((a.rows + kTcWarps * kTcRows - 1) / (kTcWarps * kTcRows)),
                     static_cast<unsigned>(a.heads));
     InvariantAttentionTcCtaKernel<T, D><<<grid, kTcWarps * 32, 0, s>>>(a);
     return static_cast<int>(cudaGetLastError());
   }
-  // One row per warp where rows are separate sequences (decode); otherwise 16 consecutive rows,
-  // which in a prefill mostly read the same keys. Either way a row gets the same bits.
-  const int tile_rows = paged || a.rows < 4 * kTcRows ? 1 : kTcRows;
-  const dim3 grid(static_cast<unsigned>((a.rows + tile_rows - 1) / tile_rows),
-                  static_cast<unsigned>(a.heads));
-  if (paged) {
-    if (vec) InvariantAttentionTcKernel<T, D, true, true><<<grid, 32, 0, s>>>(a, tile_rows);
-    else InvariantAttentionTcKernel<T, D, true, false><<<grid, 32, 0, s>>>(a, tile_rows);
-  } else {
-    if (vec) InvariantAttentionTcKernel<T, D, false, true><<<grid, 32, 0, s>>>(a, tile_rows);
-    else InvariantAttentionTcKernel<T, D, false, false><<<grid, 32, 0, s>>>(a, tile_rows);
+  if (paged || a.rows_are_sequences || a.rows < 4 * kTcRows) {
+    // Decode steps and short chunks: a token per warp, its query heads of one key/value head as
+    // the rows (they read the same keys).
+    const int group_heads = a.heads / a.kv_heads;
+    const int chunks = (group_heads + kTcRows - 1) / kTcRows;
+    const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.kv_heads * chunks));
+    if (paged) {
+      if (vec) InvariantAttentionTcKernel<T, D, true, true, true><<<grid, 32, 0, s>>>(a, 1);
+      else InvariantAttentionTcKernel<T, D, true, false, true><<<grid, 32, 0, s>>>(a, 1);
+    } else {
+      if (vec) InvariantAttentionTcKernel<T, D, false, true, true><<<grid, 32, 0, s>>>(a, 1);
+      else InvariantAttentionTcKernel<T, D, false, false, true><<<grid, 32, 0, s>>>(a, 1);
+    }
+    return static_cast<int>(cudaGetLastError());
   }
+  // Longer unaligned inputs: 16 consecutive rows of a head per warp.
+  const dim3 grid(static_cast<unsigned>((a.rows + kTcRows - 1) / kTcRows),
+                  static_cast<unsigned>(a.heads));
+  InvariantAttentionTcKernel<T, D, false, false, false><<<grid, 32, 0, s>>>(a, kTcRows);
   return static_cast<int>(cudaGetLastError());
 }
-
 template <typename T>
 struct AttentionLauncher {
   static int Run(InvariantAttentionArgs a, cudaStream_t s) {

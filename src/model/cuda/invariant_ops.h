@@ -77,6 +77,10 @@ struct InvariantAttentionArgs {
   const int32_t* seq_lens = nullptr;    // device, [rows]
   int64_t max_pages = 0;
   int page_size = 0;
+  // Every row reads keys no other row reads (one decode token per sequence): rows go one per
+  // warp with their query heads of a key/value head, not 64 consecutive rows per block. Only the
+  // launch shape changes, not a row's bits.
+  bool rows_are_sequences = false;
   void* out = nullptr;
   int64_t rows = 0;
   int heads = 0, kv_heads = 0, head_dim = 0;
