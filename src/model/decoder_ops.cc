@@ -23,7 +23,7 @@ torch::Tensor RotateHalf(const torch::Tensor& x) {
 }  // namespace
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  if (FusedTrainingApplies(x) && weight.scalar_type() == x.scalar_type() && weight.dim() == 1 &&
+  if (FusedDecoderOpsApply(x) && weight.scalar_type() == x.scalar_type() && weight.dim() == 1 &&
       weight.numel() == x.size(-1) && x.size(-1) <= 12288) {
     return FusedRmsNorm(x, weight, eps);
   }
@@ -51,7 +51,7 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, doubl
 
 torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos,
                         const torch::Tensor& sin) {
-  if (FusedTrainingApplies(x) && x.dim() == 3 && x.size(2) % 2 == 0 &&
+  if (FusedDecoderOpsApply(x) && x.dim() == 3 && x.size(2) % 2 == 0 &&
       cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() &&
       cos.numel() == x.size(0) * x.size(2) && sin.numel() == cos.numel()) {
     return FusedRope(x, cos, sin);
@@ -71,7 +71,7 @@ torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos,
 }
 
 torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
-  if (FusedTrainingApplies(gate) && up.sizes() == gate.sizes() &&
+  if (FusedDecoderOpsApply(gate) && up.sizes() == gate.sizes() &&
       up.scalar_type() == gate.scalar_type()) {
     return FusedSiluMul(gate, up);
   }

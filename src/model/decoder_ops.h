@@ -1,6 +1,8 @@
 // The decoder's elementwise ops, each on the fastest implementation that applies to its input:
-// the fused training kernels (CUDA outside InferenceMode, autograd; fused_train.h), the inference
-// kernels (CUDA under InferenceMode; fused_inference.h), eager LibTorch elsewhere. All compute the
+// the fused training kernels (CUDA outside InferenceMode, autograd; fused_train.h — in
+// deterministic mode under InferenceMode too, so that the engine and the trainer run the same
+// row-wise kernels), the inference kernels (CUDA under InferenceMode; fused_inference.h), eager
+// LibTorch elsewhere. All compute the
 // eager math with its dtype roundings (cuda/fused_ops.h gives them). Internal to the model module:
 // the decoder's layers and the feed-forward blocks (ffn/) share them. Thread-safety: pure.
 #ifndef SLIME_SRC_MODEL_DECODER_OPS_H_

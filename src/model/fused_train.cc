@@ -59,19 +59,44 @@ bool Aligned16(const torch::Tensor& t) {
 }
 int64_t PerVector(const torch::Tensor& t) { return 16 / static_cast<int64_t>(t.element_size()); }
 
+// The forward kernels alone (the autograd functions' forwards, and the ops without autograd).
+torch::Tensor RmsNormForward(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  torch::Tensor y = torch::empty_like(x);
+  const int64_t n = x.size(-1);
+  const bool vec = Aligned16(x) && Aligned16(w) && n % PerVector(x) == 0;
+  Check((vec ? cuda::LaunchRmsNormForward : cuda::LaunchRmsNorm)(
+            x.data_ptr(), w.data_ptr(), y.data_ptr(), x.numel() / n, static_cast<int>(n),
+            static_cast<float>(eps), KernelType(x), OnDevice(x).stream()),
+        "RMSNorm");
+  return y;
+}
+
+torch::Tensor SiluMulForward(const torch::Tensor& g, const torch::Tensor& u) {
+  torch::Tensor y = torch::empty_like(g);
+  const bool vec = Aligned16(g) && Aligned16(u) && g.numel() % PerVector(g) == 0;
+  Check((vec ? cuda::LaunchSiluMulForward : cuda::LaunchSiluMul)(
+            g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel(), KernelType(g),
+            OnDevice(g).stream()),
+        "SiLU*up");
+  return y;
+}
+
+// True when the op runs without autograd: nothing would record a backward for it.
+bool WithoutAutograd(std::initializer_list<const torch::Tensor*> inputs) {
+  if (c10::InferenceMode::is_enabled() || !at::GradMode::is_enabled()) return true;
+  for (const torch::Tensor* t : inputs) {
+    if (t->requires_grad()) return false;
+  }
+  return true;
+}
+
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
                                const torch::Tensor& w_in, double eps) {
     const torch::Tensor x = x_in.contiguous();
     const torch::Tensor w = w_in.contiguous();
-    torch::Tensor y = torch::empty_like(x);
-    const int64_t n = x.size(-1);
-    const bool vec = Aligned16(x) && Aligned16(w) && n % PerVector(x) == 0;
-    Check((vec ? cuda::LaunchRmsNormForward : cuda::LaunchRmsNorm)(
-              x.data_ptr(), w.data_ptr(), y.data_ptr(), x.numel() / n, static_cast<int>(n),
-              static_cast<float>(eps), KernelType(x), OnDevice(x).stream()),
-          "RMSNorm");
+    torch::Tensor y = RmsNormForward(x, w, eps);
     ctx->save_for_backward({x, w});
     ctx->saved_data["eps"] = eps;
     return y;
@@ -126,11 +151,7 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& g_in,
                                const torch::Tensor& u_in) {
     const torch::Tensor g = g_in.contiguous(), u = u_in.contiguous();
-    torch::Tensor y = torch::empty_like(g);
-    const bool vec = Aligned16(g) && Aligned16(u) && g.numel() % PerVector(g) == 0;
-    Check((vec ? cuda::LaunchSiluMulForward : cuda::LaunchSiluMul)(
-              g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel(), KernelType(g), OnDevice(g).stream()),
-          "SiLU*up");
+    torch::Tensor y = SiluMulForward(g, u);
     ctx->save_for_backward({g, u});
     return y;
   }
@@ -153,6 +174,18 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
 bool FusedTrainingEnabled() { return Switch().load(); }
 void SetFusedTraining(bool enabled) { Switch().store(enabled); }
 
+bool FusedDecoderOpsApply(const torch::Tensor& x) {
+#ifdef SLIME_MODEL_FUSED_KERNELS
+  return FusedTrainingEnabled() && x.defined() && x.is_cuda() &&
+         (BatchInvariant() || !c10::InferenceMode::is_enabled()) &&
+         (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat32 ||
+          x.scalar_type() == torch::kHalf);
+#else
+  (void)x;
+  return false;
+#endif
+}
+
 bool FusedTrainingApplies(const torch::Tensor& x) {
 #ifdef SLIME_MODEL_FUSED_KERNELS
   // Deterministic mode takes the eager ops and batch-invariant kernels instead.
@@ -168,12 +201,15 @@ bool FusedTrainingApplies(const torch::Tensor& x) {
 
 #ifdef SLIME_MODEL_FUSED_KERNELS
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  if (WithoutAutograd({&x, &weight})) return RmsNormForward(x.contiguous(), weight.contiguous(), eps);
   return RmsNormFunction::apply(x, weight, eps);
 }
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  if (WithoutAutograd({&x})) return RopeFunction::Apply(x, cos.contiguous(), sin.contiguous());
   return RopeFunction::apply(x, cos, sin);
 }
 torch::Tensor FusedSiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
+  if (WithoutAutograd({&gate, &up})) return SiluMulForward(gate.contiguous(), up.contiguous());
   return SiluMulFunction::apply(gate, up);
 }
 

@@ -6,7 +6,8 @@
 // different order, so results agree with eager to rounding (tests/model/gpu_test.cc checks it).
 //
 // On: CUDA builds, CUDA tensors of float32 / bfloat16 / float16, outside InferenceMode (the
-// engine has its own fused inference path). Off: CPU builds, CPU tensors, or SLIME_FUSED_TRAIN=0
+// engine has its own fused inference path) — except the decoder's elementwise ops in
+// deterministic mode, which serve the engine too (FusedDecoderOpsApply). Off: CPU builds, CPU tensors, or SLIME_FUSED_TRAIN=0
 // in the environment / SetFusedTraining(false) (A/B measurements and tests); then callers use
 // the eager ops. Thread-safety: the switch is a process-wide atomic; the ops are as LibTorch's.
 #ifndef SLIME_MODEL_FUSED_TRAIN_H_
@@ -22,7 +23,14 @@ void SetFusedTraining(bool enabled);
 // supported dtype.
 bool FusedTrainingApplies(const torch::Tensor& x);
 
-// Autograd functions (the caller checked FusedTrainingApplies).
+// True when the decoder's fused elementwise ops below serve `x`: as FusedTrainingApplies, and in
+// deterministic mode (batch_invariant.h) also inside InferenceMode — the engine's forward — since
+// their kernels compute every row on its own in one fixed order: the engine and the trainer call
+// the same kernels and get the same bits.
+bool FusedDecoderOpsApply(const torch::Tensor& x);
+
+// Autograd functions (the caller checked FusedDecoderOpsApply); without autograd (InferenceMode,
+// or no input needing a gradient under NoGrad) the same forward kernel runs on its own.
 // y = weight · T(x · rsqrt(mean(x², -1) + eps)), over the last dim; gradients for x and weight.
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 // x [T, heads, D] rotated by cos/sin [T, 1, D] (rotate-half convention); gradient for x only.
