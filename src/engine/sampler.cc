@@ -84,8 +84,37 @@ torch::Tensor TokenLogprobs(const torch::Tensor& logits, const torch::Tensor& ta
       .squeeze(1);
 }
 
+namespace {
+
+// Deterministic mode (model/batch_invariant.h): the chosen tokens' log-probs [B] by the trainer's
+// computation on the same logits and temperature, so the two agree to the bit. Its row
+// statistics do not depend on the row count, so the rows of one temperature go in one call
+// (usually the whole batch).
+torch::Tensor InvariantChosenLogprobs(const torch::Tensor& logits, const torch::Tensor& chosen,
+                                      const std::vector<SamplerRow>& rows) {
+  std::map<double, std::vector<int64_t>> by_temperature;
+  for (size_t b = 0; b < rows.size(); ++b) {
+    by_temperature[rows[b].params->temperature].push_back(static_cast<int64_t>(b));
+  }
+  if (by_temperature.size() == 1) {
+    return model::InvariantTokenLogProbs(logits, chosen, rows[0].params->temperature);
+  }
+  torch::Tensor out = torch::empty({logits.size(0)}, logits.options().dtype(torch::kFloat32));
+  for (const auto& [temperature, members] : by_temperature) {
+    const torch::Tensor index = torch::tensor(members, torch::kLong).to(logits.device());
+    out.index_copy_(0, index,
+                    model::InvariantTokenLogProbs(logits.index_select(0, index),
+                                                  chosen.index_select(0, index), temperature));
+  }
+  return out;
+}
+
+}  // namespace
+
 #ifdef SLIME_ENGINE_PAGED_KERNEL
-// The fused kernel: logits float32 [B, V] on CUDA with contiguous rows, no truncation.
+// The fused kernel: logits float32 [B, V] on CUDA with contiguous rows, no truncation. Its tokens
+// depend on the row only (cuda/sample.h); in deterministic mode the log-probs are replaced by
+// InvariantChosenLogprobs before the one read-back.
 SamplerOutput SampleFused(const torch::Tensor& logits, const std::vector<SamplerRow>& rows) {
   const int64_t batch = logits.size(0);
   torch::Tensor host =
@@ -114,6 +143,9 @@ SamplerOutput SampleFused(const torch::Tensor& logits, const std::vector<Sampler
   a.scratch = scratch.data_ptr();
   const int err = cuda::LaunchFusedSample(a, at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == 0, "fused sampling kernel failed with CUDA error ", err);
+  if (model::BatchInvariant() && model::InvariantKernelsServe(logits.device())) {
+    out[1].copy_(InvariantChosenLogprobs(logits, out[0].to(torch::kLong), rows));
+  }
   // Read back through a reused pinned buffer (a pageable .cpu() copy stages through a bounce
   // buffer and allocates every step).
   thread_local torch::Tensor pinned;
@@ -178,7 +210,7 @@ SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRo
     max_top = std::max(max_top, row.top_logprobs_num);
   }
 #ifdef SLIME_ENGINE_PAGED_KERNEL
-  if (path == SamplerPath::kAuto && device.is_cuda() && !model::BatchInvariant() && !any_filter &&
+  if (path == SamplerPath::kAuto && device.is_cuda() && !any_filter &&
       max_top == 0 &&
       logits.stride(1) == 1 && vocab <= std::numeric_limits<int>::max()) {
     return SampleFused(logits, rows);
@@ -242,23 +274,7 @@ SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRo
   }
   torch::Tensor chosen_lp;
   if (logprobs.defined() && model::BatchInvariant() && model::InvariantKernelsServe(device)) {
-    // Deterministic mode: the trainer's log-prob computation on the same logits and temperature
-    // (model/batch_invariant.h), so the two agree to the bit. Its row statistics do not depend
-    // on the row count, so the rows of one temperature go in one call (usually the whole batch).
-    std::map<double, std::vector<int64_t>> by_temperature;
-    for (int64_t b = 0; b < batch; ++b) by_temperature[rows[b].params->temperature].push_back(b);
-    if (by_temperature.size() == 1) {
-      chosen_lp = model::InvariantTokenLogProbs(logits, chosen, rows[0].params->temperature);
-    } else {
-      chosen_lp = torch::empty({batch}, fopts.device(device));
-      for (const auto& [temperature, members] : by_temperature) {
-        const torch::Tensor index = torch::tensor(members, lopts).to(device);
-        chosen_lp.index_copy_(0, index,
-                              model::InvariantTokenLogProbs(logits.index_select(0, index),
-                                                            chosen.index_select(0, index),
-                                                            temperature));
-      }
-    }
+    chosen_lp = InvariantChosenLogprobs(logits, chosen, rows);
   } else {
     chosen_lp = logprobs.defined() ? logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
                                    : torch::zeros({batch}, fopts.device(device));
