@@ -10,14 +10,16 @@
 //                        each its own pinned GEMM (blocking the columns leaves every element's
 //                        K order alone);
 //   InvariantAttention   bfloat16/float16 with head_dim 64 or 128 (every model we serve): a warp
-//                        takes up to 16 query rows of one head that read the same keys and walks
-//                        the keys in blocks of 32 at absolute positions 0, 32, 64, ...; per row
-//                        and block, S = Q Kᵀ and P V on tensor cores (16-wide steps in
-//                        ascending order), the block's online-softmax update in a fixed order
-//                        (p rounded to the storage dtype), a block without a key of the row
+//                        takes up to 16 query rows that read the same keys (consecutive tokens
+//                        of a head; in decode, a token's query heads of one key/value head) and
+//                        walks the keys in blocks of 32 at absolute positions 0, 32, 64, ...;
+//                        per row and block, S = Q Kᵀ and P V by mma.sync m16n8k16 with
+//                        everything in registers (16-wide steps in ascending order), the block's
+//                        online-softmax update in a fixed order (p rounded to the storage dtype,
+//                        explicit fma/add/mul intrinsics), a block without a key of the row
 //                        skipped; a row's numbers never depend on the other rows of its warp
 //                        (prefills and the trainer run 4 such warps over 64 rows sharing each
-//                        key block in shared memory; decode one row per warp: same bits).
+//                        key block in shared memory; decode one token per warp: same bits).
 //                        Other dtypes / head sizes: per query row and head, one warp walks the
 //                        row's keys j = 0..last in ascending order: s = (Σ_d q_d k_jd, a fixed
 //                        butterfly over the lanes) · scale, then the online softmax
