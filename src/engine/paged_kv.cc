@@ -437,10 +437,10 @@ torch::Tensor PagedAttention::Attend(int layer, const torch::Tensor& q, const to
     torch::Tensor out = torch::empty(q.sizes(), q.options());
     for (const bool decodes : {true, false}) {
       const torch::Tensor& rows = decodes ? lay.invariant_decode_rows : lay.invariant_chunk_rows;
-      out.index_copy_(0, rows,
-                      model::InvariantPagedAttention(
-                          q.index_select(0, rows), kp, vp, lay.invariant_key_rows,
-                          lay.invariant_row_meta.index_select(0, rows), decodes));
+      out.index_copy_(
+          0, rows,
+          model::InvariantPagedAttention(q.index_select(0, rows), kp, vp, lay.invariant_key_rows,
+                                         lay.invariant_row_meta.index_select(0, rows), decodes));
     }
     return out;
   }

@@ -210,8 +210,7 @@ SamplerOutput Sample(const torch::Tensor& logits_in, const std::vector<SamplerRo
     max_top = std::max(max_top, row.top_logprobs_num);
   }
 #ifdef SLIME_ENGINE_PAGED_KERNEL
-  if (path == SamplerPath::kAuto && device.is_cuda() && !any_filter &&
-      max_top == 0 &&
+  if (path == SamplerPath::kAuto && device.is_cuda() && !any_filter && max_top == 0 &&
       logits.stride(1) == 1 && vocab <= std::numeric_limits<int>::max()) {
     return SampleFused(logits, rows);
   }

@@ -74,10 +74,10 @@ torch::Tensor RmsNormForward(const torch::Tensor& x, const torch::Tensor& w, dou
 torch::Tensor SiluMulForward(const torch::Tensor& g, const torch::Tensor& u) {
   torch::Tensor y = torch::empty_like(g);
   const bool vec = Aligned16(g) && Aligned16(u) && g.numel() % PerVector(g) == 0;
-  Check((vec ? cuda::LaunchSiluMulForward : cuda::LaunchSiluMul)(
-            g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel(), KernelType(g),
-            OnDevice(g).stream()),
-        "SiLU*up");
+  Check(
+      (vec ? cuda::LaunchSiluMulForward : cuda::LaunchSiluMul)(
+          g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel(), KernelType(g), OnDevice(g).stream()),
+      "SiLU*up");
   return y;
 }
 
@@ -201,7 +201,8 @@ bool FusedTrainingApplies(const torch::Tensor& x) {
 
 #ifdef SLIME_MODEL_FUSED_KERNELS
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  if (WithoutAutograd({&x, &weight})) return RmsNormForward(x.contiguous(), weight.contiguous(), eps);
+  if (WithoutAutograd({&x, &weight}))
+    return RmsNormForward(x.contiguous(), weight.contiguous(), eps);
   return RmsNormFunction::apply(x, weight, eps);
 }
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {

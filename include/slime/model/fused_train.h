@@ -7,9 +7,10 @@
 //
 // On: CUDA builds, CUDA tensors of float32 / bfloat16 / float16, outside InferenceMode (the
 // engine has its own fused inference path) — except the decoder's elementwise ops in
-// deterministic mode, which serve the engine too (FusedDecoderOpsApply). Off: CPU builds, CPU tensors, or SLIME_FUSED_TRAIN=0
-// in the environment / SetFusedTraining(false) (A/B measurements and tests); then callers use
-// the eager ops. Thread-safety: the switch is a process-wide atomic; the ops are as LibTorch's.
+// deterministic mode, which serve the engine too (FusedDecoderOpsApply). Off: CPU builds, CPU
+// tensors, or SLIME_FUSED_TRAIN=0 in the environment / SetFusedTraining(false) (A/B measurements
+// and tests); then callers use the eager ops. Thread-safety: the switch is a process-wide atomic;
+// the ops are as LibTorch's.
 #ifndef SLIME_MODEL_FUSED_TRAIN_H_
 #define SLIME_MODEL_FUSED_TRAIN_H_
 
