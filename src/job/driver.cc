@@ -382,10 +382,10 @@ Status Driver::TrainerMemory(bool release, const char* metric, MetricValues* val
 
 Status CheckLoopConfig(const config::Config& config, TrainLoop loop) {
   if (loop == TrainLoop::kSync || loop == TrainLoop::kOneStepOff) {
-    for (const auto& [key, set] :
-         {std::pair{"max_staleness", config.rollout.max_staleness.has_value()},
-          std::pair{"stale_samples", config.rollout.stale_samples.has_value()}}) {
-      if (!set) continue;
+    const char* key = config.rollout.max_staleness.has_value()   ? "max_staleness"
+                      : config.rollout.stale_samples.has_value() ? "stale_samples"
+                                                                 : nullptr;
+    if (key != nullptr) {
       return absl::InvalidArgumentError(fmt::format(
           "rollout.{} is for the fully asynchronous loop only; run with --fully-async or "
           "remove the key",
