@@ -59,6 +59,7 @@ using slime::testing::ReadJsonl;
 using slime::testing::WorkerPid;
 using slime::testing::ExpectEnginesMatchTrainer;
 using slime::testing::ExpectSameTrainMetrics;
+using slime::testing::ExpectTrainsOnTheEnginesLogProbsToTheBit;
 using slime::testing::ReadLogs;
 using slime::testing::RunToCompletion;
 using slime::testing::StepValues;
@@ -891,21 +892,7 @@ TEST_F(DriverE2eTest, DeterministicModeTrainsOnTheEnginesLogProbsToTheBit) {
   ASSERT_TRUE(RunToCompletion({"--config", config.string(), "--set", "debug.deterministic_mode=true",
                                "--set", "train.global_batch_size=4"},
                               dir_, std::chrono::seconds(600), "deterministic", &logs));
-  const std::map<int64_t, Json> steps = StepValues(dir_ / "run" / "metrics.jsonl");
-  ASSERT_EQ(steps.size(), 4u) << logs;
-  int index = 0;
-  for (const auto& [step, values] : steps) {
-    const bool first_of_rollout = index++ % 2 == 0;
-    const std::string diff = "train/train_rollout_logprob_abs_diff";
-    ASSERT_TRUE(values.contains(diff)) << values.dump();
-    EXPECT_EQ(values[diff].get<double>(), 0.0) << "step " << step << ": " << values.dump();
-    if (first_of_rollout) {
-      for (const char* gate : {"train/ppo_kl", "train/pg_clipfrac"}) {
-        ASSERT_TRUE(values.contains(gate)) << gate << ": " << values.dump();
-        EXPECT_EQ(values[gate].get<double>(), 0.0) << gate << " at step " << step;
-      }
-    }
-  }
+  ExpectTrainsOnTheEnginesLogProbsToTheBit(StepValues(dir_ / "run" / "metrics.jsonl"), 2, logs);
   EXPECT_NE(logs.find("deterministic"), std::string::npos) << logs;
 }
 

@@ -141,6 +141,27 @@ inline void ExpectEnginesMatchTrainer(const std::map<int64_t, nlohmann::json>& s
   }
 }
 
+// A deterministic-mode run (debug.deterministic_mode) of `rollouts` rollouts, two optimizer steps
+// each: every step's train_rollout_logprob_abs_diff is exactly 0 (the trainer's log-probs are
+// the engines' bits), and so are slime's first-step gates, ppo_kl and pg_clipfrac, on each
+// rollout's first step.
+inline void ExpectTrainsOnTheEnginesLogProbsToTheBit(const std::map<int64_t, nlohmann::json>& steps,
+                                                     size_t rollouts, const std::string& logs) {
+  ASSERT_EQ(steps.size(), 2 * rollouts) << logs;
+  int index = 0;
+  for (const auto& [step, values] : steps) {
+    const bool first_of_rollout = index++ % 2 == 0;
+    const std::string diff = "train/train_rollout_logprob_abs_diff";
+    ASSERT_TRUE(values.contains(diff)) << values.dump();
+    EXPECT_EQ(values[diff].get<double>(), 0.0) << "step " << step << ": " << values.dump();
+    if (!first_of_rollout) continue;
+    for (const char* gate : {"train/ppo_kl", "train/pg_clipfrac"}) {
+      ASSERT_TRUE(values.contains(gate)) << gate << ": " << values.dump();
+      EXPECT_EQ(values[gate].get<double>(), 0.0) << gate << " at step " << step;
+    }
+  }
+}
+
 // Each of `runs` has the reference run's steps with the same loss, pg_loss, entropy loss and
 // gradient norm within float32 tolerance (and the reference's gradient norm is not zero).
 inline void ExpectSameTrainMetrics(
