@@ -129,7 +129,9 @@ if done_with tiny-model "${sft_recipe}"; then
 else
   rm -rf "${sft_dir}" "${ckpt_dir}" "${runs}/tiny-model.done"
   log="${runs}/tiny-model-sft.log"
-  # One line per step goes to the log; the progress shown here is every 25th step.
+  # One line per step goes to the log; the progress shown here is every 25th step. The log
+  # exists before the job starts, or `tail -f` below could look for it first and fail.
+  : > "${log}"
   "${bin}" sft --model "${init_dir}" --data "${sft_data}" --save "${ckpt_dir}" \
     --save-hf "${sft_dir}" "${sft_args[@]}" \
     > "${log}" 2>&1 &
